@@ -1,0 +1,79 @@
+// The scheduler's view of its workers: one gRPC channel per worker address,
+// watched by a monitor thread that polls health and GetWorkerInfo.
+//
+// A worker is `available` while its health check answers SERVING and its info
+// call succeeds within the poll deadline. A worker that dies is marked
+// unavailable within one poll interval; gRPC channels reconnect on their own
+// (with a short maximum backoff set here), so a restarted worker at the same
+// address becomes available again without restarting the scheduler.
+#ifndef SPECSERVE_SCHEDULER_WORKER_POOL_H_
+#define SPECSERVE_SCHEDULER_WORKER_POOL_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/health.grpc.pb.h"
+#include "proto/specserve.pb.h"
+#include "proto/worker.grpc.pb.h"
+
+namespace specserve::scheduler {
+
+struct WorkerPoolOptions {
+  absl::Duration poll_interval = absl::Milliseconds(500);
+  absl::Duration poll_deadline = absl::Milliseconds(1000);
+};
+
+class WorkerPool {
+ public:
+  WorkerPool(const std::vector<std::string>& addresses,
+             WorkerPoolOptions options);
+  ~WorkerPool();  // stops the monitor thread
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  // Polls every worker once, synchronously (also done by the monitor).
+  void PollOnce();
+
+  // A snapshot of every worker's status, in the order given at construction.
+  std::vector<specserve::v1::WorkerStatus> Snapshot() const;
+  int NumAvailable() const;
+
+  // The stub of worker `index` (for dispatching bursts).
+  specserve::worker::v1::Worker::Stub* stub(int index) const {
+    return workers_[index]->stub.get();
+  }
+  int size() const { return static_cast<int>(workers_.size()); }
+
+ private:
+  struct Worker {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<specserve::worker::v1::Worker::Stub> stub;
+    std::unique_ptr<grpc::health::v1::Health::Stub> health;
+  };
+  struct Observed {
+    bool available = false;
+    std::string detail = "not polled yet";
+    absl::Time last_seen = absl::InfinitePast();
+    specserve::worker::v1::WorkerInfo info;
+  };
+
+  Observed Poll(const Worker& w) const;
+  void MonitorLoop();
+
+  const WorkerPoolOptions options_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+
+  mutable absl::Mutex mu_;
+  std::vector<Observed> observed_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread monitor_;
+};
+
+}  // namespace specserve::scheduler
+
+#endif  // SPECSERVE_SCHEDULER_WORKER_POOL_H_
