@@ -31,5 +31,9 @@ def cc_grpc_library(name, srcs, deps = [], **kwargs):
         srcs = outs,
         hdrs = hdrs,
         deps = deps + ["//:grpc", "//:protobuf"],
+        # Generated code registers descriptors in static initializers; keep
+        # them even when nothing references a message, so reflection can
+        # describe every service linked into a binary.
+        alwayslink = 1,
         **kwargs
     )
