@@ -1,0 +1,103 @@
+// A model directory opened for reading: config.json plus safetensors weights
+// (one model.safetensors, or shards listed in model.safetensors.index.json),
+// memory-mapped. Open() checks every tensor the config implies (name, dtype,
+// shape) so that the forward can look tensors up without further checks.
+//
+// Tensor names are canonical: the text-model prefix ("model." as transformers'
+// Qwen3_5ForCausalLM saves, or "model.language_model." as real Qwen3.5
+// checkpoints do) is stripped, e.g. "embed_tokens.weight",
+// "layers.3.linear_attn.in_proj_qkv.weight", "norm.weight", "lm_head.weight"
+// (absent when tied), "mtp.fc.weight", "mtp.layers.0.self_attn.q_proj.weight".
+#ifndef SPECSERVE_WORKER_MODEL_FILES_CHECKPOINT_H_
+#define SPECSERVE_WORKER_MODEL_FILES_CHECKPOINT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/model_files/model_config.h"
+
+namespace specserve::model_files {
+
+enum class DType { kF32, kF16, kBF16 };
+const char* DTypeName(DType d);  // "f32", "f16", "bf16"
+size_t DTypeSize(DType d);
+
+// A tensor inside a mapped file. `data` stays valid while the Checkpoint lives.
+struct Tensor {
+  std::string name;  // canonical name
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t nbytes = 0;
+  int64_t numel() const;
+};
+
+// One expected tensor: what the config implies.
+struct TensorSpec {
+  std::string name;  // canonical
+  std::vector<int64_t> shape;
+};
+
+// Every tensor the forward needs for `config` (trunk; MTP when
+// mtp_num_hidden_layers > 0; lm_head unless tied).
+std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config);
+
+class Checkpoint {
+ public:
+  // Opens and validates `model_dir`. Errors name the file and the tensor or
+  // field: truncated file, bad header JSON, unsupported dtype, offsets outside
+  // the file, missing tensor, wrong shape, missing shard.
+  static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(
+      const std::string& model_dir);
+
+  ~Checkpoint();
+  Checkpoint(const Checkpoint&) = delete;
+  Checkpoint& operator=(const Checkpoint&) = delete;
+
+  // config().tie_word_embeddings is the effective choice: true when the
+  // config ties lm_head to the embedding or the files hold no lm_head.weight
+  // (then Find("lm_head.weight") is nullptr and the forward uses
+  // "embed_tokens.weight").
+  const ModelConfig& config() const { return config_; }
+  const std::string& dir() const { return dir_; }
+
+  // nullptr when absent. Lookup by canonical name.
+  const Tensor* Find(const std::string& name) const;
+  // CHECK-fails when absent: only for names in ExpectedTensors().
+  const Tensor& Get(const std::string& name) const;
+  // Whether the MTP head's tensors are present (and valid). False with a
+  // logged warning when the config has an MTP head but the files hold no
+  // mtp.* tensor; Open() fails when only some of them are present.
+  bool has_mtp() const { return has_mtp_; }
+
+  // The dtype most weights use ("bf16", "f16", "f32"; weighted by element
+  // count), parameter count and bytes of the tensors the forward uses (the
+  // embedding once when tied; MTP only when has_mtp()).
+  DType dtype() const { return dtype_; }
+  uint64_t parameter_count() const { return parameter_count_; }
+  uint64_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  Checkpoint() = default;
+  struct MappedFile;
+  std::string dir_;
+  ModelConfig config_;
+  std::vector<std::unique_ptr<MappedFile>> files_;
+  std::map<std::string, Tensor> tensors_;
+  bool has_mtp_ = false;
+  DType dtype_ = DType::kF32;
+  uint64_t parameter_count_ = 0;
+  uint64_t weight_bytes_ = 0;
+};
+
+// Converts n elements of `dtype` at `src` to fp32 (bf16/f16 widening is exact).
+void ToFloat(DType dtype, const void* src, size_t n, float* dst);
+
+}  // namespace specserve::model_files
+
+#endif  // SPECSERVE_WORKER_MODEL_FILES_CHECKPOINT_H_

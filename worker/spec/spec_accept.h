@@ -1,0 +1,51 @@
+// The accept step of one speculative round: given k drafted tokens and the
+// trunk's verify over k+1 columns, how many drafts are accepted and which
+// token is the bonus. Greedy and sampled (rejection sampling) forms.
+//
+// Column j of the verify holds the trunk's prediction for the token after
+// [committed..., d_1..d_j]; draft d_{i} (1-based) is checked against column
+// i-1. The emitted tokens of a round are d_1..d_n followed by the bonus.
+#ifndef SPECSERVE_WORKER_SPEC_SPEC_ACCEPT_H_
+#define SPECSERVE_WORKER_SPEC_SPEC_ACCEPT_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/types/span.h"
+
+namespace specserve::spec {
+
+struct RoundOutcome {
+  int accepted = 0;  // n: drafts accepted, 0..k
+  int bonus = 0;     // the token after d_n
+};
+
+// The Philox event counters a session persists (DESIGN.md §1).
+struct RandomCounters {
+  uint32_t sctr = 0;  // sampling events
+  uint32_t uctr = 0;  // acceptance uniforms
+};
+
+// Greedy: n = longest prefix with d_i == target_argmax[i-1];
+// bonus = target_argmax[n]. target_argmax has k+1 entries.
+RoundOutcome AcceptGreedy(absl::Span<const int> drafts,
+                          absl::Span<const int> target_argmax);
+
+// One sampling event: a draw from `probs` (consumes one sctr).
+int DrawToken(const std::vector<float>& probs, uint64_t seed,
+              RandomCounters* counters);
+
+// Sampled: p[j] (j = 0..k) are the filtered target distributions of the verify
+// columns, q[i] (i = 0..k-1) the filtered draft distributions d_{i+1} was
+// drawn from. Accept d_i when u·q(d_i) < p(d_i) (one uctr per test); on the
+// first rejection draw the bonus from normalize(max(0, p − q)); after a full
+// accept draw it from p[k] (one sctr either way). The output distribution
+// equals plain sampling from p.
+RoundOutcome AcceptSampled(absl::Span<const int> drafts,
+                           const std::vector<std::vector<float>>& p,
+                           const std::vector<std::vector<float>>& q,
+                           uint64_t seed, RandomCounters* counters);
+
+}  // namespace specserve::spec
+
+#endif  // SPECSERVE_WORKER_SPEC_SPEC_ACCEPT_H_

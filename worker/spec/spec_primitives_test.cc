@@ -1,0 +1,176 @@
+// Tests of the speculative-decoding primitives: Philox, sampling filters, the
+// accept step (greedy and sampled, the latter checked for exactness in
+// distribution), and telemetry deltas.
+#include <cmath>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/spec/philox.h"
+#include "worker/spec/sampling.h"
+#include "worker/spec/spec_accept.h"
+#include "worker/spec/spec_telemetry.h"
+
+namespace specserve::spec {
+namespace {
+
+TEST(Philox, MatchesPublishedKnownAnswers) {
+  // Known-answer vectors of Philox4x32-10 (Random123's kat_vectors).
+  EXPECT_EQ(Philox4x32_10({0, 0, 0, 0}, {0, 0}),
+            (std::array<uint32_t, 4>{0x6627e8d5, 0xe169c58d, 0xbc57ac4c,
+                                     0x9b00dbd8}));
+  EXPECT_EQ(Philox4x32_10({0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+                          {0xffffffff, 0xffffffff}),
+            (std::array<uint32_t, 4>{0x408f276d, 0x41c83b0e, 0xa20bc7c6,
+                                     0x6d5451fd}));
+  EXPECT_EQ(Philox4x32_10({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+                          {0xa4093822, 0x299f31d0}),
+            (std::array<uint32_t, 4>{0xd16cfe09, 0x94fdcceb, 0x5001e420,
+                                     0x24126ea1}));
+}
+
+TEST(Philox, UniformIsInRangeAndStreamsDiffer) {
+  for (uint32_t c = 0; c < 1000; ++c) {
+    const float u = Uniform(42, RandomStream::kSample, c);
+    EXPECT_GE(u, 0.0f);
+    EXPECT_LT(u, 1.0f);
+    EXPECT_NE(u, Uniform(42, RandomStream::kAccept, c));
+    EXPECT_EQ(u, Uniform(42, RandomStream::kSample, c));  // pure function
+  }
+}
+
+TEST(Sampling, ValidationNamesTheField) {
+  SamplingConfig c;
+  c.temperature = NAN;
+  EXPECT_NE(ValidateSamplingConfig(c).message().find("temperature"),
+            std::string::npos);
+  c = SamplingConfig{1.0f, 0, 1.5f, 0.0f};
+  EXPECT_NE(ValidateSamplingConfig(c).message().find("top_p"),
+            std::string::npos);
+  c = SamplingConfig{1.0f, 0, 0.0f, 0.0f};
+  EXPECT_FALSE(ValidateSamplingConfig(c).ok());
+  c = SamplingConfig{1.0f, -1, 1.0f, 0.0f};
+  EXPECT_FALSE(ValidateSamplingConfig(c).ok());
+  c = SamplingConfig{INFINITY, 0, 1.0f, 0.0f};
+  EXPECT_FALSE(ValidateSamplingConfig(c).ok());
+  c = SamplingConfig{0.7f, 5, 0.9f, 0.05f};
+  EXPECT_TRUE(ValidateSamplingConfig(c).ok());
+}
+
+TEST(Sampling, FiltersKeepTheRightTokens) {
+  const std::vector<float> logits = {3.0f, 1.0f, 2.0f, 0.0f, 2.0f};
+  std::vector<float> p;
+  ASSERT_TRUE(FilteredProbs(logits.data(), 5, {1.0f, 2, 1.0f, 0.0f}, &p).ok());
+  // top-2: token 0 and the first of the tied pair (id 2).
+  EXPECT_GT(p[0], 0);
+  EXPECT_GT(p[2], 0);
+  EXPECT_EQ(p[4], 0);
+  EXPECT_EQ(p[1], 0);
+  EXPECT_NEAR(p[0] + p[2], 1.0, 1e-6);
+  // top-p small keeps only the argmax.
+  ASSERT_TRUE(FilteredProbs(logits.data(), 5, {1.0f, 0, 0.1f, 0.0f}, &p).ok());
+  EXPECT_EQ(p[0], 1.0f);
+  // min-p: exp(-1) ~ 0.37 of the max survives 0.3, exp(-2) does not.
+  ASSERT_TRUE(FilteredProbs(logits.data(), 5, {1.0f, 0, 1.0f, 0.3f}, &p).ok());
+  EXPECT_GT(p[2], 0);
+  EXPECT_GT(p[4], 0);
+  EXPECT_EQ(p[1], 0);
+  // NaN logits are refused.
+  const std::vector<float> bad = {1.0f, NAN};
+  EXPECT_FALSE(FilteredProbs(bad.data(), 2, {1.0f, 0, 1.0f, 0.0f}, &p).ok());
+}
+
+TEST(Accept, GreedyTakesTheLongestMatchingPrefix) {
+  EXPECT_EQ(AcceptGreedy({5, 6, 7}, {5, 6, 9, 1}).accepted, 2);
+  EXPECT_EQ(AcceptGreedy({5, 6, 7}, {5, 6, 9, 1}).bonus, 9);
+  EXPECT_EQ(AcceptGreedy({5, 6, 7}, {5, 6, 7, 1}).accepted, 3);
+  EXPECT_EQ(AcceptGreedy({5, 6, 7}, {5, 6, 7, 1}).bonus, 1);
+  EXPECT_EQ(AcceptGreedy({5}, {4, 1}).accepted, 0);
+  EXPECT_EQ(AcceptGreedy({5}, {4, 1}).bonus, 4);
+}
+
+std::vector<float> RandomDist(std::mt19937* rng, int v, double sharpness) {
+  std::gamma_distribution<double> g(sharpness, 1.0);
+  std::vector<float> p(v);
+  double s = 0;
+  for (auto& x : p) s += (x = static_cast<float>(g(*rng)));
+  for (auto& x : p) x = static_cast<float>(x / s);
+  return p;
+}
+
+// Chi-square critical value at significance 0.01 (Wilson–Hilferty).
+double ChiSquareCritical01(int dof) {
+  const double z = 2.3263478740408408;  // 99th percentile of N(0,1)
+  const double a = 2.0 / (9.0 * dof);
+  return dof * std::pow(1.0 - a + z * std::sqrt(a), 3);
+}
+
+// The first token a sampled round emits must be distributed as p[0], and the
+// second (given full acceptance of the first) as p[1] — whatever q is.
+TEST(Accept, SampledRoundEmitsTheTargetDistribution) {
+  constexpr int kVocab = 6;
+  constexpr int kTrials = 40000;
+  std::mt19937 rng(7);
+  for (int scenario = 0; scenario < 3; ++scenario) {
+    const int k = 2;
+    std::vector<std::vector<float>> p, q;
+    for (int j = 0; j <= k; ++j) p.push_back(RandomDist(&rng, kVocab, 0.7));
+    for (int i = 0; i < k; ++i) q.push_back(RandomDist(&rng, kVocab, 0.7));
+    std::vector<double> counts(kVocab, 0.0);
+    RandomCounters ctr;
+    const uint64_t seed = 1000 + scenario;
+    for (int t = 0; t < kTrials; ++t) {
+      // Drafts are drawn from q with the same counters, as the engine does.
+      std::vector<int> drafts;
+      for (int i = 0; i < k; ++i) drafts.push_back(DrawToken(q[i], seed, &ctr));
+      const RoundOutcome r = AcceptSampled(drafts, p, q, seed, &ctr);
+      const int first = r.accepted > 0 ? drafts[0] : r.bonus;
+      counts[first] += 1;
+    }
+    double chi2 = 0.0;
+    int dof = -1;
+    for (int t = 0; t < kVocab; ++t) {
+      const double expected = kTrials * p[0][t];
+      if (expected < 5) continue;
+      chi2 += (counts[t] - expected) * (counts[t] - expected) / expected;
+      ++dof;
+    }
+    EXPECT_LT(chi2, ChiSquareCritical01(dof)) << "scenario " << scenario;
+  }
+}
+
+TEST(Accept, SameSeedAndCountersReproduce) {
+  std::mt19937 rng(3);
+  std::vector<std::vector<float>> p, q;
+  for (int j = 0; j <= 3; ++j) p.push_back(RandomDist(&rng, 9, 1.0));
+  for (int i = 0; i < 3; ++i) q.push_back(RandomDist(&rng, 9, 1.0));
+  RandomCounters a{5, 9}, b{5, 9};
+  const RoundOutcome ra = AcceptSampled({1, 2, 3}, p, q, 77, &a);
+  const RoundOutcome rb = AcceptSampled({1, 2, 3}, p, q, 77, &b);
+  EXPECT_EQ(ra.accepted, rb.accepted);
+  EXPECT_EQ(ra.bonus, rb.bonus);
+  EXPECT_EQ(a.sctr, b.sctr);
+  EXPECT_EQ(a.uctr, b.uctr);
+}
+
+TEST(Telemetry, DeltasSumToTotals) {
+  SpecTelemetry t;
+  t.RecordRound(3, 2);
+  const SpecTelemetry snapshot = t;
+  t.RecordRound(4, 4);
+  t.RecordRound(2, 0);
+  const SpecTelemetry d = t.DeltaSince(snapshot);
+  EXPECT_EQ(d.rounds, 2u);
+  EXPECT_EQ(d.drafted, 6u);
+  EXPECT_EQ(d.accepted, 4u);
+  EXPECT_EQ(snapshot.accepted + d.accepted, t.accepted);
+  ASSERT_EQ(d.drafted_per_position.size(), 4u);
+  EXPECT_EQ(d.drafted_per_position[0], 2u);
+  EXPECT_EQ(d.accepted_per_position[3], 1u);
+  EXPECT_EQ(d.accepted_per_position[0] + snapshot.accepted_per_position[0],
+            t.accepted_per_position[0]);
+}
+
+}  // namespace
+}  // namespace specserve::spec
