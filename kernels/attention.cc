@@ -1,0 +1,27 @@
+#include "kernels/attention.h"
+
+#include "kernels/validate.h"
+
+namespace specserve::kernels {
+
+absl::Status Validate(const AttentionParams& p) {
+  SS_KERNEL_CHECK(
+      p.rows >= 1 && p.num_heads >= 1 && p.num_kv_heads >= 1 && p.head_dim >= 1,
+      "attention: empty shape");
+  SS_KERNEL_CHECK(p.num_heads % p.num_kv_heads == 0,
+                  "attention: num_heads % num_kv_heads != 0");
+  SS_KERNEL_CHECK(p.q && p.k_cache && p.v_cache && p.out,
+                  "attention: null pointer");
+  SS_KERNEL_CHECK(p.q_head_stride >= p.head_dim &&
+                      p.kv_row_stride >= p.num_kv_heads * p.head_dim &&
+                      p.out_row_stride >= p.num_heads * p.head_dim,
+                  "attention: stride too small");
+  SS_KERNEL_CHECK(!p.gate || p.gate_head_stride >= p.head_dim,
+                  "attention: gate stride too small");
+  SS_KERNEL_CHECK(
+      p.first_position >= 0 && p.first_position + p.rows <= p.capacity,
+      "attention: rows past the cache capacity");
+  return absl::OkStatus();
+}
+
+}  // namespace specserve::kernels

@@ -1,0 +1,88 @@
+// The compute-backend interface: memory, copies and every operation the model
+// forward needs, each taking its Params struct (declared one op per header
+// beside this one). The forward (worker/model) is written only against this
+// class; kernels/cpu implements it in fp32 as the reference and CI oracle, and
+// kernels/cuda implements the same interface for the GPU.
+//
+// Contract for every backend:
+//  - Ops validate their Params (the shared Validate() functions) and return
+//    INVALID_ARGUMENT instead of running on bad input. They never allocate
+//    backend memory the caller must free.
+//  - Ops are ordered: an op sees the results of every op issued before it on
+//    the same backend. CopyToHost returns after the data is on the host.
+//  - Row invariance: an op's result for one row (one token, one output) is
+//    bit-identical whatever the number of rows in the call, so a verify over T
+//    columns reproduces T single-token decodes exactly.
+#ifndef SPECSERVE_KERNELS_BACKEND_H_
+#define SPECSERVE_KERNELS_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/attention.h"
+#include "kernels/conv1d.h"
+#include "kernels/embed.h"
+#include "kernels/gated_delta_rule.h"
+#include "kernels/matmul.h"
+#include "kernels/reduce.h"
+#include "kernels/rms_norm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+#include "kernels/types.h"
+
+namespace specserve::kernels {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu", "cuda".
+  virtual std::string name() const = 0;
+
+  // ---- Memory. Allocate returns zero-filled memory.
+  virtual absl::StatusOr<Buffer> Allocate(size_t bytes) = 0;
+  // Convenience: an fp32 buffer of n elements.
+  absl::StatusOr<Buffer> AllocateFloats(size_t n) {
+    return Allocate(n * sizeof(float));
+  }
+  virtual absl::Status CopyToDevice(void* dst, const void* host_src,
+                                    size_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* host_dst, const void* src,
+                                  size_t bytes) = 0;
+  virtual absl::Status CopyOnDevice(void* dst, const void* src,
+                                    size_t bytes) = 0;
+  virtual absl::Status Zero(void* dst, size_t bytes) = 0;
+  // Makes a [rows][cols] weight of `dtype` at host address `host` readable
+  // by the ops. The CPU backend reads it in place (no copy: `host` must
+  // outlive the Weight); others copy it into backend memory.
+  virtual absl::StatusOr<Weight> UploadWeight(DType dtype, const void* host,
+                                              int64_t rows, int64_t cols) = 0;
+  // Waits until every issued op has finished.
+  virtual absl::Status Synchronize() = 0;
+
+  // ---- Operations (see each Params header for the exact math).
+  virtual absl::Status Embed(const EmbedParams& p) = 0;
+  virtual absl::Status Matmul(const MatmulParams& p) = 0;
+  virtual absl::Status RmsNorm(const RmsNormParams& p) = 0;
+  virtual absl::Status GatedRmsNorm(const GatedRmsNormParams& p) = 0;
+  virtual absl::Status Rope(const RopeParams& p) = 0;
+  virtual absl::Status Attention(const AttentionParams& p) = 0;
+  virtual absl::Status Conv1d(const Conv1dParams& p) = 0;
+  virtual absl::Status GatedDeltaRule(const GatedDeltaRuleParams& p) = 0;
+  virtual absl::Status Swiglu(const SwigluParams& p) = 0;
+  virtual absl::Status Argmax(const ArgmaxParams& p) = 0;
+  virtual absl::Status LogSumExp(const LogSumExpParams& p) = 0;
+  virtual absl::Status Softmax(const SoftmaxParams& p) = 0;
+
+ protected:
+  friend class Buffer;
+  // Releases memory returned by Allocate (called by Buffer only).
+  virtual void Free(void* data) = 0;
+};
+
+}  // namespace specserve::kernels
+
+#endif  // SPECSERVE_KERNELS_BACKEND_H_

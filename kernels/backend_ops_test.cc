@@ -1,0 +1,679 @@
+// Every op of every compiled backend against the naive double references in
+// reference_ops.h, over odd shapes (1, 3, 7, 17 and non-multiples of the
+// vector width), plus the row-invariance property the verify path relies on:
+// a row computed inside a T-row call is bit-identical to the same row alone.
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/reference_ops.h"
+
+namespace specserve::kernels {
+namespace {
+
+struct BackendCase {
+  std::string name;
+  std::function<std::unique_ptr<Backend>()> make;
+};
+
+std::vector<BackendCase> Backends() {
+  return {
+      {"cpu1",
+       [] {
+         return std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{1});
+       }},
+      {"cpu3",
+       [] {
+         return std::make_unique<cpu::CpuBackend>(cpu::CpuBackendOptions{3});
+       }},
+  };
+}
+
+std::vector<float> Random(size_t n, std::mt19937* rng, float lo = -1,
+                          float hi = 1) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(*rng);
+  return v;
+}
+
+// bf16 / f16 bit patterns of random values (round to nearest even / exact
+// conversion through F16C semantics is not needed: any bit pattern of a
+// finite value is a valid weight).
+std::vector<uint16_t> RandomHalf(size_t n, DType dtype, std::mt19937* rng) {
+  std::vector<uint16_t> v(n);
+  std::uniform_real_distribution<float> d(-1, 1);
+  for (auto& h : v) {
+    float f = d(*rng);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    if (dtype == DType::kBF16) {
+      h = static_cast<uint16_t>(bits >> 16);
+    } else {
+      // f16: sign, exponent in [-8, 0], random mantissa.
+      const uint16_t sign = (bits >> 31) << 15;
+      const uint16_t exp = static_cast<uint16_t>(15 - (bits & 7)) << 10;
+      h = sign | exp | static_cast<uint16_t>((bits >> 3) & 0x3ff);
+    }
+  }
+  return v;
+}
+
+class BackendOpsTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override { backend_ = Backends()[GetParam()].make(); }
+
+  // Backend copy of host floats.
+  Buffer Up(const std::vector<float>& v) {
+    auto b = backend_->AllocateFloats(std::max<size_t>(v.size(), 1));
+    EXPECT_TRUE(b.ok());
+    EXPECT_TRUE(backend_->CopyToDevice(b->data(), v.data(), v.size() * 4).ok());
+    return std::move(*b);
+  }
+  Buffer UpRaw(const void* data, size_t bytes) {
+    auto b = backend_->Allocate(bytes);
+    EXPECT_TRUE(b.ok());
+    EXPECT_TRUE(backend_->CopyToDevice(b->data(), data, bytes).ok());
+    return std::move(*b);
+  }
+  std::vector<float> Down(const Buffer& b, size_t n) {
+    std::vector<float> v(n);
+    EXPECT_TRUE(backend_->CopyToHost(v.data(), b.data(), n * 4).ok());
+    return v;
+  }
+
+  std::unique_ptr<Backend> backend_;
+  std::mt19937 rng_{1234};
+};
+
+// max |got − want| <= tol · max(1, max |want|); no NaN.
+void ExpectClose(const std::vector<float>& got, const std::vector<double>& want,
+                 double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 1.0, worst = 0.0;
+  for (double w : want) scale = std::max(scale, std::fabs(w));
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_FALSE(std::isnan(got[i])) << what << " NaN at " << i;
+    worst = std::max(worst, std::fabs(got[i] - want[i]));
+  }
+  EXPECT_LE(worst, tol * scale) << what;
+}
+
+const int kSizes[] = {1, 3, 7, 17};
+
+TEST_P(BackendOpsTest, Matmul) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int rows : kSizes) {
+      for (int in : {1, 3, 7, 17, 40, 129}) {
+        for (int out : {1, 3, 7, 17}) {
+          for (bool acc : {false, true}) {
+            const std::string what =
+                std::string(DTypeName(dtype)) +
+                " rows=" + std::to_string(rows) + " in=" + std::to_string(in) +
+                " out=" + std::to_string(out) + " acc=" + std::to_string(acc);
+            std::vector<float> x = Random(rows * in, &rng_);
+            std::vector<float> y0 = Random(rows * out, &rng_);
+            std::vector<float> wf;
+            std::vector<uint16_t> wh;
+            const void* wdata;
+            if (dtype == DType::kF32) {
+              wf = Random(out * in, &rng_);
+              wdata = wf.data();
+            } else {
+              wh = RandomHalf(out * in, dtype, &rng_);
+              wdata = wh.data();
+            }
+            Buffer xb = Up(x), yb = Up(y0);
+            Buffer wb = UpRaw(wdata, out * in * DTypeSize(dtype));
+            auto w = backend_->UploadWeight(dtype, wb.data(), out, in);
+            ASSERT_TRUE(w.ok());
+            ASSERT_TRUE(
+                backend_->Matmul(DenseMatmul(rows, xb.f32(), *w, yb.f32(), acc))
+                    .ok());
+            ExpectClose(Down(yb, rows * out),
+                        reference::Matmul(rows, in, out, x.data(), dtype, wdata,
+                                          acc ? y0 : std::vector<float>{}),
+                        1e-5 * std::max(1, in / 8), what);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(BackendOpsTest, MatmulStridedRowsAreRowInvariant) {
+  // Large enough that 16 rows run on the thread pool and 1 row does not.
+  const int in = 301, out = 67, rows = 16, xs = 304, ys = 70;
+  std::vector<float> x = Random(rows * xs, &rng_);
+  std::vector<uint16_t> wh = RandomHalf(out * in, DType::kBF16, &rng_);
+  Buffer xb = Up(x), yb = Up(std::vector<float>(rows * ys, 0.f));
+  Buffer wb = UpRaw(wh.data(), wh.size() * 2);
+  MatmulParams p;
+  p.rows = rows;
+  p.in = in;
+  p.out = out;
+  p.x = xb.f32();
+  p.x_stride = xs;
+  p.w_dtype = DType::kBF16;
+  p.w = wb.data();
+  p.y = yb.f32();
+  p.y_stride = ys;
+  ASSERT_TRUE(backend_->Matmul(p).ok());
+  const std::vector<float> all = Down(yb, rows * ys);
+  for (int t = 0; t < rows; ++t) {
+    Buffer one = Up(std::vector<float>(out, 0.f));
+    MatmulParams q = p;
+    q.rows = 1;
+    q.x = xb.f32() + t * xs;
+    q.y = one.f32();
+    q.y_stride = out;
+    ASSERT_TRUE(backend_->Matmul(q).ok());
+    const std::vector<float> r = Down(one, out);
+    EXPECT_EQ(0, std::memcmp(r.data(), all.data() + t * ys, out * 4))
+        << "row " << t;
+  }
+}
+
+TEST_P(BackendOpsTest, RmsNorm) {
+  for (int rows : kSizes) {
+    for (int dim : kSizes) {
+      for (bool plus_one : {true, false}) {
+        std::vector<float> x = Random(rows * dim, &rng_),
+                           w = Random(dim, &rng_);
+        Buffer xb = Up(x), wb = Up(w), yb = Up(std::vector<float>(rows * dim));
+        RmsNormParams p;
+        p.rows = rows;
+        p.dim = dim;
+        p.x = xb.f32();
+        p.x_stride = dim;
+        p.y = yb.f32();
+        p.y_stride = dim;
+        p.weight = wb.f32();
+        p.plus_one = plus_one;
+        p.eps = 1e-6f;
+        ASSERT_TRUE(backend_->RmsNorm(p).ok());
+        ExpectClose(
+            Down(yb, rows * dim),
+            reference::RmsNorm(rows, dim, x.data(), w.data(), plus_one, 1e-6),
+            1e-5, "rms_norm");
+        // In place gives the same result.
+        p.y = xb.f32();
+        ASSERT_TRUE(backend_->RmsNorm(p).ok());
+        EXPECT_EQ(Down(xb, rows * dim), Down(yb, rows * dim));
+      }
+    }
+  }
+}
+
+TEST_P(BackendOpsTest, GatedRmsNorm) {
+  for (int rows : kSizes) {
+    for (int dim : kSizes) {
+      std::vector<float> x = Random(rows * dim, &rng_),
+                         z = Random(rows * dim, &rng_, -3, 3),
+                         w = Random(dim, &rng_);
+      Buffer xb = Up(x), zb = Up(z), wb = Up(w),
+             yb = Up(std::vector<float>(rows * dim));
+      GatedRmsNormParams p;
+      p.rows = rows;
+      p.dim = dim;
+      p.x = xb.f32();
+      p.x_stride = dim;
+      p.z = zb.f32();
+      p.z_stride = dim;
+      p.y = yb.f32();
+      p.y_stride = dim;
+      p.weight = wb.f32();
+      p.eps = 1e-6f;
+      ASSERT_TRUE(backend_->GatedRmsNorm(p).ok());
+      ExpectClose(Down(yb, rows * dim),
+                  reference::GatedRmsNorm(rows, dim, x.data(), z.data(),
+                                          w.data(), 1e-6),
+                  1e-5, "gated_rms_norm");
+    }
+  }
+}
+
+TEST_P(BackendOpsTest, Rope) {
+  for (int rows : kSizes) {
+    for (int heads : {1, 3}) {
+      for (int hd : {2, 8, 18}) {
+        for (int rot : {2, hd / 2 - (hd / 2) % 2, hd}) {
+          if (rot <= 0) continue;
+          const int first = rows == 7 ? 1000 : 5;
+          std::vector<float> x = Random(rows * heads * hd, &rng_);
+          Buffer xb = Up(x);
+          const std::vector<float> inv = RopeInvFreq(10000.0, rot);
+          Buffer fb = Up(inv);
+          RopeParams p;
+          p.rows = rows;
+          p.heads = heads;
+          p.head_dim = hd;
+          p.rotary_dim = rot;
+          p.x = xb.f32();
+          p.row_stride = heads * hd;
+          p.head_stride = hd;
+          p.first_position = first;
+          p.inv_freq = fb.f32();
+          ASSERT_TRUE(backend_->Rope(p).ok());
+          // Angles are formed in fp32: error grows with the position.
+          ExpectClose(
+              Down(xb, x.size()),
+              reference::Rope(rows, heads, hd, rot, x.data(), first, 10000.0),
+              first >= 1000 ? 1e-3 : 1e-5, "rope");
+        }
+      }
+    }
+  }
+}
+
+TEST_P(BackendOpsTest, Attention) {
+  for (int rows : kSizes) {
+    for (auto [nh, nkv] : {std::pair{1, 1}, std::pair{4, 2}, std::pair{3, 1}}) {
+      for (int hd : {1, 7, 17}) {
+        for (int first : {0, 5}) {
+          for (bool gated : {false, true}) {
+            const int cap = first + rows + 2;
+            std::vector<float> q = Random(rows * nh * hd, &rng_, -2, 2);
+            std::vector<float> g = Random(rows * nh * hd, &rng_, -3, 3);
+            std::vector<float> k = Random(cap * nkv * hd, &rng_, -2, 2);
+            std::vector<float> v = Random(cap * nkv * hd, &rng_);
+            Buffer qb = Up(q), gb = Up(g), kb = Up(k), vb = Up(v),
+                   ob = Up(std::vector<float>(rows * nh * hd));
+            AttentionParams p;
+            p.rows = rows;
+            p.num_heads = nh;
+            p.num_kv_heads = nkv;
+            p.head_dim = hd;
+            p.q = qb.f32();
+            p.q_row_stride = nh * hd;
+            p.q_head_stride = hd;
+            if (gated) {
+              p.gate = gb.f32();
+              p.gate_row_stride = nh * hd;
+              p.gate_head_stride = hd;
+            }
+            p.k_cache = kb.f32();
+            p.v_cache = vb.f32();
+            p.kv_row_stride = nkv * hd;
+            p.capacity = cap;
+            p.first_position = first;
+            p.out = ob.f32();
+            p.out_row_stride = nh * hd;
+            p.scale = 1.0f / std::sqrt(float(hd));
+            ASSERT_TRUE(backend_->Attention(p).ok());
+            const std::vector<float> all = Down(ob, rows * nh * hd);
+            ExpectClose(all,
+                        reference::Attention(rows, nh, nkv, hd, q.data(),
+                                             gated ? g.data() : nullptr,
+                                             k.data(), v.data(), first,
+                                             1.0 / std::sqrt(double(hd))),
+                        1e-5, "attention");
+            // Row invariance: the last row alone.
+            AttentionParams one = p;
+            one.rows = 1;
+            one.first_position = first + rows - 1;
+            one.q = qb.f32() + (rows - 1) * nh * hd;
+            if (gated) one.gate = gb.f32() + (rows - 1) * nh * hd;
+            Buffer o1 = Up(std::vector<float>(nh * hd));
+            one.out = o1.f32();
+            ASSERT_TRUE(backend_->Attention(one).ok());
+            EXPECT_EQ(
+                0, std::memcmp(Down(o1, nh * hd).data(),
+                               all.data() + (rows - 1) * nh * hd, nh * hd * 4));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Shapes large enough that a 16-row call splits over the thread pool while a
+// 1-row call does not: rows must still agree bit for bit.
+TEST_P(BackendOpsTest, LargeAttentionAndDeltaRuleAreRowInvariant) {
+  {
+    const int rows = 16, nh = 8, nkv = 2, hd = 64, first = 40, cap = 64;
+    std::vector<float> q = Random(rows * nh * 2 * hd, &rng_, -2, 2);
+    std::vector<float> k = Random(cap * nkv * hd, &rng_, -2, 2),
+                       v = Random(cap * nkv * hd, &rng_);
+    Buffer qb = Up(q), kb = Up(k), vb = Up(v),
+           ob = Up(std::vector<float>(rows * nh * hd));
+    AttentionParams p;
+    p.rows = rows;
+    p.num_heads = nh;
+    p.num_kv_heads = nkv;
+    p.head_dim = hd;
+    p.q = qb.f32();
+    p.q_row_stride = nh * 2 * hd;
+    p.q_head_stride = 2 * hd;
+    p.gate = qb.f32() + hd;
+    p.gate_row_stride = nh * 2 * hd;
+    p.gate_head_stride = 2 * hd;
+    p.k_cache = kb.f32();
+    p.v_cache = vb.f32();
+    p.kv_row_stride = nkv * hd;
+    p.capacity = cap;
+    p.first_position = first;
+    p.out = ob.f32();
+    p.out_row_stride = nh * hd;
+    p.scale = 0.125f;
+    ASSERT_TRUE(backend_->Attention(p).ok());
+    const std::vector<float> all = Down(ob, rows * nh * hd);
+    for (int t = 0; t < rows; ++t) {
+      AttentionParams one = p;
+      one.rows = 1;
+      one.first_position = first + t;
+      one.q = p.q + t * p.q_row_stride;
+      one.gate = p.gate + t * p.gate_row_stride;
+      Buffer o1 = Up(std::vector<float>(nh * hd));
+      one.out = o1.f32();
+      ASSERT_TRUE(backend_->Attention(one).ok());
+      EXPECT_EQ(0, std::memcmp(Down(o1, nh * hd).data(),
+                               all.data() + t * nh * hd, nh * hd * 4))
+          << "attention row " << t;
+    }
+  }
+  {
+    const int rows = 16, nk = 4, nv = 8, dk = 32, dv = 32;
+    const int width = 2 * nk * dk + nv * dv, ssize = nv * dk * dv;
+    std::vector<float> qkv = Random(rows * width, &rng_);
+    std::vector<float> a = Random(rows * nv, &rng_, -3, 3),
+                       b = Random(rows * nv, &rng_, -3, 3);
+    std::vector<float> a_log = Random(nv, &rng_, -1, 2), dt = Random(nv, &rng_);
+    std::vector<float> st = Random(ssize, &rng_, -0.5, 0.5);
+    Buffer qb = Up(qkv), ab = Up(a), bb = Up(b), lb = Up(a_log), db = Up(dt),
+           sb = Up(st), ob = Up(std::vector<float>(rows * nv * dv)),
+           snaps = Up(std::vector<float>(rows * ssize));
+    GatedDeltaRuleParams p;
+    p.rows = rows;
+    p.num_k_heads = nk;
+    p.num_v_heads = nv;
+    p.k_head_dim = dk;
+    p.v_head_dim = dv;
+    p.q = qb.f32();
+    p.k = qb.f32() + nk * dk;
+    p.v = qb.f32() + 2 * nk * dk;
+    p.qkv_stride = width;
+    p.a = ab.f32();
+    p.b = bb.f32();
+    p.ab_stride = nv;
+    p.a_log = lb.f32();
+    p.dt_bias = db.f32();
+    p.state_in = sb.f32();
+    p.state_out = snaps.f32();
+    p.state_out_stride = ssize;
+    p.out = ob.f32();
+    p.out_stride = nv * dv;
+    ASSERT_TRUE(backend_->GatedDeltaRule(p).ok());
+    const std::vector<float> out_all = Down(ob, rows * nv * dv),
+                             states = Down(snaps, rows * ssize);
+    // Step the same tokens one at a time, in place (the decode path).
+    for (int t = 0; t < rows; ++t) {
+      GatedDeltaRuleParams one = p;
+      one.rows = 1;
+      one.q = p.q + t * width;
+      one.k = p.k + t * width;
+      one.v = p.v + t * width;
+      one.a = p.a + t * nv;
+      one.b = p.b + t * nv;
+      one.state_out = sb.f32();
+      one.state_out_stride = 0;
+      Buffer o1 = Up(std::vector<float>(nv * dv));
+      one.out = o1.f32();
+      ASSERT_TRUE(backend_->GatedDeltaRule(one).ok());
+      EXPECT_EQ(0, std::memcmp(Down(o1, nv * dv).data(),
+                               out_all.data() + t * nv * dv, nv * dv * 4))
+          << "gdn out " << t;
+      EXPECT_EQ(0, std::memcmp(Down(sb, ssize).data(),
+                               states.data() + t * ssize, ssize * 4))
+          << "gdn state " << t;
+    }
+  }
+}
+
+TEST_P(BackendOpsTest, AttentionRejectsRowsPastCapacity) {
+  Buffer b = Up(std::vector<float>(64));
+  AttentionParams p;
+  p.rows = 2;
+  p.num_heads = 1;
+  p.num_kv_heads = 1;
+  p.head_dim = 4;
+  p.q = b.f32();
+  p.q_row_stride = 4;
+  p.q_head_stride = 4;
+  p.k_cache = b.f32();
+  p.v_cache = b.f32();
+  p.kv_row_stride = 4;
+  p.capacity = 4;
+  p.first_position = 3;
+  p.out = b.f32();
+  p.out_row_stride = 4;
+  EXPECT_EQ(backend_->Attention(p).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(BackendOpsTest, Conv1dWithSnapshots) {
+  for (int rows : kSizes) {
+    for (int channels : kSizes) {
+      for (int kernel : {2, 4}) {
+        const int s = kernel - 1;
+        std::vector<float> x = Random(rows * channels, &rng_, -2, 2);
+        std::vector<float> w = Random(channels * kernel, &rng_);
+        std::vector<float> st = Random(channels * s, &rng_);
+        std::vector<double> want_y, want_states;
+        reference::Conv1d(rows, channels, kernel, x.data(), w.data(), st.data(),
+                          true, &want_y, &want_states);
+        Buffer xb = Up(x), wb = Up(w), sb = Up(st),
+               yb = Up(std::vector<float>(rows * channels)),
+               snaps = Up(std::vector<float>(rows * channels * s));
+        Conv1dParams p;
+        p.rows = rows;
+        p.channels = channels;
+        p.kernel = kernel;
+        p.x = xb.f32();
+        p.x_stride = channels;
+        p.y = yb.f32();
+        p.y_stride = channels;
+        p.weight = wb.f32();
+        p.state_in = sb.f32();
+        p.state_out = snaps.f32();
+        p.state_out_stride = channels * s;
+        ASSERT_TRUE(backend_->Conv1d(p).ok());
+        const std::vector<float> y_snap = Down(yb, rows * channels);
+        ExpectClose(y_snap, want_y, 1e-5, "conv1d y");
+        const std::vector<float> got_states = Down(snaps, rows * channels * s);
+        ExpectClose(got_states, want_states, 1e-6, "conv1d states");
+        // In place, final state only: same outputs, state == last snapshot.
+        p.state_out = sb.f32();
+        p.state_out_stride = 0;
+        ASSERT_TRUE(backend_->Conv1d(p).ok());
+        EXPECT_EQ(Down(yb, rows * channels), y_snap);
+        const std::vector<float> fin = Down(sb, channels * s);
+        EXPECT_EQ(0, std::memcmp(fin.data(),
+                                 got_states.data() + (rows - 1) * channels * s,
+                                 channels * s * 4));
+      }
+    }
+  }
+}
+
+TEST_P(BackendOpsTest, GatedDeltaRuleWithSnapshots) {
+  struct Shape {
+    int nk, nv, dk, dv;
+  };
+  for (int rows : kSizes) {
+    for (Shape sh : {Shape{1, 1, 1, 1}, Shape{1, 3, 7, 3}, Shape{2, 4, 17, 7},
+                     Shape{3, 3, 3, 17}}) {
+      const int width = 2 * sh.nk * sh.dk + sh.nv * sh.dv;
+      const int ssize = sh.nv * sh.dk * sh.dv;
+      std::vector<float> qkv = Random(rows * width, &rng_, -1, 1);
+      std::vector<float> a = Random(rows * sh.nv, &rng_, -3, 3),
+                         b = Random(rows * sh.nv, &rng_, -3, 3);
+      std::vector<float> a_log = Random(sh.nv, &rng_, -1, 2),
+                         dt = Random(sh.nv, &rng_);
+      std::vector<float> st = Random(ssize, &rng_, -0.5, 0.5);
+      std::vector<double> want_out, want_states;
+      reference::GatedDeltaRule(rows, sh.nk, sh.nv, sh.dk, sh.dv, qkv.data(),
+                                a.data(), b.data(), a_log.data(), dt.data(),
+                                st.data(), &want_out, &want_states);
+      Buffer qb = Up(qkv), ab = Up(a), bb = Up(b), lb = Up(a_log), db = Up(dt),
+             sb = Up(st), ob = Up(std::vector<float>(rows * sh.nv * sh.dv)),
+             snaps = Up(std::vector<float>(rows * ssize));
+      GatedDeltaRuleParams p;
+      p.rows = rows;
+      p.num_k_heads = sh.nk;
+      p.num_v_heads = sh.nv;
+      p.k_head_dim = sh.dk;
+      p.v_head_dim = sh.dv;
+      p.q = qb.f32();
+      p.k = qb.f32() + sh.nk * sh.dk;
+      p.v = qb.f32() + 2 * sh.nk * sh.dk;
+      p.qkv_stride = width;
+      p.a = ab.f32();
+      p.b = bb.f32();
+      p.ab_stride = sh.nv;
+      p.a_log = lb.f32();
+      p.dt_bias = db.f32();
+      p.state_in = sb.f32();
+      p.state_out = snaps.f32();
+      p.state_out_stride = ssize;
+      p.out = ob.f32();
+      p.out_stride = sh.nv * sh.dv;
+      ASSERT_TRUE(backend_->GatedDeltaRule(p).ok());
+      const std::vector<float> out_snap = Down(ob, rows * sh.nv * sh.dv);
+      ExpectClose(out_snap, want_out, 1e-5, "gdn out");
+      const std::vector<float> got_states = Down(snaps, rows * ssize);
+      ExpectClose(got_states, want_states, 1e-5, "gdn states");
+      // In place: identical outputs and final state.
+      p.state_out = sb.f32();
+      p.state_out_stride = 0;
+      ASSERT_TRUE(backend_->GatedDeltaRule(p).ok());
+      EXPECT_EQ(Down(ob, rows * sh.nv * sh.dv), out_snap);
+      EXPECT_EQ(0,
+                std::memcmp(Down(sb, ssize).data(),
+                            got_states.data() + (rows - 1) * ssize, ssize * 4));
+    }
+  }
+}
+
+TEST_P(BackendOpsTest, SwigluEmbedReduce) {
+  for (int n : kSizes) {
+    std::vector<float> g = Random(n, &rng_, -4, 4), u = Random(n, &rng_);
+    Buffer gb = Up(g), ub = Up(u), ob = Up(std::vector<float>(n));
+    SwigluParams p;
+    p.rows = 1;
+    p.dim = n;
+    p.gate = gb.f32();
+    p.gate_stride = n;
+    p.up = ub.f32();
+    p.up_stride = n;
+    p.out = ob.f32();
+    p.out_stride = n;
+    ASSERT_TRUE(backend_->Swiglu(p).ok());
+    ExpectClose(Down(ob, n), reference::Swiglu(n, g.data(), u.data()), 1e-6,
+                "swiglu");
+  }
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const int vocab = 17, dim = 7;
+    std::vector<float> tf = Random(vocab * dim, &rng_);
+    std::vector<uint16_t> th = RandomHalf(vocab * dim, dtype, &rng_);
+    const void* table =
+        dtype == DType::kF32 ? static_cast<const void*>(tf.data()) : th.data();
+    Buffer tb = UpRaw(table, vocab * dim * DTypeSize(dtype));
+    std::vector<int32_t> ids = {3, 0, 16};
+    Buffer ib = UpRaw(ids.data(), ids.size() * 4);
+    Buffer ob = Up(std::vector<float>(3 * dim));
+    EmbedParams p;
+    p.rows = 3;
+    p.ids = static_cast<const int32_t*>(ib.data());
+    p.table_dtype = dtype;
+    p.table = tb.data();
+    p.vocab = vocab;
+    p.dim = dim;
+    p.out = ob.f32();
+    p.out_stride = dim;
+    ASSERT_TRUE(backend_->Embed(p).ok());
+    std::vector<double> want;
+    for (int id : ids) {
+      for (int i = 0; i < dim; ++i)
+        want.push_back(reference::WeightAt(dtype, table, id * dim + i));
+    }
+    ExpectClose(Down(ob, 3 * dim), want, 0, "embed");
+  }
+  for (int rows : kSizes) {
+    for (int cols : kSizes) {
+      std::vector<float> x = Random(rows * cols, &rng_, -10, 10);
+      Buffer xb = Up(x), ob = Up(std::vector<float>(rows * cols));
+      Buffer ab = UpRaw(std::vector<int32_t>(rows).data(), rows * 4);
+      ArgmaxParams am;
+      am.rows = rows;
+      am.cols = cols;
+      am.x = xb.f32();
+      am.x_stride = cols;
+      am.out = static_cast<int32_t*>(ab.data());
+      ASSERT_TRUE(backend_->Argmax(am).ok());
+      std::vector<int32_t> got(rows);
+      ASSERT_TRUE(backend_->CopyToHost(got.data(), ab.data(), rows * 4).ok());
+      for (int r = 0; r < rows; ++r) {
+        int best = 0;
+        for (int i = 1; i < cols; ++i)
+          if (x[r * cols + i] > x[r * cols + best]) best = i;
+        EXPECT_EQ(got[r], best);
+      }
+      LogSumExpParams lp;
+      lp.rows = rows;
+      lp.cols = cols;
+      lp.x = xb.f32();
+      lp.x_stride = cols;
+      lp.out = ob.f32();
+      lp.inv_temperature = 0.7f;
+      ASSERT_TRUE(backend_->LogSumExp(lp).ok());
+      ExpectClose(Down(ob, rows),
+                  reference::LogSumExp(rows, cols, x.data(), 0.7f), 1e-5,
+                  "lse");
+      SoftmaxParams sp;
+      sp.rows = rows;
+      sp.cols = cols;
+      sp.x = xb.f32();
+      sp.x_stride = cols;
+      sp.y = ob.f32();
+      sp.y_stride = cols;
+      sp.inv_temperature = 0.7f;
+      ASSERT_TRUE(backend_->Softmax(sp).ok());
+      ExpectClose(Down(ob, rows * cols),
+                  reference::Softmax(rows, cols, x.data(), 0.7f), 1e-5,
+                  "softmax");
+    }
+  }
+}
+
+TEST_P(BackendOpsTest, EmbedRejectsOutOfRangeIds) {
+  std::vector<float> table(4 * 2, 1.0f);
+  Buffer tb = Up(table), ob = Up(std::vector<float>(2));
+  const int32_t bad = 4;
+  Buffer ib = UpRaw(&bad, 4);
+  EmbedParams p;
+  p.rows = 1;
+  p.ids = static_cast<const int32_t*>(ib.data());
+  p.table = tb.data();
+  p.vocab = 4;
+  p.dim = 2;
+  p.out = ob.f32();
+  p.out_stride = 2;
+  EXPECT_FALSE(backend_->Embed(p).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, BackendOpsTest,
+                         ::testing::Range(0,
+                                          static_cast<int>(Backends().size())),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return Backends()[info.param].name;
+                         });
+
+}  // namespace
+}  // namespace specserve::kernels

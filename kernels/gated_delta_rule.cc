@@ -1,0 +1,27 @@
+#include "kernels/gated_delta_rule.h"
+
+#include "kernels/validate.h"
+
+namespace specserve::kernels {
+
+absl::Status Validate(const GatedDeltaRuleParams& p) {
+  SS_KERNEL_CHECK(p.rows >= 1 && p.num_k_heads >= 1 && p.num_v_heads >= 1 &&
+                      p.k_head_dim >= 1 && p.v_head_dim >= 1,
+                  "gated_delta_rule: empty shape");
+  SS_KERNEL_CHECK(p.num_v_heads % p.num_k_heads == 0,
+                  "gated_delta_rule: nv % nk != 0");
+  SS_KERNEL_CHECK(p.q && p.k && p.v && p.a && p.b && p.a_log && p.dt_bias &&
+                      p.state_in && p.state_out && p.out,
+                  "gated_delta_rule: null pointer");
+  SS_KERNEL_CHECK(p.ab_stride >= p.num_v_heads &&
+                      p.out_stride >= p.num_v_heads * p.v_head_dim,
+                  "gated_delta_rule: stride too small");
+  const int64_t state_size = p.num_v_heads * p.k_head_dim * p.v_head_dim;
+  SS_KERNEL_CHECK(p.state_out_stride == 0 || p.state_out_stride >= state_size,
+                  "gated_delta_rule: state_out_stride < state size");
+  SS_KERNEL_CHECK(p.state_out_stride == 0 || p.state_in != p.state_out,
+                  "gated_delta_rule: snapshots must not overwrite state_in");
+  return absl::OkStatus();
+}
+
+}  // namespace specserve::kernels

@@ -1,0 +1,46 @@
+// The gated delta rule, per-token recurrent form (MODEL.md "Gated DeltaNet"
+// steps 4–5), fused with its gates. Per token t and value head h (key head
+// h / (nv/nk)):
+//   β = sigmoid(b[h]);  g = −exp(A_log[h])·softplus(a[h] + dt_bias[h])
+//   q̂ = q·rsqrt(Σq²+1e-6)·dk^(−1/2);  k̂ = k·rsqrt(Σk²+1e-6)
+//   S ← exp(g)·S;  u = Sᵀk̂;  S ← S + k̂·(β·(v − u))ᵀ;  o = Sᵀq̂
+// S is fp32 [nv][dk][dv]. Snapshot semantics as in conv1d.h: the state after
+// token t goes to state_out + t·state_out_stride (0 = single slot, in place
+// when state_out == state_in). Each token's arithmetic is the same whatever T
+// is and whichever mode: verify column j equals decode at that position.
+#ifndef SPECSERVE_KERNELS_GATED_DELTA_RULE_H_
+#define SPECSERVE_KERNELS_GATED_DELTA_RULE_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace specserve::kernels {
+
+struct GatedDeltaRuleParams {
+  int64_t rows = 0;          // T
+  int64_t num_k_heads = 0;   // nk
+  int64_t num_v_heads = 0;   // nv, multiple of nk
+  int64_t k_head_dim = 0;    // dk
+  int64_t v_head_dim = 0;    // dv
+  const float* q = nullptr;  // [T][qkv_stride], head i at i·dk
+  const float* k = nullptr;  // [T][qkv_stride], head i at i·dk
+  const float* v = nullptr;  // [T][qkv_stride], head h at h·dv
+  int64_t qkv_stride = 0;
+  const float* a = nullptr;  // [T][ab_stride] (nv), pre-softplus
+  const float* b = nullptr;  // [T][ab_stride] (nv), pre-sigmoid
+  int64_t ab_stride = 0;
+  const float* a_log = nullptr;     // [nv] fp32
+  const float* dt_bias = nullptr;   // [nv] fp32
+  const float* state_in = nullptr;  // [nv][dk][dv]
+  float* state_out = nullptr;
+  int64_t state_out_stride = 0;  // elements; 0 = single slot
+  float* out = nullptr;          // [T][out_stride], head h at h·dv
+  int64_t out_stride = 0;
+};
+
+absl::Status Validate(const GatedDeltaRuleParams& p);
+
+}  // namespace specserve::kernels
+
+#endif  // SPECSERVE_KERNELS_GATED_DELTA_RULE_H_

@@ -1,0 +1,32 @@
+#include "kernels/matmul.h"
+
+#include "kernels/validate.h"
+
+namespace specserve::kernels {
+
+MatmulParams DenseMatmul(int64_t rows, const float* x, const Weight& w,
+                         float* y, bool accumulate) {
+  MatmulParams p;
+  p.rows = rows;
+  p.in = w.cols;
+  p.out = w.rows;
+  p.x = x;
+  p.x_stride = w.cols;
+  p.w_dtype = w.dtype;
+  p.w = w.data;
+  p.y = y;
+  p.y_stride = w.rows;
+  p.accumulate = accumulate;
+  return p;
+}
+
+absl::Status Validate(const MatmulParams& p) {
+  SS_KERNEL_CHECK(p.rows >= 1 && p.in >= 1 && p.out >= 1,
+                  "matmul: empty shape");
+  SS_KERNEL_CHECK(p.x && p.w && p.y, "matmul: null pointer");
+  SS_KERNEL_CHECK(p.x_stride >= p.in, "matmul: x_stride < in");
+  SS_KERNEL_CHECK(p.y_stride >= p.out, "matmul: y_stride < out");
+  return absl::OkStatus();
+}
+
+}  // namespace specserve::kernels

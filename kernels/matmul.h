@@ -1,0 +1,40 @@
+// Matmul: y[T][out] (+)= x[T][in] · W[out][in]ᵀ, fp32 activations, weights in
+// their storage dtype, fp32 accumulation.
+//
+// Determinism contract (what makes verify == decode bit-for-bit): every
+// output element y[t][o] is produced by the same instruction sequence for any
+// `rows`, any row index t and any thread count: its reduction order over `in`
+// depends only on `in`.
+#ifndef SPECSERVE_KERNELS_MATMUL_H_
+#define SPECSERVE_KERNELS_MATMUL_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/types.h"
+
+namespace specserve::kernels {
+
+struct MatmulParams {
+  int64_t rows = 0;  // T (>= 1)
+  int64_t in = 0;    // reduction length (== w.cols)
+  int64_t out = 0;   // outputs (<= w.rows; the first `out` rows of W)
+  const float* x = nullptr;
+  int64_t x_stride = 0;  // elements between rows of x (>= in)
+  DType w_dtype = DType::kF32;
+  const void* w = nullptr;  // [>= out][in] row-major
+  float* y = nullptr;
+  int64_t y_stride = 0;  // elements between rows of y (>= out)
+  // true: y += x·Wᵀ (the residual add, fused); false: y = x·Wᵀ.
+  bool accumulate = false;
+};
+
+// Fills the params for y = x·Wᵀ with dense strides.
+MatmulParams DenseMatmul(int64_t rows, const float* x, const Weight& w,
+                         float* y, bool accumulate = false);
+
+absl::Status Validate(const MatmulParams& p);
+
+}  // namespace specserve::kernels
+
+#endif  // SPECSERVE_KERNELS_MATMUL_H_

@@ -1,0 +1,47 @@
+// RMS normalization over the last dimension, in fp32.
+//   RmsNorm:      y = x·rsqrt(mean(x²)+eps)·(1+w)   (plus_one; zero-centred w)
+//                 y = x·rsqrt(mean(x²)+eps)·w       (!plus_one)
+//   GatedRmsNorm: y = w ⊙ (x·rsqrt(mean(x²)+eps)) ⊙ silu(z)  (the GDN output
+//                 norm; plain w).
+// Rows are independent; strides let the op run over heads inside wider rows
+// (e.g. the query half of each head of q_proj's output), in place if y == x.
+#ifndef SPECSERVE_KERNELS_RMS_NORM_H_
+#define SPECSERVE_KERNELS_RMS_NORM_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace specserve::kernels {
+
+struct RmsNormParams {
+  int64_t rows = 0;  // vectors to normalize
+  int64_t dim = 0;   // length of each
+  const float* x = nullptr;
+  int64_t x_stride = 0;  // elements between consecutive vectors of x
+  float* y = nullptr;    // may equal x
+  int64_t y_stride = 0;
+  const float* weight = nullptr;  // [dim] fp32
+  bool plus_one = true;
+  float eps = 1e-6f;
+};
+
+struct GatedRmsNormParams {
+  int64_t rows = 0;
+  int64_t dim = 0;
+  const float* x = nullptr;
+  int64_t x_stride = 0;
+  const float* z = nullptr;  // gate, same layout as x
+  int64_t z_stride = 0;
+  float* y = nullptr;  // may equal x
+  int64_t y_stride = 0;
+  const float* weight = nullptr;  // [dim] fp32
+  float eps = 1e-6f;
+};
+
+absl::Status Validate(const RmsNormParams& p);
+absl::Status Validate(const GatedRmsNormParams& p);
+
+}  // namespace specserve::kernels
+
+#endif  // SPECSERVE_KERNELS_RMS_NORM_H_

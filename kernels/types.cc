@@ -1,0 +1,52 @@
+#include "kernels/types.h"
+
+#include "glog/logging.h"
+#include "kernels/backend.h"
+
+namespace specserve::kernels {
+
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 4;
+    case DType::kF16:
+    case DType::kBF16:
+      return 2;
+  }
+  LOG(FATAL) << "unknown dtype";
+  return 0;
+}
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+  }
+  return "?";
+}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    owner_ = std::exchange(other.owner_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void Buffer::Reset() {
+  if (data_ != nullptr) {
+    CHECK(owner_ != nullptr) << "buffer without an owning backend";
+    owner_->Free(data_);
+  }
+  owner_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+}  // namespace specserve::kernels

@@ -1,0 +1,196 @@
+// The three sublayers of a decoder layer, on `rows` rows of the workspace:
+// each reads the normed input from ws.xn and adds its output to the residual
+// stream ws.h (the matmul's fused accumulate). Math: MODEL.md.
+#include <cmath>
+
+#include "telemetry/status_macros.h"
+#include "worker/model/model.h"
+#include "worker/model/workspace.h"
+
+namespace specserve::model {
+
+using kernels::DenseMatmul;
+using kernels::MatmulParams;
+
+absl::Status Model::FullAttentionBlock(const LayerWeights& w, KvCache* kv,
+                                       int start, int rows) {
+  const ModelConfig& c = config_;
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads,
+                hd = c.head_dim, kv_dim = nkv * hd;
+  kernels::Backend& be = *backend_;
+  Workspace& ws = *ws_;
+  const AttentionWeights& a = w.attn;
+  float* q = ws.q.f32();  // [rows][nh][2·hd]
+  float* k_rows = kv->k.f32() + start * kv_dim;
+  float* v_rows = kv->v.f32() + start * kv_dim;
+  SS_RETURN_IF_ERROR(be.Matmul(DenseMatmul(rows, ws.xn.f32(), a.q_proj, q)));
+  // K and V are projected straight into their cache rows.
+  SS_RETURN_IF_ERROR(
+      be.Matmul(DenseMatmul(rows, ws.xn.f32(), a.k_proj, k_rows)));
+  SS_RETURN_IF_ERROR(
+      be.Matmul(DenseMatmul(rows, ws.xn.f32(), a.v_proj, v_rows)));
+
+  // q_norm over the query half of every head (stride 2·hd), k_norm per kv head.
+  kernels::RmsNormParams qn;
+  qn.rows = rows * nh;
+  qn.dim = hd;
+  qn.x = q;
+  qn.x_stride = 2 * hd;
+  qn.y = q;
+  qn.y_stride = 2 * hd;
+  qn.weight = a.q_norm.f32();
+  qn.eps = c.rms_norm_eps;
+  SS_RETURN_IF_ERROR(be.RmsNorm(qn));
+  kernels::RmsNormParams kn = qn;
+  kn.rows = rows * nkv;
+  kn.x = kn.y = k_rows;
+  kn.x_stride = kn.y_stride = hd;
+  kn.weight = a.k_norm.f32();
+  SS_RETURN_IF_ERROR(be.RmsNorm(kn));
+
+  kernels::RopeParams rq;
+  rq.rows = rows;
+  rq.heads = nh;
+  rq.head_dim = hd;
+  rq.rotary_dim = c.rotary_dim();
+  rq.x = q;
+  rq.row_stride = nh * 2 * hd;
+  rq.head_stride = 2 * hd;
+  rq.first_position = start;
+  rq.inv_freq = weights_.rope_inv_freq.f32();
+  SS_RETURN_IF_ERROR(be.Rope(rq));
+  kernels::RopeParams rk = rq;
+  rk.heads = nkv;
+  rk.x = k_rows;
+  rk.row_stride = kv_dim;
+  rk.head_stride = hd;
+  SS_RETURN_IF_ERROR(be.Rope(rk));
+
+  kernels::AttentionParams at;
+  at.rows = rows;
+  at.num_heads = nh;
+  at.num_kv_heads = nkv;
+  at.head_dim = hd;
+  at.q = q;
+  at.q_row_stride = nh * 2 * hd;
+  at.q_head_stride = 2 * hd;
+  at.gate = q + hd;
+  at.gate_row_stride = nh * 2 * hd;
+  at.gate_head_stride = 2 * hd;
+  at.k_cache = kv->k.f32();
+  at.v_cache = kv->v.f32();
+  at.kv_row_stride = kv_dim;
+  at.capacity = static_cast<int64_t>(kv->k.bytes() / sizeof(float)) / kv_dim;
+  at.first_position = start;
+  at.out = ws.attn.f32();
+  at.out_row_stride = nh * hd;
+  at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  SS_RETURN_IF_ERROR(be.Attention(at));
+  return be.Matmul(DenseMatmul(rows, ws.attn.f32(), a.o_proj, ws.h.f32(),
+                               /*accumulate=*/true));
+}
+
+absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
+                                         LinearCache* cache, Mode mode,
+                                         int rows) {
+  const ModelConfig& c = config_;
+  const int64_t nk = c.linear_num_key_heads, nv = c.linear_num_value_heads,
+                dk = c.linear_key_head_dim, dv = c.linear_value_head_dim,
+                kc = c.linear_conv_kernel_dim, conv_dim = c.conv_dim(),
+                key_dim = c.key_dim(), value_dim = c.value_dim();
+  kernels::Backend& be = *backend_;
+  Workspace& ws = *ws_;
+  const LinearAttentionWeights& l = w.linear;
+  const float* xn = ws.xn.f32();
+  SS_RETURN_IF_ERROR(
+      be.Matmul(DenseMatmul(rows, xn, l.in_proj_qkv, ws.mixed.f32())));
+  SS_RETURN_IF_ERROR(be.Matmul(DenseMatmul(rows, xn, l.in_proj_z, ws.z.f32())));
+  SS_RETURN_IF_ERROR(be.Matmul(DenseMatmul(rows, xn, l.in_proj_b, ws.b.f32())));
+  SS_RETURN_IF_ERROR(be.Matmul(DenseMatmul(rows, xn, l.in_proj_a, ws.a.f32())));
+
+  // Commit: states update in place. Verify: the committed state is only
+  // read; the state after column t goes to capture slot t.
+  const bool verify = mode == Mode::kVerify;
+  const int64_t conv_state = conv_dim * (kc - 1);
+  const int64_t rec_state = nv * dk * dv;
+
+  kernels::Conv1dParams cv;
+  cv.rows = rows;
+  cv.channels = conv_dim;
+  cv.kernel = kc;
+  cv.x = ws.mixed.f32();
+  cv.x_stride = conv_dim;
+  cv.y = ws.conv_out.f32();
+  cv.y_stride = conv_dim;
+  cv.weight = l.conv.f32();
+  cv.state_in = cache->conv.f32();
+  cv.state_out = verify ? cache->conv_columns.f32() : cache->conv.f32();
+  cv.state_out_stride = verify ? conv_state : 0;
+  cv.silu = true;
+  SS_RETURN_IF_ERROR(be.Conv1d(cv));
+
+  kernels::GatedDeltaRuleParams g;
+  g.rows = rows;
+  g.num_k_heads = nk;
+  g.num_v_heads = nv;
+  g.k_head_dim = dk;
+  g.v_head_dim = dv;
+  g.q = ws.conv_out.f32();
+  g.k = ws.conv_out.f32() + key_dim;
+  g.v = ws.conv_out.f32() + 2 * key_dim;
+  g.qkv_stride = conv_dim;
+  g.a = ws.a.f32();
+  g.b = ws.b.f32();
+  g.ab_stride = nv;
+  g.a_log = l.a_log.f32();
+  g.dt_bias = l.dt_bias.f32();
+  g.state_in = cache->recurrent.f32();
+  g.state_out =
+      verify ? cache->recurrent_columns.f32() : cache->recurrent.f32();
+  g.state_out_stride = verify ? rec_state : 0;
+  g.out = ws.core.f32();
+  g.out_stride = value_dim;
+  SS_RETURN_IF_ERROR(be.GatedDeltaRule(g));
+
+  kernels::GatedRmsNormParams gn;
+  gn.rows = rows * nv;
+  gn.dim = dv;
+  gn.x = gn.y = ws.core.f32();
+  gn.x_stride = gn.y_stride = dv;
+  gn.z = ws.z.f32();
+  gn.z_stride = dv;
+  gn.weight = l.norm.f32();
+  gn.eps = c.rms_norm_eps;
+  SS_RETURN_IF_ERROR(be.GatedRmsNorm(gn));
+  return be.Matmul(DenseMatmul(rows, ws.core.f32(), l.out_proj, ws.h.f32(),
+                               /*accumulate=*/true));
+}
+
+absl::Status Model::MlpBlock(const LayerWeights& w, int rows) {
+  const int64_t I = config_.intermediate_size;
+  kernels::Backend& be = *backend_;
+  Workspace& ws = *ws_;
+  float* gate = ws.mlp.f32();  // [rows][2I]: gate half then up half
+  MatmulParams g = DenseMatmul(rows, ws.xn.f32(), w.mlp.gate_proj, gate);
+  g.y_stride = 2 * I;
+  SS_RETURN_IF_ERROR(be.Matmul(g));
+  MatmulParams u = DenseMatmul(rows, ws.xn.f32(), w.mlp.up_proj, gate + I);
+  u.y_stride = 2 * I;
+  SS_RETURN_IF_ERROR(be.Matmul(u));
+  kernels::SwigluParams s;
+  s.rows = rows;
+  s.dim = I;
+  s.gate = gate;
+  s.gate_stride = 2 * I;
+  s.up = gate + I;
+  s.up_stride = 2 * I;
+  s.out = gate;
+  s.out_stride = 2 * I;
+  SS_RETURN_IF_ERROR(be.Swiglu(s));
+  MatmulParams d = DenseMatmul(rows, gate, w.mlp.down_proj, ws.h.f32(),
+                               /*accumulate=*/true);
+  d.x_stride = 2 * I;
+  return be.Matmul(d);
+}
+
+}  // namespace specserve::model

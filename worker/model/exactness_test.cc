@@ -1,0 +1,320 @@
+// Bit-identity properties of the forward (DESIGN.md §3, §6), on every tiny
+// model in tests/models and a larger synthetic one, with random prompts:
+//  - Verify column j == single-token Decode at that position: logits,
+//    hidden, recurrent and conv state, byte for byte, for T = 1..16;
+//  - CommitVerified(j) leaves the state of j+1 decodes, and later decodes
+//    agree byte for byte;
+//  - Prefill (one pass, chunked past kMaxRows) == token-by-token Decode;
+//  - results do not depend on the backend's thread count;
+//  - MTP rows run together == run one by one.
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "glog/logging.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "worker/model/model.h"
+#include "worker/model/test_data.h"
+#include "worker/model_files/test_util.h"
+
+namespace specserve::model {
+namespace {
+
+bool SameBytes(const std::vector<float>& a, const float* b, size_t n) {
+  return a.size() >= n && std::memcmp(a.data(), b, n * sizeof(float)) == 0;
+}
+bool SameBytes(const float* a, const float* b, size_t n) {
+  return std::memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+// A random bf16 model big enough that the thread pool splits matmuls even
+// at T = 1 and attention / the delta rule at T = 16, written on first use.
+constexpr char kSyntheticModel[] = "synthetic_h256";
+constexpr char kSyntheticConfig[] = R"({
+  "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text",
+  "vocab_size": 2048, "hidden_size": 256, "intermediate_size": 512,
+  "num_hidden_layers": 4,
+  "layer_types": ["linear_attention", "full_attention", "linear_attention",
+                  "full_attention"],
+  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+  "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+  "linear_key_head_dim": 64, "linear_value_head_dim": 64,
+  "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6,
+  "tie_word_embeddings": false, "max_position_embeddings": 1024,
+  "rope_parameters": {"rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+  "mtp_num_hidden_layers": 1
+})";
+
+std::string ModelDir(const std::string& param) {
+  if (param != kSyntheticModel) return testing::RepoPath(param);
+  namespace mf = model_files;
+  const std::string dir = mf::testing::FreshDir(kSyntheticModel);
+  auto config = mf::ParseModelConfig(kSyntheticConfig, "synthetic config");
+  CHECK(config.ok()) << config.status();
+  mf::testing::TinyModelOptions o;
+  o.mtp_layers = 1;
+  CHECK(mf::testing::WriteFile(dir + "/config.json", kSyntheticConfig).ok());
+  CHECK(mf::testing::WriteFile(dir + "/model.safetensors",
+                               mf::testing::SafetensorsBytes(
+                                   mf::testing::TinyModelTensors(*config, o)))
+            .ok());
+  return dir;
+}
+
+std::vector<std::string> ModelParams() {
+  std::vector<std::string> p = testing::TestModelDirs();
+  p.push_back(kSyntheticModel);
+  return p;
+}
+
+bool AllFinite(const std::vector<float>& v) {
+  for (float x : v) {
+    if (!std::isfinite(x)) return false;
+  }
+  return true;
+}
+
+class ExactnessTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  static void SetUpTestSuite() {
+    dirs_ = new std::map<std::string, std::string>;
+  }
+  static void TearDownTestSuite() { delete dirs_; }
+
+  void SetUp() override {
+    backend_ = std::make_unique<kernels::cpu::CpuBackend>();
+    std::string& dir = (*dirs_)[GetParam()];
+    if (dir.empty()) dir = ModelDir(GetParam());
+    dir_ = dir;
+    auto m = Model::Load(dir_, backend_.get());
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m);
+    const ModelConfig& c = model_->config();
+    V_ = c.vocab_size;
+    H_ = c.hidden_size;
+    num_linear_ = c.num_hidden_layers - c.num_full_attention_layers();
+  }
+
+  std::vector<int32_t> RandomTokens(int n) {
+    std::uniform_int_distribution<int32_t> d(0, V_ - 1);
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = d(rng_);
+    return t;
+  }
+
+  std::unique_ptr<ModelState> NewState(int capacity = 256) {
+    auto s = model_->NewState({.capacity = capacity, .max_verify_columns = 16});
+    EXPECT_TRUE(s.ok());
+    return std::move(*s);
+  }
+
+  // Every linear layer's state (column < 0: committed), concatenated.
+  std::vector<float> LinearStates(const ModelState& s, int column) {
+    std::vector<float> all, rec, conv;
+    for (int i = 0; i < num_linear_; ++i) {
+      EXPECT_TRUE(model_->ReadLinearState(s, i, column, &rec, &conv).ok());
+      all.insert(all.end(), rec.begin(), rec.end());
+      all.insert(all.end(), conv.begin(), conv.end());
+    }
+    return all;
+  }
+
+  static std::map<std::string, std::string>* dirs_;  // param -> model dir
+  std::string dir_;
+  std::unique_ptr<kernels::cpu::CpuBackend> backend_;
+  std::unique_ptr<Model> model_;
+  int V_ = 0, H_ = 0, num_linear_ = 0;
+  std::mt19937 rng_{20240611};
+};
+
+std::map<std::string, std::string>* ExactnessTest::dirs_ = nullptr;
+
+TEST_P(ExactnessTest, VerifyColumnsEqualDecode) {
+  for (int T = 1; T <= 16; ++T) {
+    for (int trial = 0; trial < 3; ++trial) {
+      SCOPED_TRACE("T=" + std::to_string(T) +
+                   " trial=" + std::to_string(trial));
+      const std::vector<int32_t> prompt =
+          RandomTokens(1 + (T * 7 + trial * 5) % 23);
+      const std::vector<int32_t> cols = RandomTokens(T);
+      auto a = NewState(), b = NewState();
+      ForwardResult r;
+      ASSERT_TRUE(model_->Prefill(a.get(), prompt, {}, &r).ok());
+      ASSERT_TRUE(model_->Prefill(b.get(), prompt, {}, &r).ok());
+      ForwardResult v;
+      ASSERT_TRUE(model_->Verify(a.get(), cols, &v).ok());
+      ASSERT_EQ(v.rows, T);
+      std::vector<std::vector<float>> decode_states;
+      for (int j = 0; j < T; ++j) {
+        ForwardResult d;
+        ASSERT_TRUE(model_->Decode(b.get(), cols[j], &d).ok());
+        ASSERT_TRUE(AllFinite(d.logits)) << "non-finite logits";
+        EXPECT_TRUE(SameBytes(d.logits, v.logits.data() + j * V_, V_))
+            << "logits col " << j;
+        EXPECT_TRUE(SameBytes(d.hidden, v.hidden.data() + j * H_, H_))
+            << "hidden col " << j;
+        EXPECT_EQ(d.argmax[0], v.argmax[j]);
+        decode_states.push_back(LinearStates(*b, -1));
+        EXPECT_EQ(decode_states.back(), LinearStates(*a, j))
+            << "state col " << j;
+        const std::vector<float> cap = LinearStates(*a, j);
+        EXPECT_TRUE(SameBytes(decode_states.back(), cap.data(), cap.size()))
+            << "state bytes " << j;
+      }
+      // Commit a column, then both sessions continue identically.
+      const int keep = (trial * 5 + T) % T;
+      ASSERT_TRUE(model_->CommitVerified(a.get(), keep).ok());
+      EXPECT_EQ(a->length(), static_cast<int>(prompt.size()) + keep + 1);
+      const std::vector<float> committed = LinearStates(*a, -1);
+      EXPECT_TRUE(
+          SameBytes(decode_states[keep], committed.data(), committed.size()));
+      auto c = NewState();
+      ASSERT_TRUE(model_->Prefill(c.get(), prompt, {}, &r).ok());
+      for (int j = 0; j <= keep; ++j)
+        ASSERT_TRUE(model_->Decode(c.get(), cols[j], &r).ok());
+      for (int32_t tok : RandomTokens(3)) {
+        ForwardResult da, dc;
+        ASSERT_TRUE(model_->Decode(a.get(), tok, &da).ok());
+        ASSERT_TRUE(model_->Decode(c.get(), tok, &dc).ok());
+        EXPECT_TRUE(SameBytes(da.logits, dc.logits.data(), V_))
+            << "after commit";
+      }
+    }
+  }
+}
+
+TEST_P(ExactnessTest, PrefillEqualsTokenByTokenDecode) {
+  // 70 > kMaxRows: the prefill runs in two chunks.
+  for (int len : {1, 5, 17, Model::kMaxRows + 6}) {
+    SCOPED_TRACE("prompt length " + std::to_string(len));
+    const std::vector<int32_t> prompt = RandomTokens(len);
+    auto a = NewState(), b = NewState();
+    ForwardResult pa;
+    ASSERT_TRUE(model_->Prefill(a.get(), prompt, {.all_rows = true}, &pa).ok());
+    ASSERT_EQ(pa.rows, len);
+    ForwardResult d;
+    for (int i = 0; i < len; ++i) {
+      ASSERT_TRUE(model_->Decode(b.get(), prompt[i], &d).ok());
+      EXPECT_TRUE(SameBytes(d.logits, pa.logits.data() + i * V_, V_))
+          << "row " << i;
+    }
+    EXPECT_EQ(LinearStates(*a, -1), LinearStates(*b, -1));
+    // Greedy continuations agree token for token (and logit for logit).
+    int32_t na = pa.argmax.back(), nb = d.argmax[0];
+    for (int step = 0; step < 12; ++step) {
+      ASSERT_EQ(na, nb) << "greedy step " << step;
+      ForwardResult ra, rb;
+      ASSERT_TRUE(model_->Decode(a.get(), na, &ra).ok());
+      ASSERT_TRUE(model_->Decode(b.get(), nb, &rb).ok());
+      EXPECT_TRUE(SameBytes(ra.logits, rb.logits.data(), V_));
+      na = ra.argmax[0];
+      nb = rb.argmax[0];
+    }
+  }
+}
+
+TEST_P(ExactnessTest, ThreadCountDoesNotChangeResults) {
+  kernels::cpu::CpuBackend one(kernels::cpu::CpuBackendOptions{1});
+  auto m1 = Model::Load(dir_, &one);
+  ASSERT_TRUE(m1.ok());
+  const std::vector<int32_t> prompt = RandomTokens(40);
+  auto s1 = (*m1)->NewState({.capacity = 64});
+  auto s2 = NewState(64);
+  ForwardResult r1, r2;
+  ASSERT_TRUE((*m1)->Prefill(s1->get(), prompt, {.all_rows = true}, &r1).ok());
+  ASSERT_TRUE(model_->Prefill(s2.get(), prompt, {.all_rows = true}, &r2).ok());
+  EXPECT_TRUE(SameBytes(r1.logits, r2.logits.data(), r2.logits.size()));
+}
+
+TEST_P(ExactnessTest, MtpRowsTogetherEqualOneByOne) {
+  if (!model_->has_mtp()) GTEST_SKIP() << "no MTP head";
+  const int n = 13;
+  const std::vector<int32_t> prompt = RandomTokens(n + 1);
+  auto s = NewState();
+  ForwardResult p;
+  ASSERT_TRUE(model_->Prefill(s.get(), prompt, {.all_rows = true}, &p).ok());
+  ForwardResult all;
+  ASSERT_TRUE(
+      model_
+          ->MtpForward(s.get(), absl::MakeConstSpan(p.hidden.data(), n * H_),
+                       absl::MakeConstSpan(prompt.data() + 1, n), 0, &all)
+          .ok());
+  EXPECT_EQ(s->mtp_length(), n);
+  // Refill row by row (rewriting the same KV rows) and compare each row.
+  for (int i = 0; i < n; ++i) {
+    ForwardResult one;
+    ASSERT_TRUE(
+        model_
+            ->MtpDraft(s.get(),
+                       absl::MakeConstSpan(p.hidden.data() + i * H_, H_),
+                       prompt[i + 1], i, &one)
+            .ok());
+    EXPECT_TRUE(SameBytes(one.logits, all.logits.data() + i * V_, V_))
+        << "row " << i;
+    EXPECT_TRUE(SameBytes(one.hidden, all.hidden.data() + i * H_, H_))
+        << "row " << i;
+  }
+}
+
+TEST_P(ExactnessTest, RestoreCheckpointReplaysExactly) {
+  const std::vector<int32_t> prompt = RandomTokens(11), more = RandomTokens(6);
+  auto s = NewState();
+  ForwardResult r;
+  ASSERT_TRUE(model_->Prefill(s.get(), prompt, {}, &r).ok());
+  auto cp = model_->SaveCheckpoint(*s);
+  ASSERT_TRUE(cp.ok()) << cp.status();
+  std::vector<std::vector<float>> first;
+  for (int32_t t : more) {
+    ASSERT_TRUE(model_->Decode(s.get(), t, &r).ok());
+    first.push_back(r.logits);
+  }
+  // Wander off: a verify with a partial commit, more decodes.
+  ASSERT_TRUE(model_->Verify(s.get(), RandomTokens(4), &r).ok());
+  ASSERT_TRUE(model_->CommitVerified(s.get(), 2).ok());
+  ASSERT_TRUE(model_->Decode(s.get(), 3, &r).ok());
+  ASSERT_TRUE(model_->RestoreCheckpoint(s.get(), **cp).ok());
+  EXPECT_EQ(s->length(), static_cast<int>(prompt.size()));
+  for (size_t i = 0; i < more.size(); ++i) {
+    ASSERT_TRUE(model_->Decode(s.get(), more[i], &r).ok());
+    EXPECT_TRUE(SameBytes(r.logits, first[i].data(), V_))
+        << "replayed step " << i;
+  }
+  ASSERT_TRUE(model_->TruncateMtp(s.get(), 0).ok());
+  EXPECT_EQ(s->mtp_length(), 0);
+}
+
+TEST_P(ExactnessTest, RejectsBadInput) {
+  auto s = NewState(8);
+  ForwardResult r;
+  EXPECT_EQ(model_->Prefill(s.get(), {V_}, {}, &r).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model_->Prefill(s.get(), RandomTokens(9), {}, &r).code(),
+            absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE(model_->Prefill(s.get(), RandomTokens(6), {}, &r).ok());
+  EXPECT_EQ(model_->Verify(s.get(), RandomTokens(3), &r).code(),
+            absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE(model_->Verify(s.get(), RandomTokens(2), &r).ok());
+  EXPECT_EQ(model_->Decode(s.get(), 0, &r).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(model_->CommitVerified(s.get(), 2).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(model_->CommitVerified(s.get(), 1).ok());
+  EXPECT_EQ(s->length(), 8);
+  EXPECT_EQ(model_->Decode(s.get(), 0, &r).code(),
+            absl::StatusCode::kOutOfRange);
+}
+
+std::string ModelName(const ::testing::TestParamInfo<std::string>& info) {
+  return info.param.substr(info.param.find_last_of('/') + 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(TestModels, ExactnessTest,
+                         ::testing::ValuesIn(ModelParams()), ModelName);
+
+}  // namespace
+}  // namespace specserve::model

@@ -1,0 +1,229 @@
+// Model: loading and the trunk passes (Prefill, Decode, Verify). States are
+// in state.cc, sublayers in blocks.cc, the MTP head in mtp.cc.
+#include "worker/model/model.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "telemetry/status_macros.h"
+#include "worker/model/workspace.h"
+
+namespace specserve::model {
+
+Model::~Model() = default;
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& model_dir,
+                                                   kernels::Backend* backend) {
+  SS_ASSIGN_OR_RETURN(auto checkpoint,
+                      model_files::Checkpoint::Open(model_dir));
+  return FromCheckpoint(std::move(checkpoint), backend);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::FromCheckpoint(
+    std::unique_ptr<model_files::Checkpoint> checkpoint,
+    kernels::Backend* backend) {
+  CHECK(backend != nullptr) << "Model needs a backend";
+  std::unique_ptr<Model> m(new Model());
+  m->config_ = checkpoint->config();
+  m->checkpoint_ = std::move(checkpoint);
+  m->backend_ = backend;
+  const ModelConfig& c = m->config_;
+  if (c.linear_conv_kernel_dim < 2 &&
+      c.num_full_attention_layers() < c.num_hidden_layers) {
+    return absl::InvalidArgumentError("linear_conv_kernel_dim must be >= 2");
+  }
+  SS_RETURN_IF_ERROR(m->LoadWeights());
+  SS_RETURN_IF_ERROR(m->EnsureWorkspace());
+  return m;
+}
+
+absl::Status Model::EnsureWorkspace() {
+  if (ws_ != nullptr) return absl::OkStatus();
+  const ModelConfig& c = config_;
+  const size_t R = kMaxRows;
+  auto ws = std::make_unique<Workspace>();
+  kernels::Backend& be = *backend_;
+  auto floats = [&](Buffer* b, size_t per_row) -> absl::Status {
+    SS_ASSIGN_OR_RETURN(*b,
+                        be.AllocateFloats(R * std::max<size_t>(per_row, 1)));
+    return absl::OkStatus();
+  };
+  const size_t H = c.hidden_size;
+  SS_RETURN_IF_ERROR(floats(&ws->ids, 1));
+  SS_RETURN_IF_ERROR(floats(&ws->h, H));
+  SS_RETURN_IF_ERROR(floats(&ws->xn, H));
+  SS_RETURN_IF_ERROR(floats(&ws->hidden, H));
+  SS_RETURN_IF_ERROR(floats(&ws->mixed, c.conv_dim()));
+  SS_RETURN_IF_ERROR(floats(&ws->conv_out, c.conv_dim()));
+  SS_RETURN_IF_ERROR(floats(&ws->z, c.value_dim()));
+  SS_RETURN_IF_ERROR(floats(&ws->a, c.linear_num_value_heads));
+  SS_RETURN_IF_ERROR(floats(&ws->b, c.linear_num_value_heads));
+  SS_RETURN_IF_ERROR(floats(&ws->core, c.value_dim()));
+  SS_RETURN_IF_ERROR(floats(&ws->q, 2 * c.num_attention_heads * c.head_dim));
+  SS_RETURN_IF_ERROR(floats(&ws->attn, c.num_attention_heads * c.head_dim));
+  SS_RETURN_IF_ERROR(floats(&ws->mlp, 2 * c.intermediate_size));
+  SS_RETURN_IF_ERROR(floats(&ws->mtp_cat, 2 * H));
+  SS_RETURN_IF_ERROR(floats(&ws->mtp_in, H));
+  SS_RETURN_IF_ERROR(floats(&ws->logits, c.vocab_size));
+  SS_RETURN_IF_ERROR(floats(&ws->argmax, 1));
+  ws_ = std::move(ws);
+  return absl::OkStatus();
+}
+
+absl::Status Model::CheckTokens(absl::Span<const int32_t> tokens) const {
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= config_.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", t, " outside the vocabulary [0, ",
+                       config_.vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::RunTrunk(ModelState* state,
+                             absl::Span<const int32_t> tokens, Mode mode) {
+  const int rows = static_cast<int>(tokens.size());
+  CHECK(rows >= 1 && rows <= kMaxRows) << "RunTrunk rows " << rows;
+  const int start = state->length_;
+  CHECK_LE(start + rows, state->capacity_) << "caller checks the capacity";
+  const ModelConfig& c = config_;
+  kernels::Backend& be = *backend_;
+  Workspace& ws = *ws_;
+
+  SS_RETURN_IF_ERROR(
+      be.CopyToDevice(ws.ids.data(), tokens.data(), rows * sizeof(int32_t)));
+  kernels::EmbedParams e;
+  e.rows = rows;
+  e.ids = static_cast<const int32_t*>(ws.ids.data());
+  e.table_dtype = weights_.embed.dtype;
+  e.table = weights_.embed.data;
+  e.vocab = c.vocab_size;
+  e.dim = c.hidden_size;
+  e.out = ws.h.f32();
+  e.out_stride = c.hidden_size;
+  SS_RETURN_IF_ERROR(be.Embed(e));
+
+  kernels::RmsNormParams norm;
+  norm.rows = rows;
+  norm.dim = c.hidden_size;
+  norm.x = ws.h.f32();
+  norm.x_stride = c.hidden_size;
+  norm.y = ws.xn.f32();
+  norm.y_stride = c.hidden_size;
+  norm.eps = c.rms_norm_eps;
+
+  size_t kv_i = 0, lin_i = 0;
+  for (const LayerWeights& layer : weights_.layers) {
+    norm.weight = layer.input_norm.f32();
+    SS_RETURN_IF_ERROR(be.RmsNorm(norm));
+    if (layer.type == LayerType::kFullAttention) {
+      SS_RETURN_IF_ERROR(
+          FullAttentionBlock(layer, &state->kv_[kv_i++], start, rows));
+    } else {
+      SS_RETURN_IF_ERROR(
+          LinearAttentionBlock(layer, &state->linear_[lin_i++], mode, rows));
+    }
+    norm.weight = layer.post_attention_norm.f32();
+    SS_RETURN_IF_ERROR(be.RmsNorm(norm));
+    SS_RETURN_IF_ERROR(MlpBlock(layer, rows));
+  }
+  norm.weight = weights_.final_norm.f32();
+  norm.y = ws.hidden.f32();
+  return be.RmsNorm(norm);
+}
+
+absl::Status Model::EmitRows(int row0, int n, ForwardResult* out) {
+  const int64_t H = config_.hidden_size, V = config_.vocab_size;
+  kernels::Backend& be = *backend_;
+  Workspace& ws = *ws_;
+  const float* hidden = ws.hidden.f32() + row0 * H;
+  SS_RETURN_IF_ERROR(be.Matmul(
+      kernels::DenseMatmul(n, hidden, weights_.lm_head, ws.logits.f32())));
+  kernels::ArgmaxParams am;
+  am.rows = n;
+  am.cols = V;
+  am.x = ws.logits.f32();
+  am.x_stride = V;
+  am.out = static_cast<int32_t*>(ws.argmax.data());
+  SS_RETURN_IF_ERROR(be.Argmax(am));
+  const size_t old = out->rows;
+  out->rows += n;
+  out->logits.resize(out->rows * V);
+  out->hidden.resize(out->rows * H);
+  out->argmax.resize(out->rows);
+  SS_RETURN_IF_ERROR(be.CopyToHost(out->logits.data() + old * V,
+                                   ws.logits.data(), n * V * sizeof(float)));
+  SS_RETURN_IF_ERROR(be.CopyToHost(out->hidden.data() + old * H, hidden,
+                                   n * H * sizeof(float)));
+  return be.CopyToHost(out->argmax.data() + old, ws.argmax.data(),
+                       n * sizeof(int32_t));
+}
+
+namespace {
+void ClearResult(int first_position, ForwardResult* out) {
+  out->rows = 0;
+  out->first_position = first_position;
+  out->logits.clear();
+  out->hidden.clear();
+  out->argmax.clear();
+}
+}  // namespace
+
+absl::Status Model::Prefill(ModelState* state, absl::Span<const int32_t> tokens,
+                            const PrefillOptions& options, ForwardResult* out) {
+  if (tokens.empty()) return absl::InvalidArgumentError("prefill: no tokens");
+  if (state->verified_columns_ != 0) {
+    return absl::FailedPreconditionError(
+        "prefill: a verify is pending (commit or discard it first)");
+  }
+  SS_RETURN_IF_ERROR(CheckTokens(tokens));
+  const int n = static_cast<int>(tokens.size());
+  if (state->length_ + n > state->capacity_) {
+    return absl::OutOfRangeError(
+        absl::StrCat("prefill: ", state->length_, " committed + ", n,
+                     " new rows exceed capacity ", state->capacity_));
+  }
+  ClearResult(options.all_rows ? state->length_ : state->length_ + n - 1, out);
+  for (int i = 0; i < n; i += kMaxRows) {
+    const int rows = std::min(kMaxRows, n - i);
+    SS_RETURN_IF_ERROR(RunTrunk(state, tokens.subspan(i, rows), Mode::kCommit));
+    state->length_ += rows;
+    if (options.all_rows) {
+      SS_RETURN_IF_ERROR(EmitRows(0, rows, out));
+    } else if (i + rows == n) {
+      SS_RETURN_IF_ERROR(EmitRows(rows - 1, 1, out));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::Decode(ModelState* state, int32_t token,
+                           ForwardResult* out) {
+  return Prefill(state, absl::MakeConstSpan(&token, 1), PrefillOptions{}, out);
+}
+
+absl::Status Model::Verify(ModelState* state, absl::Span<const int32_t> tokens,
+                           ForwardResult* out) {
+  const int n = static_cast<int>(tokens.size());
+  if (n < 1 || n > state->max_verify_columns_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "verify: ", n, " columns (1..", state->max_verify_columns_, ")"));
+  }
+  if (state->verified_columns_ != 0) {
+    return absl::FailedPreconditionError("verify: a verify is already pending");
+  }
+  SS_RETURN_IF_ERROR(CheckTokens(tokens));
+  if (state->length_ + n > state->capacity_) {
+    return absl::OutOfRangeError(
+        absl::StrCat("verify: ", state->length_, " committed + ", n,
+                     " columns exceed capacity ", state->capacity_));
+  }
+  ClearResult(state->length_, out);
+  SS_RETURN_IF_ERROR(RunTrunk(state, tokens, Mode::kVerify));
+  state->verified_columns_ = n;
+  return EmitRows(0, n, out);
+}
+
+}  // namespace specserve::model

@@ -1,0 +1,304 @@
+// The qwen3_5 text model (dense MLP) with its MTP head, written against the
+// kernels::Backend interface: the contract of the forward. This header lists
+// the config, the weights, a session's caches and every buffer's shape; the
+// math is /work/shared/docs/MODEL.md. CPU and CUDA run this same forward.
+//
+// Usage:
+//   SS_ASSIGN_OR_RETURN(auto model, Model::Load(dir, backend));
+//   SS_ASSIGN_OR_RETURN(auto state, model->NewState({.capacity = 4096}));
+//   ForwardResult r;
+//   SS_RETURN_IF_ERROR(model->Prefill(state.get(), prompt, {}, &r));  // last
+//   row SS_RETURN_IF_ERROR(model->Decode(state.get(), next, &r));
+//   // speculative round:
+//   SS_RETURN_IF_ERROR(model->Verify(state.get(), {pending, d1, d2, d3}, &r));
+//   SS_RETURN_IF_ERROR(model->CommitVerified(state.get(), accepted_column));
+//
+// Exactness (DESIGN.md §3, §6): every kernel is row-invariant, so
+//  - Verify column j's logits, hidden, recurrent and conv state are
+//    bit-identical to Decode of the same tokens one at a time;
+//  - Prefill (any chunking) is bit-identical to token-by-token Decode.
+// Notation: H hidden, V vocab, I intermediate; nh/nkv/hd attention heads,
+// kv heads, head dim; nk/nv/dk/dv linear key/value heads and dims; Kc conv
+// kernel; key_dim = nk·dk, value_dim = nv·dv, conv_dim = 2·key_dim+value_dim;
+// R = Model::kMaxRows rows per pass.
+//
+// Threading: one Model may serve many ModelStates, but forward calls on one
+// Model must not run concurrently (they share the workspace and the backend).
+#ifndef SPECSERVE_WORKER_MODEL_MODEL_H_
+#define SPECSERVE_WORKER_MODEL_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/backend.h"
+#include "worker/model_files/checkpoint.h"
+#include "worker/model_files/model_config.h"
+
+namespace specserve::model {
+
+using kernels::Buffer;  // backend memory; fp32 unless noted
+using kernels::Weight;  // [rows][cols] matrix in its storage dtype
+using model_files::LayerType;
+using model_files::ModelConfig;
+
+// ---------------------------------------------------------------- weights
+
+struct AttentionWeights {  // gated full attention
+  Weight q_proj;           // [2·nh·hd][H]: per head [query hd | gate hd]
+  Weight k_proj;           // [nkv·hd][H]
+  Weight v_proj;           // [nkv·hd][H]
+  Weight o_proj;           // [H][nh·hd]
+  Buffer q_norm;           // [hd] zero-centred
+  Buffer k_norm;           // [hd] zero-centred
+};
+
+struct LinearAttentionWeights {  // Gated DeltaNet
+  Weight in_proj_qkv;  // [conv_dim][H]: [q nk·dk | k nk·dk | v nv·dv]
+  Weight in_proj_z;    // [value_dim][H]
+  Weight in_proj_b;    // [nv][H]
+  Weight in_proj_a;    // [nv][H]
+  Weight out_proj;     // [H][value_dim]
+  Buffer conv;         // [conv_dim][Kc]
+  Buffer dt_bias;      // [nv]
+  Buffer a_log;        // [nv]
+  Buffer norm;         // [dv] plain weight (not 1+w)
+};
+
+struct MlpWeights {
+  Weight gate_proj;  // [I][H]
+  Weight up_proj;    // [I][H]
+  Weight down_proj;  // [H][I]
+};
+
+struct LayerWeights {
+  LayerType type = LayerType::kLinearAttention;
+  Buffer input_norm;              // [H] zero-centred
+  Buffer post_attention_norm;     // [H] zero-centred
+  AttentionWeights attn;          // when type == kFullAttention
+  LinearAttentionWeights linear;  // when type == kLinearAttention
+  MlpWeights mlp;
+};
+
+struct MtpWeights {
+  Weight fc;                     // [H][2H]: input [norm_emb(e) | norm_hid(h)]
+  Buffer pre_fc_norm_embedding;  // [H] zero-centred
+  Buffer pre_fc_norm_hidden;     // [H] zero-centred
+  Buffer norm;                   // [H] zero-centred, the head's final norm
+  LayerWeights layer;            // one full-attention decoder layer
+};
+
+struct ModelWeights {
+  Weight embed;                      // [V][H]
+  Weight lm_head;                    // [V][H]; reads embed's data when tied
+  Buffer final_norm;                 // [H] zero-centred
+  std::vector<LayerWeights> layers;  // config.layer_types order
+  bool has_mtp = false;
+  MtpWeights mtp;        // valid when has_mtp
+  Buffer rope_inv_freq;  // [rotary_dim/2]
+};
+
+// ---------------------------------------------------------------- caches
+
+// Keys/values of one full-attention layer, post k_norm and RoPE.
+// Row r holds position r. Rows >= the owner's length are scratch.
+struct KvCache {
+  Buffer k;  // [capacity][nkv·hd]
+  Buffer v;  // [capacity][nkv·hd]
+};
+
+// State of one linear-attention layer.
+struct LinearCache {
+  Buffer recurrent;  // [nv][dk][dv]: S after the last committed token
+  Buffer conv;       // [conv_dim][Kc−1]: last Kc−1 raw inputs, newest last
+  // Verify captures: the state after each column of the last Verify.
+  Buffer recurrent_columns;  // [max_verify_columns][nv][dk][dv]
+  Buffer conv_columns;       // [max_verify_columns][conv_dim][Kc−1]
+};
+
+struct StateOptions {
+  int capacity = 4096;          // rows the caches hold (trunk and MTP)
+  int max_verify_columns = 16;  // T limit of Verify
+};
+
+// One session's caches (create with Model::NewState). Invariant between calls:
+// the trunk caches hold exactly rows [0, length) (attention KV rows, and the
+// recurrent/conv state after row length−1); the MTP KV holds rows [0,
+// mtp_length).
+class ModelState {
+ public:
+  int capacity() const { return capacity_; }
+  int max_verify_columns() const { return max_verify_columns_; }
+  // Committed trunk rows (the next token's position).
+  int length() const { return length_; }
+  // MTP KV rows [0, mtp_length) are valid.
+  int mtp_length() const { return mtp_length_; }
+  // Columns of the last Verify not yet committed (0 = none pending).
+  int verified_columns() const { return verified_columns_; }
+
+ private:
+  friend class Model;
+  ModelState() = default;
+  int capacity_ = 0;
+  int max_verify_columns_ = 0;
+  int length_ = 0;
+  int mtp_length_ = 0;
+  int verified_columns_ = 0;
+  std::vector<KvCache> kv_;          // one per full-attention layer, in order
+  std::vector<LinearCache> linear_;  // one per linear-attention layer
+  KvCache mtp_kv_;                   // the MTP layer's cache (when has_mtp)
+};
+
+// A saved copy of a state's recurrent and conv state at `length` (the
+// prompt-end checkpoint that "regenerate" rewinds to). Only the linear
+// layers need copying: KV rows below `length` are never rewritten while the
+// session lives, since every pass writes rows >= the committed length.
+struct TrunkCheckpoint {
+  int length = 0;                 // committed trunk rows when saved
+  int mtp_length = 0;             // valid MTP rows when saved
+  std::vector<Buffer> recurrent;  // per linear layer [nv][dk][dv]
+  std::vector<Buffer> conv;       // per linear layer [conv_dim][Kc−1]
+};
+
+// ---------------------------------------------------------------- results
+
+// Host copies of a pass's outputs, row-major.
+struct ForwardResult {
+  int rows = 0;
+  int first_position = 0;       // position of row 0
+  std::vector<float> logits;    // [rows][V]
+  std::vector<float> hidden;    // [rows][H]: final-norm hidden (lm_head input)
+  std::vector<int32_t> argmax;  // [rows]: greedy token of each row
+};
+
+struct PrefillOptions {
+  // false: only the last row's outputs; true: every row's (costs one
+  // lm_head matmul per row).
+  bool all_rows = false;
+};
+
+// ---------------------------------------------------------------- model
+
+class Model {
+ public:
+  // Rows per forward pass; longer prefills run in chunks of this size
+  // (bit-identical to one pass, the kernels being row-invariant).
+  static constexpr int kMaxRows = 64;
+
+  // Opens `model_dir` (config.json + safetensors) and makes its weights
+  // readable by `backend`, which must outlive the model.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(
+      const std::string& model_dir, kernels::Backend* backend);
+  static absl::StatusOr<std::unique_ptr<Model>> FromCheckpoint(
+      std::unique_ptr<model_files::Checkpoint> checkpoint,
+      kernels::Backend* backend);
+
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  const model_files::Checkpoint& checkpoint() const { return *checkpoint_; }
+  kernels::Backend* backend() const { return backend_; }
+  bool has_mtp() const { return weights_.has_mtp; }
+  // Bytes of weights one decode step reads (trunk matrices + lm_head).
+  uint64_t decode_weight_bytes() const;
+
+  absl::StatusOr<std::unique_ptr<ModelState>> NewState(
+      const StateOptions& options) const;
+  // Empties the caches (length 0, zero state) for a new sequence.
+  absl::Status Reset(ModelState* state) const;
+
+  // ---- Trunk.
+  // Appends `tokens` at positions [length, length+T) and commits them.
+  // OUT_OF_RANGE if they do not fit the capacity; INVALID_ARGUMENT for ids
+  // outside the vocabulary; FAILED_PRECONDITION while a Verify is pending.
+  absl::Status Prefill(ModelState* state, absl::Span<const int32_t> tokens,
+                       const PrefillOptions& options, ForwardResult* out);
+  // Prefill of one token; `out` gets its logits, hidden and argmax.
+  absl::Status Decode(ModelState* state, int32_t token, ForwardResult* out);
+  // Runs T <= max_verify_columns tokens at [length, length+T) without
+  // committing: KV rows are written, recurrent/conv states are captured
+  // after every column; `out` gets every column's outputs. Column j is
+  // bit-identical to decoding tokens[0..j] one by one.
+  absl::Status Verify(ModelState* state, absl::Span<const int32_t> tokens,
+                      ForwardResult* out);
+  // Keeps columns 0..column of the pending Verify: the recurrent and conv
+  // states become column `column`'s, length += column+1 (the KV rows past
+  // that are dropped). Ends the pending Verify.
+  absl::Status CommitVerified(ModelState* state, int column);
+  // Drops the pending Verify without committing any column.
+  void DiscardVerified(ModelState* state) const;
+
+  // Copies the committed recurrent/conv state (no Verify may be pending).
+  absl::StatusOr<std::unique_ptr<TrunkCheckpoint>> SaveCheckpoint(
+      const ModelState& state) const;
+  // Returns `state` to `checkpoint`: length and recurrent/conv state as
+  // saved, MTP rows cut to at most the saved count, any pending Verify
+  // dropped. The caller guarantees the KV rows below the saved length are
+  // still those of the saved history (true unless they were evicted).
+  absl::Status RestoreCheckpoint(ModelState* state,
+                                 const TrunkCheckpoint& checkpoint) const;
+
+  // Host copy of linear-attention layer `index`'s state (index counts the
+  // linear layers only): the committed state when column < 0, else the
+  // pending Verify's capture after `column`. For tests and cross-backend
+  // checks.
+  absl::Status ReadLinearState(const ModelState& state, int index, int column,
+                               std::vector<float>* recurrent,
+                               std::vector<float>* conv) const;
+
+  // ---- MTP head (requires has_mtp()).
+  // Runs MTP rows p = first_row .. first_row+n−1: row p reads the trunk
+  // hidden h_p (hiddens[i] for p = first_row+i, host [n][H]) and the next
+  // token t_{p+1} (next_tokens[i]) at RoPE position p, attending MTP rows
+  // 0..p. Writes MTP KV rows [first_row, first_row+n) and sets
+  // mtp_length = first_row+n. Requires first_row <= mtp_length.
+  // `out` (nullable) gets logits (predicting t_{p+2}), the head's normed
+  // output hidden h' and argmax for every row.
+  absl::Status MtpForward(ModelState* state, absl::Span<const float> hiddens,
+                          absl::Span<const int32_t> next_tokens, int first_row,
+                          ForwardResult* out);
+  // One draft step (MtpForward with n = 1): chain by passing back
+  // out->hidden, the drafted token and position + 1.
+  absl::Status MtpDraft(ModelState* state, absl::Span<const float> hidden,
+                        int32_t token, int position, ForwardResult* out);
+  // Drops MTP rows >= rows (mtp_length = min(mtp_length, rows)), e.g. the
+  // chain's draft rows before refilling them from true trunk hiddens.
+  absl::Status TruncateMtp(ModelState* state, int rows) const;
+
+ private:
+  enum class Mode { kCommit, kVerify };
+  struct Workspace;
+
+  Model() = default;
+  absl::Status LoadWeights();
+  absl::Status EnsureWorkspace();
+  absl::Status CheckTokens(absl::Span<const int32_t> tokens) const;
+  // Trunk pass over T <= kMaxRows tokens at [state->length, +T). Leaves the
+  // final-norm hidden of every row in the workspace.
+  absl::Status RunTrunk(ModelState* state, absl::Span<const int32_t> tokens,
+                        Mode mode);
+  // Copies rows [row0, row0+n) of the workspace's hidden out, with logits
+  // and argmax, appending to `out`.
+  absl::Status EmitRows(int row0, int n, ForwardResult* out);
+  absl::Status FullAttentionBlock(const LayerWeights& w, KvCache* kv, int start,
+                                  int rows);
+  absl::Status LinearAttentionBlock(const LayerWeights& w, LinearCache* cache,
+                                    Mode mode, int rows);
+  absl::Status MlpBlock(const LayerWeights& w, int rows);
+
+  ModelConfig config_;
+  std::unique_ptr<model_files::Checkpoint> checkpoint_;
+  kernels::Backend* backend_ = nullptr;
+  ModelWeights weights_;
+  std::unique_ptr<Workspace> ws_;
+};
+
+}  // namespace specserve::model
+
+#endif  // SPECSERVE_WORKER_MODEL_MODEL_H_

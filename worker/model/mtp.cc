@@ -1,0 +1,110 @@
+// The MTP head (MODEL.md "MTP head"): row p reads the trunk hidden h_p and
+// the next token t_{p+1}, runs one full-attention decoder layer over its own
+// KV cache at RoPE position p and predicts t_{p+2} through the shared
+// lm_head.
+#include "absl/strings/str_cat.h"
+#include "telemetry/status_macros.h"
+#include "worker/model/model.h"
+#include "worker/model/workspace.h"
+
+namespace specserve::model {
+
+absl::Status Model::MtpForward(ModelState* state,
+                               absl::Span<const float> hiddens,
+                               absl::Span<const int32_t> next_tokens,
+                               int first_row, ForwardResult* out) {
+  if (!weights_.has_mtp) {
+    return absl::FailedPreconditionError("the checkpoint has no MTP head");
+  }
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size;
+  const int n = static_cast<int>(next_tokens.size());
+  if (n < 1 || static_cast<int64_t>(hiddens.size()) != n * H) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mtp: ", n, " tokens and ", hiddens.size(),
+                     " hidden values (H = ", H, ")"));
+  }
+  if (first_row < 0 || first_row > state->mtp_length_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mtp: first row ", first_row, " leaves a gap after ",
+                     state->mtp_length_, " valid rows"));
+  }
+  if (first_row + n > state->capacity_) {
+    return absl::OutOfRangeError(
+        absl::StrCat("mtp: rows [", first_row, ", ", first_row + n,
+                     ") exceed capacity ", state->capacity_));
+  }
+  SS_RETURN_IF_ERROR(CheckTokens(next_tokens));
+  if (out != nullptr) {
+    out->rows = 0;
+    out->first_position = first_row;
+    out->logits.clear();
+    out->hidden.clear();
+    out->argmax.clear();
+  }
+  kernels::Backend& be = *backend_;
+  Workspace& ws = *ws_;
+  const MtpWeights& m = weights_.mtp;
+  for (int i0 = 0; i0 < n; i0 += kMaxRows) {
+    const int rows = std::min(kMaxRows, n - i0);
+    const int start = first_row + i0;
+    SS_RETURN_IF_ERROR(be.CopyToDevice(ws.ids.data(), next_tokens.data() + i0,
+                                       rows * sizeof(int32_t)));
+    SS_RETURN_IF_ERROR(be.CopyToDevice(
+        ws.mtp_in.data(), hiddens.data() + i0 * H, rows * H * sizeof(float)));
+    kernels::EmbedParams e;
+    e.rows = rows;
+    e.ids = static_cast<const int32_t*>(ws.ids.data());
+    e.table_dtype = weights_.embed.dtype;
+    e.table = weights_.embed.data;
+    e.vocab = c.vocab_size;
+    e.dim = H;
+    e.out = ws.h.f32();
+    e.out_stride = H;
+    SS_RETURN_IF_ERROR(be.Embed(e));
+
+    // mtp_cat = [norm_emb(embed(t)) | norm_hid(h)], then u = fc(mtp_cat).
+    kernels::RmsNormParams norm;
+    norm.rows = rows;
+    norm.dim = H;
+    norm.x = ws.h.f32();
+    norm.x_stride = H;
+    norm.y = ws.mtp_cat.f32();
+    norm.y_stride = 2 * H;
+    norm.weight = m.pre_fc_norm_embedding.f32();
+    norm.eps = c.rms_norm_eps;
+    SS_RETURN_IF_ERROR(be.RmsNorm(norm));
+    norm.x = ws.mtp_in.f32();
+    norm.y = ws.mtp_cat.f32() + H;
+    norm.weight = m.pre_fc_norm_hidden.f32();
+    SS_RETURN_IF_ERROR(be.RmsNorm(norm));
+    SS_RETURN_IF_ERROR(be.Matmul(
+        kernels::DenseMatmul(rows, ws.mtp_cat.f32(), m.fc, ws.h.f32())));
+
+    // One decoder layer on the MTP cache, then the head's norm.
+    norm.x = ws.h.f32();
+    norm.y = ws.xn.f32();
+    norm.y_stride = H;
+    norm.weight = m.layer.input_norm.f32();
+    SS_RETURN_IF_ERROR(be.RmsNorm(norm));
+    SS_RETURN_IF_ERROR(
+        FullAttentionBlock(m.layer, &state->mtp_kv_, start, rows));
+    norm.weight = m.layer.post_attention_norm.f32();
+    SS_RETURN_IF_ERROR(be.RmsNorm(norm));
+    SS_RETURN_IF_ERROR(MlpBlock(m.layer, rows));
+    norm.y = ws.hidden.f32();
+    norm.weight = m.norm.f32();
+    SS_RETURN_IF_ERROR(be.RmsNorm(norm));
+    state->mtp_length_ = start + rows;
+    if (out != nullptr) SS_RETURN_IF_ERROR(EmitRows(0, rows, out));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::MtpDraft(ModelState* state, absl::Span<const float> hidden,
+                             int32_t token, int position, ForwardResult* out) {
+  return MtpForward(state, hidden, absl::MakeConstSpan(&token, 1), position,
+                    out);
+}
+
+}  // namespace specserve::model

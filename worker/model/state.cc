@@ -1,0 +1,167 @@
+// Model's session-state functions: creating and resetting caches, keeping a
+// verified column, checkpoints, and state inspection (model.h).
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "telemetry/status_macros.h"
+#include "worker/model/model.h"
+
+namespace specserve::model {
+
+absl::StatusOr<std::unique_ptr<ModelState>> Model::NewState(
+    const StateOptions& options) const {
+  const ModelConfig& c = config_;
+  if (options.capacity < 1 || options.max_verify_columns < 1 ||
+      options.max_verify_columns > kMaxRows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state options: capacity ", options.capacity, ", max_verify_columns ",
+        options.max_verify_columns, " (1..", kMaxRows, ")"));
+  }
+  std::unique_ptr<ModelState> s(new ModelState());
+  s->capacity_ = options.capacity;
+  s->max_verify_columns_ = options.max_verify_columns;
+  kernels::Backend& be = *backend_;
+  const size_t kv_floats = static_cast<size_t>(options.capacity) *
+                           c.num_key_value_heads * c.head_dim;
+  const size_t rec = static_cast<size_t>(c.linear_num_value_heads) *
+                     c.linear_key_head_dim * c.linear_value_head_dim;
+  const size_t conv =
+      static_cast<size_t>(c.conv_dim()) * (c.linear_conv_kernel_dim - 1);
+  const size_t cols = options.max_verify_columns;
+  for (LayerType t : c.layer_types) {
+    if (t == LayerType::kFullAttention) {
+      KvCache kv;
+      SS_ASSIGN_OR_RETURN(kv.k, be.AllocateFloats(kv_floats));
+      SS_ASSIGN_OR_RETURN(kv.v, be.AllocateFloats(kv_floats));
+      s->kv_.push_back(std::move(kv));
+    } else {
+      LinearCache lc;
+      SS_ASSIGN_OR_RETURN(lc.recurrent, be.AllocateFloats(rec));
+      SS_ASSIGN_OR_RETURN(lc.conv, be.AllocateFloats(conv));
+      SS_ASSIGN_OR_RETURN(lc.recurrent_columns, be.AllocateFloats(cols * rec));
+      SS_ASSIGN_OR_RETURN(lc.conv_columns, be.AllocateFloats(cols * conv));
+      s->linear_.push_back(std::move(lc));
+    }
+  }
+  if (weights_.has_mtp) {
+    SS_ASSIGN_OR_RETURN(s->mtp_kv_.k, be.AllocateFloats(kv_floats));
+    SS_ASSIGN_OR_RETURN(s->mtp_kv_.v, be.AllocateFloats(kv_floats));
+  }
+  return s;
+}
+
+absl::Status Model::Reset(ModelState* state) const {
+  for (LinearCache& lc : state->linear_) {
+    SS_RETURN_IF_ERROR(
+        backend_->Zero(lc.recurrent.data(), lc.recurrent.bytes()));
+    SS_RETURN_IF_ERROR(backend_->Zero(lc.conv.data(), lc.conv.bytes()));
+  }
+  // KV rows past the length are never read, so they need no clearing.
+  state->length_ = 0;
+  state->mtp_length_ = 0;
+  state->verified_columns_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status Model::CommitVerified(ModelState* state, int column) {
+  if (column < 0 || column >= state->verified_columns_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("commit: column ", column, " of ",
+                     state->verified_columns_, " verified"));
+  }
+  kernels::Backend& be = *backend_;
+  for (LinearCache& lc : state->linear_) {
+    const size_t rec = lc.recurrent.bytes(), conv = lc.conv.bytes();
+    SS_RETURN_IF_ERROR(be.CopyOnDevice(
+        lc.recurrent.data(),
+        static_cast<const char*>(lc.recurrent_columns.data()) + column * rec,
+        rec));
+    SS_RETURN_IF_ERROR(be.CopyOnDevice(
+        lc.conv.data(),
+        static_cast<const char*>(lc.conv_columns.data()) + column * conv,
+        conv));
+  }
+  state->length_ += column + 1;
+  state->verified_columns_ = 0;
+  return absl::OkStatus();
+}
+
+void Model::DiscardVerified(ModelState* state) const {
+  state->verified_columns_ = 0;
+}
+
+absl::Status Model::ReadLinearState(const ModelState& state, int index,
+                                    int column, std::vector<float>* recurrent,
+                                    std::vector<float>* conv) const {
+  if (index < 0 || index >= static_cast<int>(state.linear_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("no linear layer ", index));
+  }
+  if (column >= state.verified_columns_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "column ", column, " of ", state.verified_columns_, " verified"));
+  }
+  const LinearCache& lc = state.linear_[index];
+  const size_t rec = lc.recurrent.bytes(), cv = lc.conv.bytes();
+  recurrent->resize(rec / sizeof(float));
+  conv->resize(cv / sizeof(float));
+  const char* rsrc =
+      column < 0 ? static_cast<const char*>(lc.recurrent.data())
+                 : static_cast<const char*>(lc.recurrent_columns.data()) +
+                       column * rec;
+  const char* csrc =
+      column < 0
+          ? static_cast<const char*>(lc.conv.data())
+          : static_cast<const char*>(lc.conv_columns.data()) + column * cv;
+  SS_RETURN_IF_ERROR(backend_->CopyToHost(recurrent->data(), rsrc, rec));
+  return backend_->CopyToHost(conv->data(), csrc, cv);
+}
+
+absl::StatusOr<std::unique_ptr<TrunkCheckpoint>> Model::SaveCheckpoint(
+    const ModelState& state) const {
+  if (state.verified_columns_ != 0) {
+    return absl::FailedPreconditionError("checkpoint: a verify is pending");
+  }
+  auto cp = std::make_unique<TrunkCheckpoint>();
+  cp->length = state.length_;
+  cp->mtp_length = state.mtp_length_;
+  kernels::Backend& be = *backend_;
+  for (const LinearCache& lc : state.linear_) {
+    SS_ASSIGN_OR_RETURN(Buffer rec, be.Allocate(lc.recurrent.bytes()));
+    SS_ASSIGN_OR_RETURN(Buffer conv, be.Allocate(lc.conv.bytes()));
+    SS_RETURN_IF_ERROR(
+        be.CopyOnDevice(rec.data(), lc.recurrent.data(), rec.bytes()));
+    SS_RETURN_IF_ERROR(
+        be.CopyOnDevice(conv.data(), lc.conv.data(), conv.bytes()));
+    cp->recurrent.push_back(std::move(rec));
+    cp->conv.push_back(std::move(conv));
+  }
+  return cp;
+}
+
+absl::Status Model::RestoreCheckpoint(ModelState* state,
+                                      const TrunkCheckpoint& cp) const {
+  if (cp.recurrent.size() != state->linear_.size() ||
+      cp.conv.size() != state->linear_.size() || cp.length > state->capacity_) {
+    return absl::InvalidArgumentError("checkpoint does not fit this state");
+  }
+  kernels::Backend& be = *backend_;
+  for (size_t i = 0; i < state->linear_.size(); ++i) {
+    LinearCache& lc = state->linear_[i];
+    SS_RETURN_IF_ERROR(be.CopyOnDevice(
+        lc.recurrent.data(), cp.recurrent[i].data(), lc.recurrent.bytes()));
+    SS_RETURN_IF_ERROR(
+        be.CopyOnDevice(lc.conv.data(), cp.conv[i].data(), lc.conv.bytes()));
+  }
+  state->length_ = cp.length;
+  state->mtp_length_ = std::min(state->mtp_length_, cp.mtp_length);
+  state->verified_columns_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status Model::TruncateMtp(ModelState* state, int rows) const {
+  if (rows < 0) return absl::InvalidArgumentError("mtp: negative row count");
+  state->mtp_length_ = std::min(state->mtp_length_, rows);
+  return absl::OkStatus();
+}
+
+}  // namespace specserve::model

@@ -1,0 +1,111 @@
+#include "worker/model/test_data.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace specserve::model::testing {
+namespace fs = std::filesystem;
+
+std::string RepoPath(const std::string& relative) {
+  if (const char* srcdir = std::getenv("TEST_SRCDIR")) {
+    const char* ws = std::getenv("TEST_WORKSPACE");
+    const std::string p =
+        absl::StrCat(srcdir, "/", ws ? ws : "specserve", "/", relative);
+    if (fs::exists(p)) return p;
+  }
+  return relative;
+}
+
+namespace {
+std::vector<std::string> List(const std::string& dir, bool want_dirs,
+                              const std::string& ext) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(RepoPath(dir), ec)) {
+    const bool is_dir = fs::is_directory(e.path());
+    if (is_dir != want_dirs) continue;
+    if (!ext.empty() && e.path().extension() != ext) continue;
+    out.push_back(dir + "/" + e.path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::vector<float>> Matrix(const nlohmann::json& j) {
+  std::vector<std::vector<float>> m;
+  for (const auto& row : j) m.push_back(row.get<std::vector<float>>());
+  return m;
+}
+}  // namespace
+
+std::vector<std::string> FixtureFiles() {
+  return List("tests/fixtures", false, ".json");
+}
+std::vector<std::string> TestModelDirs() {
+  return List("tests/models", true, "");
+}
+
+namespace {
+absl::StatusOr<Fixture> ParseFixture(const std::string& relative_path);
+}  // namespace
+
+// nlohmann's accessors throw on missing keys and wrong types; this adapter
+// turns that into a Status.
+absl::StatusOr<Fixture> LoadFixture(const std::string& relative_path) {
+  try {
+    return ParseFixture(relative_path);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(relative_path, ": ", e.what()));
+  }
+}
+
+namespace {
+absl::StatusOr<Fixture> ParseFixture(const std::string& relative_path) {
+  std::ifstream in(RepoPath(relative_path));
+  if (!in)
+    return absl::NotFoundError(absl::StrCat("cannot open ", relative_path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(relative_path, ": bad JSON"));
+  }
+  Fixture f;
+  f.name = fs::path(relative_path).stem().string();
+  f.model = j.value("model", "");
+  if (!j.contains("prompts")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(relative_path, ": no prompts"));
+  }
+  for (const auto& p : j["prompts"]) {
+    FixturePrompt fp;
+    fp.ids = p.at("ids").get<std::vector<int32_t>>();
+    fp.logits = Matrix(p.at("logits"));
+    if (p.contains("greedy"))
+      fp.greedy = p["greedy"].get<std::vector<int32_t>>();
+    if (p.contains("greedy_margin")) {
+      fp.greedy_margin = p["greedy_margin"].get<std::vector<float>>();
+    }
+    if (p.contains("mtp_logits")) fp.mtp_logits = Matrix(p["mtp_logits"]);
+    if (p.contains("mtp_chain") && p["mtp_chain"].is_object()) {
+      const auto& c = p["mtp_chain"];
+      fp.has_mtp_chain = true;
+      fp.mtp_chain.start_token = c.at("start_token").get<int32_t>();
+      fp.mtp_chain.draft_ids = c.at("draft_ids").get<std::vector<int32_t>>();
+      fp.mtp_chain.logits = Matrix(c.at("logits"));
+    }
+    f.prompts.push_back(std::move(fp));
+  }
+  return f;
+}
+}  // namespace
+
+}  // namespace specserve::model::testing

@@ -1,0 +1,50 @@
+// Test helpers: where repository files are at test time (Bazel runfiles, or
+// the working directory when run by hand) and the HF reference fixtures
+// (tests/fixtures/<name>.json) parsed into plain structs.
+#ifndef SPECSERVE_WORKER_MODEL_TEST_DATA_H_
+#define SPECSERVE_WORKER_MODEL_TEST_DATA_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace specserve::model::testing {
+
+// Absolute path of a repository-relative path ("tests/models/tiny_a").
+std::string RepoPath(const std::string& relative);
+
+// Repository-relative paths of every tests/fixtures/*.json, sorted.
+std::vector<std::string> FixtureFiles();
+
+// Repository-relative model dirs under tests/models, sorted.
+std::vector<std::string> TestModelDirs();
+
+struct MtpChain {
+  int32_t start_token = 0;
+  std::vector<int32_t> draft_ids;          // [k]
+  std::vector<std::vector<float>> logits;  // [k][V]
+};
+
+struct FixturePrompt {
+  std::vector<int32_t> ids;                // [T]
+  std::vector<std::vector<float>> logits;  // [T][V]
+  std::vector<int32_t> greedy;             // generated continuation
+  std::vector<float> greedy_margin;        // top1 − top2 per generated step
+  std::vector<std::vector<float>> mtp_logits;  // [T−1][V]
+  bool has_mtp_chain = false;
+  MtpChain mtp_chain;
+};
+
+struct Fixture {
+  std::string name;   // file stem
+  std::string model;  // repository-relative model dir
+  std::vector<FixturePrompt> prompts;
+};
+
+absl::StatusOr<Fixture> LoadFixture(const std::string& relative_path);
+
+}  // namespace specserve::model::testing
+
+#endif  // SPECSERVE_WORKER_MODEL_TEST_DATA_H_

@@ -1,0 +1,34 @@
+// Internal to the model forward: the activation buffers one pass of up to
+// Model::kMaxRows rows uses, allocated once per Model in backend memory.
+// Shapes in model.h notation (R = kMaxRows).
+#ifndef SPECSERVE_WORKER_MODEL_WORKSPACE_H_
+#define SPECSERVE_WORKER_MODEL_WORKSPACE_H_
+
+#include "kernels/types.h"
+#include "worker/model/model.h"
+
+namespace specserve::model {
+
+struct Model::Workspace {
+  Buffer ids;       // int32 [R]
+  Buffer h;         // [R][H] residual stream
+  Buffer xn;        // [R][H] normed block input
+  Buffer hidden;    // [R][H] final-norm hidden (lm_head input)
+  Buffer mixed;     // [R][conv_dim] raw in_proj_qkv output
+  Buffer conv_out;  // [R][conv_dim] after conv + SiLU: [q | k | v]
+  Buffer z;         // [R][value_dim] output-gate projection
+  Buffer a;         // [R][nv]
+  Buffer b;         // [R][nv]
+  Buffer core;      // [R][value_dim] delta-rule output, gated-normed in place
+  Buffer q;         // [R][nh][2·hd] per head [query | gate]
+  Buffer attn;      // [R][nh·hd] gated attention output
+  Buffer mlp;       // [R][2·I] [gate | up], activation in the gate half
+  Buffer mtp_cat;   // [R][2·H] [norm_emb(e) | norm_hid(h)]
+  Buffer mtp_in;    // [R][H] trunk hiddens given to the MTP head
+  Buffer logits;    // [R][V]
+  Buffer argmax;    // int32 [R]
+};
+
+}  // namespace specserve::model
+
+#endif  // SPECSERVE_WORKER_MODEL_WORKSPACE_H_
