@@ -1,0 +1,76 @@
+#include "scheduler/placement.h"
+
+#include "absl/status/status.h"
+
+namespace specserve::scheduler {
+namespace {
+
+namespace v1 = specserve::v1;
+
+double MemoryFraction(const WorkerLoad& w) {
+  if (w.memory_budget_bytes == 0) return 0;
+  return static_cast<double>(w.memory_used_bytes) /
+         static_cast<double>(w.memory_budget_bytes);
+}
+
+bool IsResident(v1::Residency r) {
+  return r == v1::ACTIVE || r == v1::PARKED || r == v1::OFFLOADED;
+}
+
+// True when a ranks before b.
+bool Better(const WorkerLoad& a, int ia, const WorkerLoad& b, int ib,
+            const PlacementOptions& options) {
+  const double sa = LoadScore(a, options);
+  const double sb = LoadScore(b, options);
+  if (sa != sb) return sa < sb;
+  if (a.sessions != b.sessions) return a.sessions < b.sessions;
+  return ia < ib;
+}
+
+}  // namespace
+
+WorkerLoad WorkerLoad::FromInfo(bool available,
+                                const specserve::worker::v1::WorkerInfo& info) {
+  WorkerLoad w;
+  w.available = available;
+  w.memory_budget_bytes = info.memory_budget_bytes();
+  w.memory_used_bytes = info.memory_used_bytes();
+  w.active_bursts = info.active_bursts();
+  w.sessions = info.sessions();
+  return w;
+}
+
+double LoadScore(const WorkerLoad& w, const PlacementOptions& options) {
+  return MemoryFraction(w) + options.burst_weight * w.active_bursts;
+}
+
+absl::StatusOr<Placement> PlaceSession(v1::Residency residency,
+                                       int current_worker,
+                                       absl::Span<const WorkerLoad> workers,
+                                       const PlacementOptions& options) {
+  if (residency == v1::CLOSED) {
+    return absl::FailedPreconditionError("a closed session cannot be placed");
+  }
+  const int n = static_cast<int>(workers.size());
+  if (IsResident(residency) && current_worker >= 0 && current_worker < n &&
+      workers[current_worker].available) {
+    return Placement{current_worker, /*rebuild=*/false};
+  }
+  // Best non-full worker; failing that, best available one (a full worker
+  // can still evict parked sessions to make room).
+  int best = -1;
+  int best_full = -1;
+  for (int i = 0; i < n; ++i) {
+    const WorkerLoad& w = workers[i];
+    if (!w.available) continue;
+    const bool full =
+        w.memory_budget_bytes > 0 && MemoryFraction(w) >= options.full_fraction;
+    int& slot = full ? best_full : best;
+    if (slot < 0 || Better(w, i, workers[slot], slot, options)) slot = i;
+  }
+  if (best < 0) best = best_full;
+  if (best < 0) return absl::UnavailableError("no worker available");
+  return Placement{best, /*rebuild=*/true};
+}
+
+}  // namespace specserve::scheduler

@@ -1,0 +1,212 @@
+#include "scheduler/request_validation.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "telemetry/status_macros.h"
+
+namespace specserve::scheduler {
+namespace {
+
+namespace v1 = specserve::v1;
+
+absl::Status Invalid(absl::string_view message) {
+  return absl::InvalidArgumentError(message);
+}
+
+absl::Status ValidateInput(const v1::GenerateRequest& req,
+                           const Limits& limits) {
+  const bool continuation = IsSessionContinuation(req);
+  const char* const kEmptyHint =
+      "; an empty input is allowed only to continue an existing session "
+      "(session.session_id set)";
+  switch (req.input_case()) {
+    case v1::GenerateRequest::INPUT_NOT_SET:
+      if (!continuation) {
+        return Invalid(absl::StrCat("input is missing: give text or token_ids",
+                                    kEmptyHint));
+      }
+      return absl::OkStatus();
+    case v1::GenerateRequest::kText:
+      if (req.text().empty() && !continuation) {
+        return Invalid(absl::StrCat("input text is empty", kEmptyHint));
+      }
+      if (req.text().size() > limits.max_text_bytes) {
+        return Invalid(absl::StrCat("input text is ", req.text().size(),
+                                    " bytes; the limit is ",
+                                    limits.max_text_bytes, " bytes"));
+      }
+      return absl::OkStatus();
+    case v1::GenerateRequest::kTokenIds: {
+      const auto& ids = req.token_ids().ids();
+      if (ids.empty() && !continuation) {
+        return Invalid(absl::StrCat("input token_ids is empty", kEmptyHint));
+      }
+      for (int i = 0; i < ids.size(); ++i) {
+        if (ids[i] >= limits.vocab_size) {
+          return Invalid(
+              absl::StrCat("token_ids[", i, "] = ", ids[i],
+                           " is outside the vocabulary (ids must be < ",
+                           limits.vocab_size, ")"));
+        }
+      }
+      return absl::OkStatus();
+    }
+  }
+  return Invalid("input: unknown input kind");
+}
+
+absl::Status ValidateSampling(const v1::SamplingParams& s,
+                              const Limits& limits) {
+  if (!std::isfinite(s.temperature()) || s.temperature() < 0) {
+    return Invalid(absl::StrCat("sampling.temperature = ", s.temperature(),
+                                "; it must be finite and >= 0 (0 = greedy)"));
+  }
+  // top_p: 0 means unset (read as 1); otherwise (0, 1]. NaN fails both tests.
+  if (!(s.top_p() >= 0 && s.top_p() <= 1)) {
+    return Invalid(absl::StrCat("sampling.top_p = ", s.top_p(),
+                                "; it must be in (0, 1] (0 or unset = 1)"));
+  }
+  if (!(s.min_p() >= 0 && s.min_p() < 1)) {
+    return Invalid(absl::StrCat("sampling.min_p = ", s.min_p(),
+                                "; it must be in [0, 1) (0 = off)"));
+  }
+  if (s.top_k() > limits.vocab_size) {
+    return Invalid(absl::StrCat("sampling.top_k = ", s.top_k(),
+                                " exceeds the vocabulary size (",
+                                limits.vocab_size, "); use 0 for no top-k"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateStopping(const v1::StoppingParams& s,
+                              const Limits& limits) {
+  if (s.max_tokens() > limits.max_context) {
+    return Invalid(absl::StrCat("stopping.max_tokens = ", s.max_tokens(),
+                                " exceeds the model context (",
+                                limits.max_context,
+                                " tokens); use 0 to generate up to the limit"));
+  }
+  if (static_cast<uint32_t>(s.stop_size()) > limits.max_stop_strings) {
+    return Invalid(absl::StrCat("stopping.stop has ", s.stop_size(),
+                                " strings; at most ", limits.max_stop_strings,
+                                " are allowed"));
+  }
+  for (int i = 0; i < s.stop_size(); ++i) {
+    if (s.stop(i).empty()) {
+      return Invalid(absl::StrCat("stopping.stop[", i, "] is empty"));
+    }
+    if (s.stop(i).size() > limits.max_stop_len) {
+      return Invalid(absl::StrCat("stopping.stop[", i, "] is ",
+                                  s.stop(i).size(), " bytes; at most ",
+                                  limits.max_stop_len, " are allowed"));
+    }
+  }
+  if (static_cast<uint32_t>(s.stop_token_ids_size()) >
+      limits.max_stop_token_ids) {
+    return Invalid(absl::StrCat("stopping.stop_token_ids has ",
+                                s.stop_token_ids_size(), " ids; at most ",
+                                limits.max_stop_token_ids, " are allowed"));
+  }
+  for (int i = 0; i < s.stop_token_ids_size(); ++i) {
+    if (s.stop_token_ids(i) >= limits.vocab_size) {
+      return Invalid(absl::StrCat("stopping.stop_token_ids[", i,
+                                  "] = ", s.stop_token_ids(i),
+                                  " is outside the vocabulary (ids must be < ",
+                                  limits.vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSessionParams(const v1::GenerateRequest& req,
+                                   const Limits& limits) {
+  if (!req.has_session()) return absl::OkStatus();
+  const v1::SessionTurn& turn = req.session();
+  if (turn.session_id().size() > limits.max_session_id_len) {
+    return Invalid(absl::StrCat(
+        "session.session_id is ", turn.session_id().size(),
+        " bytes; session ids are at most ", limits.max_session_id_len));
+  }
+  if (turn.mode() == v1::SessionTurn::REWIND && turn.session_id().empty()) {
+    return Invalid(
+        "session.mode REWIND needs session.session_id of an existing session");
+  }
+  if (turn.mode() != v1::SessionTurn::APPEND &&
+      turn.mode() != v1::SessionTurn::REWIND) {
+    return Invalid(absl::StrCat("session.mode = ", turn.mode(),
+                                " is not a known mode (APPEND or REWIND)"));
+  }
+  // capacity only applies when this request creates the session; for an
+  // existing session it is ignored.
+  if (turn.session_id().empty() && turn.capacity() > limits.max_context) {
+    return Invalid(absl::StrCat("session.capacity = ", turn.capacity(),
+                                " exceeds the model context (",
+                                limits.max_context, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool IsSessionContinuation(const v1::GenerateRequest& req) {
+  return req.has_session() && !req.session().session_id().empty();
+}
+
+absl::Status ValidateGenerateRequest(const v1::GenerateRequest& req,
+                                     const Limits& limits) {
+  if (req.request_id().size() > limits.max_request_id_len) {
+    return Invalid(absl::StrCat("request_id is ", req.request_id().size(),
+                                " bytes; at most ", limits.max_request_id_len,
+                                " are allowed"));
+  }
+  SS_RETURN_IF_ERROR(ValidateInput(req, limits));
+  SS_RETURN_IF_ERROR(ValidateSampling(req.sampling(), limits));
+  SS_RETURN_IF_ERROR(ValidateStopping(req.stopping(), limits));
+  const uint32_t k = req.speculation().k();
+  if (k > limits.max_k) {
+    return Invalid(absl::StrCat("speculation.k = ", k, "; it must be 1..",
+                                limits.max_k, " (0 = the server's default)"));
+  }
+  SS_RETURN_IF_ERROR(ValidateSessionParams(req, limits));
+  if (req.input_case() == v1::GenerateRequest::kTokenIds) {
+    SS_RETURN_IF_ERROR(ValidatePromptLength(
+        req.token_ids().ids_size(), req.stopping().max_tokens(), limits));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidatePromptLength(uint64_t prompt_tokens, uint32_t max_tokens,
+                                  const Limits& limits) {
+  if (prompt_tokens + max_tokens <= limits.max_context) {
+    return absl::OkStatus();
+  }
+  if (max_tokens == 0) {
+    return Invalid(absl::StrCat("prompt (", prompt_tokens,
+                                " tokens) exceeds the model context (",
+                                limits.max_context, ")"));
+  }
+  return Invalid(absl::StrCat(
+      "prompt (", prompt_tokens, " tokens) + max_tokens (", max_tokens,
+      ") exceeds the model context (", limits.max_context, ")"));
+}
+
+absl::Status ValidateSessionTurn(uint64_t committed, uint64_t suffix_tokens,
+                                 uint32_t max_tokens, uint32_t capacity) {
+  const uint64_t needed = committed + suffix_tokens + max_tokens;
+  if (needed <= capacity) return absl::OkStatus();
+  const uint64_t used = committed + suffix_tokens;
+  std::string hint;
+  if (used < capacity && max_tokens > 0) {
+    hint = absl::StrCat("; lower max_tokens to at most ", capacity - used,
+                        ", or open a session with a larger capacity");
+  } else {
+    hint = "; open a new session (with a larger capacity) for this turn";
+  }
+  return absl::OutOfRangeError(absl::StrCat(
+      "session turn does not fit: committed ", committed, " + input ",
+      suffix_tokens, " + max_tokens ", max_tokens, " = ", needed,
+      " rows exceeds the session capacity ", capacity, hint));
+}
+
+}  // namespace specserve::scheduler

@@ -1,0 +1,68 @@
+// Validation of public Generate requests, split by what each check needs
+// (DESIGN.md §5, RELIABILITY.md rows 6 and 7):
+//
+//   1. ValidateGenerateRequest: everything decidable from the request alone —
+//      run at admission, before tokenizing, so malformed or oversized requests
+//      are refused cheaply and never reach a worker.
+//   2. ValidatePromptLength: after tokenizing, prompt + max_tokens against the
+//      model context (INVALID_ARGUMENT).
+//   3. ValidateSessionTurn: once the session is known, committed + suffix +
+//      max_tokens against the session capacity (OUT_OF_RANGE).
+//
+// Every message names the offending field and value and says what is allowed,
+// so a user can fix the request without reading the server's source.
+#ifndef SPECSERVE_SCHEDULER_REQUEST_VALIDATION_H_
+#define SPECSERVE_SCHEDULER_REQUEST_VALIDATION_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "proto/specserve.pb.h"
+
+namespace specserve::scheduler {
+
+// Bounds a request must respect. vocab_size and max_context come from the
+// model (ModelInfo); the rest are server policy.
+struct Limits {
+  uint32_t vocab_size = 0;   // ids must be < vocab_size
+  uint32_t max_context = 0;  // model context, rows
+  uint32_t max_k = 8;        // speculation.k in 1..max_k (0 = default)
+  uint32_t max_stop_strings = 16;
+  size_t max_stop_len = 256;  // bytes per stop string
+  uint32_t max_stop_token_ids = 64;
+  // Largest text input in bytes: a request-size bound checked before
+  // tokenizing (the token bound needs the tokenizer: ValidatePromptLength).
+  size_t max_text_bytes = 8 << 20;
+  size_t max_session_id_len = 128;
+  size_t max_request_id_len = 128;
+};
+
+// Checks that need no tokenizer and no session state. With token ids as
+// input, it also checks prompt + max_tokens against the model context (the
+// prompt length is known). Returns INVALID_ARGUMENT naming the first problem.
+absl::Status ValidateGenerateRequest(const specserve::v1::GenerateRequest& req,
+                                     const Limits& limits);
+
+// Whether the request continues an existing session (a session id is given),
+// the only case where an empty input is allowed.
+bool IsSessionContinuation(const specserve::v1::GenerateRequest& req);
+
+// After tokenizing: `prompt_tokens` (this turn's new tokens) + `max_tokens`
+// must fit the model context. max_tokens == 0 ("up to the limit") only needs
+// the prompt itself to fit. INVALID_ARGUMENT
+// "prompt (N tokens) + max_tokens (M) exceeds the model context (C)".
+absl::Status ValidatePromptLength(uint64_t prompt_tokens, uint32_t max_tokens,
+                                  const Limits& limits);
+
+// A session turn: `committed` rows already in the session (counting a carried
+// pending token, which takes a row when flushed; after a REWIND, the rewind
+// position), `suffix_tokens` new input, up to `max_tokens` to generate
+// (0 = until full), in a session of `capacity` rows. OUT_OF_RANGE with
+// committed and capacity in the message when it cannot fit.
+absl::Status ValidateSessionTurn(uint64_t committed, uint64_t suffix_tokens,
+                                 uint32_t max_tokens, uint32_t capacity);
+
+}  // namespace specserve::scheduler
+
+#endif  // SPECSERVE_SCHEDULER_REQUEST_VALIDATION_H_

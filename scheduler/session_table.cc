@@ -1,0 +1,400 @@
+#include "scheduler/session_table.h"
+
+#include <sys/random.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace specserve::scheduler {
+
+namespace v1 = specserve::v1;
+
+// One session. Every field is guarded by the owning table's mutex (the lease
+// reaches it through table_->mu_).
+struct SessionLease::Record {
+  SessionSnapshot meta;  // meta.committed_len is derived from `committed`
+  std::vector<uint32_t> committed;
+  bool closed = false;
+};
+
+namespace {
+
+bool IsResident(v1::Residency r) {
+  return r == v1::ACTIVE || r == v1::PARKED || r == v1::OFFLOADED;
+}
+
+absl::Status NotFound(const std::string& id) {
+  return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> NewSessionId() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(
+          absl::StrCat("getrandom failed (errno ", errno, ")"));
+    }
+    got += static_cast<size_t>(n);
+  }
+  return absl::StrCat(
+      "ses_", absl::BytesToHexString(absl::string_view(
+                  reinterpret_cast<const char*>(bytes), sizeof(bytes))));
+}
+
+// ---------------------------------------------------------------------------
+// SessionTelemetryTotals, SessionSnapshot
+
+void SessionTelemetryTotals::Add(const v1::SessionTelemetry& delta) {
+  rounds += delta.rounds();
+  drafted += delta.drafted();
+  accepted += delta.accepted();
+  auto add = [](std::vector<uint64_t>& into,
+                const google::protobuf::RepeatedField<uint64_t>& from) {
+    if (into.size() < static_cast<size_t>(from.size()))
+      into.resize(from.size());
+    for (int i = 0; i < from.size(); ++i) into[i] += from.Get(i);
+  };
+  add(drafted_per_position, delta.drafted_per_position());
+  add(accepted_per_position, delta.accepted_per_position());
+}
+
+v1::SessionTelemetry SessionTelemetryTotals::ToProto() const {
+  v1::SessionTelemetry p;
+  p.set_rounds(rounds);
+  p.set_drafted(drafted);
+  p.set_accepted(accepted);
+  for (uint64_t v : drafted_per_position) p.add_drafted_per_position(v);
+  for (uint64_t v : accepted_per_position) p.add_accepted_per_position(v);
+  return p;
+}
+
+v1::SessionInfo SessionSnapshot::ToProto(
+    absl::Span<const std::string> worker_addresses) const {
+  v1::SessionInfo p;
+  p.set_session_id(id);
+  p.set_residency(residency);
+  p.set_mode(mode);
+  if (worker >= 0 && static_cast<size_t>(worker) < worker_addresses.size()) {
+    p.set_worker(worker_addresses[worker]);
+  }
+  p.set_committed_tokens(committed_len);
+  p.set_capacity(capacity);
+  if (rewind_pos.has_value()) p.set_rewind_pos(*rewind_pos);
+  *p.mutable_telemetry() = telemetry.ToProto();
+  *p.mutable_last_gate_decision() = last_gate_decision;
+  p.set_busy(busy);
+  return p;
+}
+
+// ---------------------------------------------------------------------------
+// SessionLease
+
+SessionLease::SessionLease(SessionLease&& other) noexcept
+    : table_(std::exchange(other.table_, nullptr)),
+      record_(std::move(other.record_)) {}
+
+SessionLease& SessionLease::operator=(SessionLease&& other) noexcept {
+  if (this != &other) {
+    Release();
+    table_ = std::exchange(other.table_, nullptr);
+    record_ = std::move(other.record_);
+  }
+  return *this;
+}
+
+SessionLease::~SessionLease() { Release(); }
+
+void SessionLease::Release() {
+  if (table_ == nullptr) return;
+  {
+    absl::MutexLock lock(&table_->mu_);
+    record_->meta.busy = false;
+    record_->meta.last_used = table_->options_.now();
+  }
+  table_ = nullptr;
+  record_.reset();
+}
+
+const std::string& SessionLease::id() const {
+  CHECK(valid()) << "id() on an empty SessionLease";
+  return record_->meta.id;  // immutable after Open
+}
+
+SessionSnapshot SessionLease::Snapshot() const {
+  CHECK(valid());
+  absl::MutexLock lock(&table_->mu_);
+  return table_->SnapshotLocked(*record_);
+}
+
+std::vector<uint32_t> SessionLease::History() const {
+  CHECK(valid());
+  absl::MutexLock lock(&table_->mu_);
+  return record_->committed;
+}
+
+bool SessionLease::closed() const {
+  CHECK(valid());
+  absl::MutexLock lock(&table_->mu_);
+  return record_->closed;
+}
+
+void SessionLease::SetResidency(v1::Residency residency, v1::DecodeMode mode,
+                                int worker) {
+  CHECK(valid());
+  absl::MutexLock lock(&table_->mu_);
+  record_->meta.residency = residency;
+  record_->meta.mode = mode;
+  record_->meta.worker = worker;
+}
+
+absl::Status SessionLease::AppendCommitted(absl::Span<const uint32_t> tokens) {
+  CHECK(valid());
+  absl::MutexLock lock(&table_->mu_);
+  Record& r = *record_;
+  if (r.committed.size() + tokens.size() > r.meta.capacity) {
+    return absl::OutOfRangeError(
+        absl::StrCat("session ", r.meta.id, ": committing ", tokens.size(),
+                     " tokens to committed ", r.committed.size(),
+                     " would pass capacity ", r.meta.capacity));
+  }
+  r.committed.insert(r.committed.end(), tokens.begin(), tokens.end());
+  return absl::OkStatus();
+}
+
+absl::Status SessionLease::TruncateTo(uint32_t pos) {
+  CHECK(valid());
+  absl::MutexLock lock(&table_->mu_);
+  Record& r = *record_;
+  if (pos > r.committed.size()) {
+    return absl::OutOfRangeError(
+        absl::StrCat("session ", r.meta.id, ": cannot truncate to ", pos,
+                     " past committed ", r.committed.size()));
+  }
+  r.committed.resize(pos);
+  if (r.meta.rewind_pos.has_value() && *r.meta.rewind_pos > pos) {
+    r.meta.rewind_pos.reset();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SessionLease::SetRewindPos(std::optional<uint32_t> pos) {
+  CHECK(valid());
+  absl::MutexLock lock(&table_->mu_);
+  Record& r = *record_;
+  if (pos.has_value() && *pos > r.committed.size()) {
+    return absl::OutOfRangeError(
+        absl::StrCat("session ", r.meta.id, ": rewind position ", *pos,
+                     " is past committed ", r.committed.size()));
+  }
+  r.meta.rewind_pos = pos;
+  return absl::OkStatus();
+}
+
+void SessionLease::AddTelemetry(const v1::SessionTelemetry& delta) {
+  CHECK(valid());
+  absl::MutexLock lock(&table_->mu_);
+  record_->meta.telemetry.Add(delta);
+}
+
+void SessionLease::SetGateDecision(const SpecGateDecision& decision) {
+  CHECK(valid());
+  absl::MutexLock lock(&table_->mu_);
+  record_->meta.last_gate_decision = decision.ToProto();
+  record_->meta.gate_state = decision.next_state;
+}
+
+// ---------------------------------------------------------------------------
+// SessionTable
+
+SessionTable::SessionTable(SessionTableOptions options)
+    : options_(std::move(options)) {
+  CHECK(options_.now != nullptr);
+  CHECK_LE(options_.default_capacity, options_.max_capacity)
+      << "default session capacity exceeds the maximum";
+}
+
+SessionSnapshot SessionTable::SnapshotLocked(const Record& r) const {
+  SessionSnapshot s = r.meta;
+  s.committed_len = static_cast<uint32_t>(r.committed.size());
+  return s;
+}
+
+absl::StatusOr<std::shared_ptr<SessionTable::Record>> SessionTable::FindLocked(
+    const std::string& id, const std::string& tenant) const {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second->meta.tenant != tenant) {
+    return NotFound(id);
+  }
+  return it->second;
+}
+
+absl::StatusOr<std::shared_ptr<SessionTable::Record>> SessionTable::OpenLocked(
+    uint32_t capacity, const std::string& tenant) {
+  if (capacity == 0) capacity = options_.default_capacity;
+  if (capacity > options_.max_capacity) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session capacity ", capacity, " exceeds the model context (",
+        options_.max_capacity, ")"));
+  }
+  if (sessions_.size() >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session limit reached (", sessions_.size(),
+                     " open); close idle sessions or retry later"));
+  }
+  std::string id;
+  do {
+    absl::StatusOr<std::string> fresh = NewSessionId();
+    if (!fresh.ok()) return fresh.status();
+    id = *std::move(fresh);
+  } while (sessions_.contains(id));
+  auto record = std::make_shared<Record>();
+  record->meta.id = id;
+  record->meta.tenant = tenant;
+  record->meta.capacity = capacity;
+  record->meta.created = record->meta.last_used = options_.now();
+  sessions_.emplace(id, record);
+  return record;
+}
+
+absl::StatusOr<SessionSnapshot> SessionTable::Open(uint32_t capacity,
+                                                   const std::string& tenant) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::shared_ptr<Record>> record = OpenLocked(capacity, tenant);
+  if (!record.ok()) return record.status();
+  return SnapshotLocked(**record);
+}
+
+absl::StatusOr<SessionLease> SessionTable::OpenAndAcquire(
+    uint32_t capacity, const std::string& tenant) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::shared_ptr<Record>> record = OpenLocked(capacity, tenant);
+  if (!record.ok()) return record.status();
+  (*record)->meta.busy = true;
+  return SessionLease(this, *std::move(record));
+}
+
+absl::StatusOr<SessionSnapshot> SessionTable::Get(
+    const std::string& id, const std::string& tenant) const {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::shared_ptr<Record>> record = FindLocked(id, tenant);
+  if (!record.ok()) return record.status();
+  return SnapshotLocked(**record);
+}
+
+std::vector<SessionSnapshot> SessionTable::List(
+    const std::string& tenant) const {
+  std::vector<SessionSnapshot> out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, record] : sessions_) {
+      if (record->meta.tenant == tenant) out.push_back(SnapshotLocked(*record));
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const SessionSnapshot& a, const SessionSnapshot& b) {
+              return a.created != b.created ? a.created < b.created
+                                            : a.id < b.id;
+            });
+  return out;
+}
+
+absl::StatusOr<SessionTable::Closed> SessionTable::Close(
+    const std::string& id, const std::string& tenant) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::shared_ptr<Record>> found = FindLocked(id, tenant);
+  if (!found.ok()) return found.status();
+  Record& r = **found;
+  Closed closed;
+  closed.was_busy = r.meta.busy;
+  closed.worker = r.meta.worker;
+  closed.residency = r.meta.residency;
+  r.closed = true;
+  r.meta.residency = v1::CLOSED;
+  sessions_.erase(id);
+  return closed;
+}
+
+absl::StatusOr<SessionLease> SessionTable::Acquire(const std::string& id,
+                                                   const std::string& tenant) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::shared_ptr<Record>> found = FindLocked(id, tenant);
+  if (!found.ok()) return found.status();
+  Record& r = **found;
+  if (r.meta.busy) {
+    return absl::AbortedError(
+        absl::StrCat("session ", id, " already has a request in flight"));
+  }
+  r.meta.busy = true;
+  r.meta.last_used = options_.now();
+  return SessionLease(this, *std::move(found));
+}
+
+std::vector<std::string> SessionTable::MarkWorkerLost(int worker) {
+  std::vector<std::string> lost;
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, record] : sessions_) {
+    SessionSnapshot& m = record->meta;
+    if (m.worker == worker && IsResident(m.residency)) {
+      m.residency = v1::LOST;
+      m.worker = -1;
+      lost.push_back(id);
+    }
+  }
+  return lost;
+}
+
+std::vector<SessionTable::Expired> SessionTable::ExpireIdle(
+    absl::Duration idle_ttl) {
+  std::vector<Expired> expired;
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = options_.now();
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    Record& r = *it->second;
+    if (!r.meta.busy && now - r.meta.last_used >= idle_ttl) {
+      expired.push_back({r.meta.id, r.meta.worker, r.meta.residency});
+      r.closed = true;
+      r.meta.residency = v1::CLOSED;
+      sessions_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  return expired;
+}
+
+size_t SessionTable::size() const {
+  absl::MutexLock lock(&mu_);
+  return sessions_.size();
+}
+
+std::map<v1::Residency, int> SessionTable::CountByResidency() const {
+  std::map<v1::Residency, int> counts;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, record] : sessions_) ++counts[record->meta.residency];
+  return counts;
+}
+
+int SessionTable::CountOnWorker(int worker, v1::Residency residency) const {
+  int n = 0;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, record] : sessions_) {
+    if (record->meta.worker == worker && record->meta.residency == residency) {
+      ++n;
+    }
+  }
+  return n;
+}
+
+}  // namespace specserve::scheduler

@@ -1,0 +1,166 @@
+#include "scheduler/spec_gate.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+
+namespace specserve::scheduler {
+namespace {
+
+namespace v1 = specserve::v1;
+
+// Table value at index n >= 1 (table[n-1]); past the end, linear in the last
+// two entries with a non-negative slope; with one entry, `single_entry_slope`
+// times that entry per step.
+double Extrapolate(absl::Span<const double> table, uint32_t n,
+                   double single_entry_slope) {
+  if (table.empty()) return 0;
+  if (n == 0) n = 1;
+  if (n <= table.size()) return table[n - 1];
+  const size_t last = table.size() - 1;
+  const double slope = table.size() >= 2
+                           ? std::max(0.0, table[last] - table[last - 1])
+                           : table[last] * single_entry_slope;
+  return table[last] + slope * static_cast<double>(n - table.size());
+}
+
+}  // namespace
+
+double DecodeSeconds(absl::Span<const double> by_batch, uint32_t batch) {
+  return Extrapolate(by_batch, batch, /*single_entry_slope=*/0.0);
+}
+
+double VerifySeconds(absl::Span<const double> by_columns, uint32_t columns) {
+  return Extrapolate(by_columns, columns, /*single_entry_slope=*/1.0);
+}
+
+double SmoothedAcceptance(uint64_t drafted, uint64_t accepted,
+                          const SpecGateConfig& config) {
+  const double acc = static_cast<double>(std::min(accepted, drafted));
+  const double w = std::max(0.0, config.prior_weight);
+  const double denom = static_cast<double>(drafted) + w;
+  if (denom <= 0) return std::clamp(config.prior_acceptance, 0.0, 1.0);
+  return std::clamp((acc + config.prior_acceptance * w) / denom, 0.0, 1.0);
+}
+
+double GeometricTokensPerRound(double a, uint32_t k) {
+  a = std::clamp(a, 0.0, 1.0);
+  if (a >= 1.0) return 1.0 + k;
+  return (1.0 - std::pow(a, k + 1)) / (1.0 - a);
+}
+
+double PerPositionAcceptance(double rate, uint32_t k) {
+  rate = std::clamp(rate, 0.0, 1.0);
+  if (k <= 1 || rate <= 0.0 || rate >= 1.0) return rate;
+  // Mean acceptance over k positions, (E(k) - 1) / k, increases monotonically
+  // in a from 0 (a = 0) to 1 (a = 1): bisect.
+  double lo = 0.0, hi = 1.0;
+  for (int i = 0; i < 60; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    const double mean = (GeometricTokensPerRound(mid, k) - 1.0) / k;
+    (mean < rate ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+v1::GateDecision SpecGateDecision::ToProto() const {
+  v1::GateDecision p;
+  p.set_mode(mode);
+  p.set_measured_acceptance(measured_acceptance);
+  p.set_expected_tokens_per_round(expected_tokens_per_round);
+  p.set_verify_cost_ratio(verify_cost_ratio);
+  p.set_batch_size(batch_size);
+  p.set_reason(reason);
+  return p;
+}
+
+SpecGateDecision DecideSpec(const SpecGateInputs& in,
+                            const SpecGateConfig& config) {
+  SpecGateDecision d;
+  const uint32_t k = std::max<uint32_t>(1, in.k);
+  const uint32_t b = std::max<uint32_t>(1, in.batch_size);
+  d.batch_size = b;
+  d.measured_acceptance = SmoothedAcceptance(in.drafted, in.accepted, config);
+  d.expected_tokens_per_round = 1.0 + d.measured_acceptance * k;
+
+  if (!in.speculation_requested) {
+    d.mode = v1::BATCHED;
+    d.reason = "speculation not requested";
+    return d;
+  }
+  if (!in.draft_available) {
+    d.mode = v1::BATCHED;
+    d.reason = "the model has no draft (MTP) head";
+    return d;
+  }
+  if (in.current_mode == v1::BATCHED) {
+    d.mode = v1::BATCHED;
+    d.reason = "demotion is one-way: the session stays batched";
+    return d;
+  }
+
+  const double decode = DecodeSeconds(in.decode_seconds_by_batch, b);
+  const double verify = VerifySeconds(in.verify_seconds_by_columns, k + 1);
+  if (decode <= 0 || verify <= 0) {
+    d.mode = v1::SPECULATIVE;
+    d.next_state = in.state;
+    d.reason = "no step costs from the worker yet: speculating by default";
+    return d;
+  }
+  d.verify_cost_ratio = b * verify / decode;
+  const double gain = d.expected_tokens_per_round / d.verify_cost_ratio;
+  const double threshold = 1.0 - config.margin;
+  const std::string numbers = absl::StrFormat(
+      "E=%.2f tokens/round vs a round costing %.2f decode steps at batch %d "
+      "(gain %.2f)",
+      d.expected_tokens_per_round, d.verify_cost_ratio, b, gain);
+
+  if (gain >= threshold) {
+    d.mode = v1::SPECULATIVE;
+    d.next_state.below_count = 0;
+    d.reason = "speculation pays: " + numbers;
+    return d;
+  }
+  if (in.current_mode != v1::SPECULATIVE) {
+    // First decision: nothing to flap between.
+    d.mode = v1::BATCHED;
+    d.reason = "plain decode is cheaper: " + numbers;
+    return d;
+  }
+  d.next_state.below_count = in.state.below_count + 1;
+  if (d.next_state.below_count >= std::max<uint32_t>(1, config.demote_after)) {
+    d.mode = v1::BATCHED;
+    d.reason = absl::StrFormat("demoted after %d evaluations below %.2f: %s",
+                               d.next_state.below_count, threshold, numbers);
+    return d;
+  }
+  d.mode = v1::SPECULATIVE;
+  d.reason =
+      absl::StrFormat("below %.2f (%d of %d before demotion): %s", threshold,
+                      d.next_state.below_count, config.demote_after, numbers);
+  return d;
+}
+
+uint32_t ChooseK(double rate, uint32_t measured_k, uint32_t max_k,
+                 absl::Span<const double> verify_seconds_by_columns) {
+  max_k = std::max<uint32_t>(1, max_k);
+  measured_k = std::clamp<uint32_t>(measured_k, 1, max_k);
+  if (verify_seconds_by_columns.empty()) return measured_k;
+  const double a = PerPositionAcceptance(rate, measured_k);
+  uint32_t best_k = measured_k;
+  double best = -1;
+  for (uint32_t k = 1; k <= max_k; ++k) {
+    const double seconds = VerifySeconds(verify_seconds_by_columns, k + 1);
+    if (seconds <= 0) continue;
+    const double tokens_per_second = GeometricTokensPerRound(a, k) / seconds;
+    // Strictly better only: ties keep the smaller k (less draft work).
+    if (tokens_per_second > best * (1 + 1e-9)) {
+      best = tokens_per_second;
+      best_k = k;
+    }
+  }
+  return best_k;
+}
+
+}  // namespace specserve::scheduler

@@ -1,0 +1,124 @@
+// The spec gate (DESIGN.md §4): per session, speculative rounds or plain
+// batched decode, as a pure function of explicit inputs (STYLE.md) — the
+// session's measured acceptance, its draft depth k, the worker's measured step
+// costs, the worker's current batch size, the current mode and a small
+// hysteresis state the caller keeps on the session (SessionTable does).
+//
+// The model.
+//   Acceptance. r = accepted / drafted over the session's lifetime, smoothed
+//   toward a prior for sessions with few rounds: r^ = (accepted + r0·w) /
+//   (drafted + w).
+//   Tokens per round. E = 1 + r^·k. This is not an approximation: with k
+//   drafts per round, the mean accepted count per round is r·k by the
+//   definition of r, plus the bonus token (it is vLLM's "mean acceptance
+//   length"). The geometric model E(k) = (1 − a^(k+1)) / (1 − a), a = the
+//   per-position acceptance, is used only to extrapolate to another k
+//   (ChooseK), with `a` fitted so the model reproduces r at the measured k.
+//   Cost. With b sessions on the worker, plain decode gives every session one
+//   token per batched step of D(b) seconds. Speculative sessions' verifies run
+//   one after another (conservative: the worker may batch them, which only
+//   makes speculation cheaper), so each session gets E tokens per b·V(k+1)
+//   seconds, V(c) = a verify of c columns at batch 1 (WorkerInfo reports no
+//   separate draft cost, so V should be measured as a whole round: k draft
+//   steps + the verify; otherwise the gate leans toward speculation). Hence
+//     verify_cost_ratio = b·V(k+1) / D(b)   (a round's cost in plain steps)
+//     speculation pays  ⇔  E > verify_cost_ratio  ⇔  gain = E / ratio > 1.
+//   Costs past the end of a worker's table are extrapolated linearly from its
+//   last two entries (flat for decode, proportional for verify with a single
+//   entry: both err toward plain decode).
+//
+// Hysteresis. A speculative session is demoted only after `demote_after`
+// consecutive evaluations with gain < 1 − margin; one good evaluation resets
+// the count. A first decision (current mode UNSPECIFIED) needs no streak.
+// Demotion is one-way (DESIGN.md §1): a BATCHED session stays BATCHED.
+#ifndef SPECSERVE_SCHEDULER_SPEC_GATE_H_
+#define SPECSERVE_SCHEDULER_SPEC_GATE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/types/span.h"
+#include "proto/specserve.pb.h"
+
+namespace specserve::scheduler {
+
+struct SpecGateConfig {
+  // Prior acceptance and its weight in pseudo-drafted tokens.
+  double prior_acceptance = 0.6;
+  double prior_weight = 16;
+  // Demote when gain < 1 - margin ...
+  double margin = 0.1;
+  // ... for this many consecutive evaluations.
+  uint32_t demote_after = 3;
+};
+
+// Kept per session between evaluations; starts zeroed.
+struct SpecGateState {
+  // Consecutive evaluations of a speculative session below 1 - margin.
+  uint32_t below_count = 0;
+};
+
+struct SpecGateInputs {
+  // The request asked for speculation and the worker's model has a draft
+  // (MTP) head; otherwise the answer is BATCHED.
+  bool speculation_requested = true;
+  bool draft_available = true;
+  // Session-lifetime telemetry.
+  uint64_t drafted = 0;
+  uint64_t accepted = 0;
+  // Draft depth the session runs with (>= 1).
+  uint32_t k = 1;
+  // WorkerInfo.costs: decode_seconds_by_batch[b-1], verify_seconds_by_columns
+  // [c-1]. Empty = not measured yet.
+  absl::Span<const double> decode_seconds_by_batch;
+  absl::Span<const double> verify_seconds_by_columns;
+  // Sessions decoding on the worker, this one included (>= 1).
+  uint32_t batch_size = 1;
+  // UNSPECIFIED for a session's first decision.
+  specserve::v1::DecodeMode current_mode =
+      specserve::v1::DECODE_MODE_UNSPECIFIED;
+  SpecGateState state;
+};
+
+struct SpecGateDecision {
+  specserve::v1::DecodeMode mode = specserve::v1::BATCHED;
+  // The inputs as the gate read them (proto GateDecision fields).
+  double measured_acceptance = 0;        // r^
+  double expected_tokens_per_round = 0;  // E = 1 + r^·k
+  double verify_cost_ratio = 0;          // b·V(k+1) / D(b); 0 = unknown
+  uint32_t batch_size = 0;
+  std::string reason;
+  // Store on the session for the next evaluation.
+  SpecGateState next_state;
+
+  specserve::v1::GateDecision ToProto() const;
+};
+
+SpecGateDecision DecideSpec(const SpecGateInputs& in,
+                            const SpecGateConfig& config = {});
+
+// The draft depth in 1..max_k that maximizes a speculative session's tokens
+// per second, E(k) / V(k+1) (the batch size scales every k alike and drops
+// out), extrapolating the acceptance `rate` measured at depth
+// `measured_k` with the geometric model. Returns `measured_k` (clamped to
+// 1..max_k) when costs are missing.
+uint32_t ChooseK(double rate, uint32_t measured_k, uint32_t max_k,
+                 absl::Span<const double> verify_seconds_by_columns);
+
+// Helpers of the model, exposed for tests.
+// Smoothed acceptance r^.
+double SmoothedAcceptance(uint64_t drafted, uint64_t accepted,
+                          const SpecGateConfig& config);
+// Per-position acceptance a whose geometric model gives mean acceptance
+// `rate` over `k` positions: rate = (a + a^2 + ... + a^k) / k.
+double PerPositionAcceptance(double rate, uint32_t k);
+// (1 − a^(k+1)) / (1 − a) = 1 + a + ... + a^k.
+double GeometricTokensPerRound(double a, uint32_t k);
+// Table lookups with extrapolation past the end (index = batch or columns,
+// from 1). Return 0 for an empty table.
+double DecodeSeconds(absl::Span<const double> by_batch, uint32_t batch);
+double VerifySeconds(absl::Span<const double> by_columns, uint32_t columns);
+
+}  // namespace specserve::scheduler
+
+#endif  // SPECSERVE_SCHEDULER_SPEC_GATE_H_

@@ -1,0 +1,212 @@
+#include "scheduler/spec_gate.h"
+
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace specserve::scheduler {
+namespace {
+
+namespace v1 = specserve::v1;
+using ::testing::DoubleNear;
+using ::testing::HasSubstr;
+
+// Made-up costs shaped like a memory-bound GPU: a decode step barely grows
+// with the batch, a verify of c columns costs a little more than one step.
+const std::vector<double> kDecode = {0.010, 0.0105, 0.011, 0.0115,
+                                     0.012, 0.0125, 0.013, 0.0135};
+const std::vector<double> kVerify = {0.010, 0.011, 0.012, 0.013, 0.014,
+                                     0.015, 0.016, 0.017, 0.018};
+
+SpecGateInputs Inputs(uint32_t batch, uint64_t drafted, uint64_t accepted,
+                      v1::DecodeMode mode = v1::SPECULATIVE) {
+  SpecGateInputs in;
+  in.k = 3;
+  in.drafted = drafted;
+  in.accepted = accepted;
+  in.decode_seconds_by_batch = kDecode;
+  in.verify_seconds_by_columns = kVerify;
+  in.batch_size = batch;
+  in.current_mode = mode;
+  return in;
+}
+
+TEST(SpecGateTest, OneClientSpeculates) {
+  // r = 0.7, E = 1 + 0.7*3 = 3.1 (with a small prior pull), V(4)/D(1) = 1.3.
+  SpecGateDecision d = DecideSpec(Inputs(1, 3000, 2100));
+  EXPECT_EQ(d.mode, v1::SPECULATIVE);
+  EXPECT_THAT(d.measured_acceptance, DoubleNear(0.7, 0.01));
+  EXPECT_THAT(d.expected_tokens_per_round, DoubleNear(3.1, 0.03));
+  EXPECT_THAT(d.verify_cost_ratio, DoubleNear(1.3, 1e-9));
+  EXPECT_EQ(d.batch_size, 1u);
+  EXPECT_THAT(d.reason, HasSubstr("speculation pays"));
+  EXPECT_EQ(d.next_state.below_count, 0u);
+}
+
+TEST(SpecGateTest, ManyConcurrentSessionsDemote) {
+  // Batch 8: ratio = 8 * 0.013 / 0.0135 = 7.7 >> E = 3.1.
+  SpecGateConfig config;
+  config.demote_after = 2;
+  SpecGateInputs in = Inputs(8, 3000, 2100);
+  SpecGateDecision first = DecideSpec(in, config);
+  EXPECT_EQ(first.mode, v1::SPECULATIVE);  // hysteresis: 1 of 2
+  EXPECT_EQ(first.next_state.below_count, 1u);
+  EXPECT_THAT(first.reason, HasSubstr("1 of 2 before demotion"));
+  in.state = first.next_state;
+  SpecGateDecision second = DecideSpec(in, config);
+  EXPECT_EQ(second.mode, v1::BATCHED);
+  EXPECT_THAT(second.reason, HasSubstr("demoted after 2 evaluations"));
+  EXPECT_EQ(second.batch_size, 8u);
+}
+
+TEST(SpecGateTest, LowAcceptanceDemotes) {
+  // r = 0.05: E = 1.15 < ratio 1.3 * 0.9 even alone on the worker.
+  SpecGateInputs in = Inputs(1, 10000, 500);
+  SpecGateDecision d;
+  for (int i = 0; i < 3; ++i) {
+    d = DecideSpec(in);
+    in.state = d.next_state;
+  }
+  EXPECT_EQ(d.mode, v1::BATCHED);
+}
+
+TEST(SpecGateTest, FirstDecisionUnderLoadStartsBatched) {
+  SpecGateDecision d = DecideSpec(Inputs(8, 0, 0, v1::DECODE_MODE_UNSPECIFIED));
+  EXPECT_EQ(d.mode, v1::BATCHED);
+  EXPECT_THAT(d.reason, HasSubstr("plain decode is cheaper"));
+  // With no rounds yet, the acceptance is the prior.
+  EXPECT_DOUBLE_EQ(d.measured_acceptance, SpecGateConfig().prior_acceptance);
+}
+
+TEST(SpecGateTest, FirstDecisionAloneStartsSpeculative) {
+  SpecGateDecision d = DecideSpec(Inputs(1, 0, 0, v1::DECODE_MODE_UNSPECIFIED));
+  EXPECT_EQ(d.mode, v1::SPECULATIVE);
+}
+
+TEST(SpecGateTest, HysteresisPreventsFlapping) {
+  // Load alternates between 2 (gain just below 1 - margin) and 1 (clearly
+  // good): the below count never reaches demote_after, so no demotion.
+  // Batch 2: ratio = 2 * 0.013 / 0.0105 = 2.48; with r = 0.45 E = 2.35,
+  // gain 0.95 >= 0.9 -> keep. Use r = 0.35 (E = 2.05, gain 0.83) to be below.
+  SpecGateInputs in = Inputs(2, 100000, 35000);
+  for (int i = 0; i < 20; ++i) {
+    in.batch_size = (i % 2 == 0) ? 2 : 1;
+    SpecGateDecision d = DecideSpec(in);
+    ASSERT_EQ(d.mode, v1::SPECULATIVE) << "evaluation " << i;
+    ASSERT_LE(d.next_state.below_count, 1u);
+    in.state = d.next_state;
+  }
+  // Sustained load does demote.
+  in.batch_size = 2;
+  SpecGateDecision d;
+  for (int i = 0; i < 3; ++i) {
+    d = DecideSpec(in);
+    in.state = d.next_state;
+  }
+  EXPECT_EQ(d.mode, v1::BATCHED);
+}
+
+TEST(SpecGateTest, SmallDipWithinMarginKeepsSpeculating) {
+  // gain in [0.9, 1): not worth a one-way demotion.
+  // Batch 2, r = 0.45: E = 2.35, ratio 2.476, gain 0.949.
+  SpecGateInputs in = Inputs(2, 100000, 45000);
+  for (int i = 0; i < 10; ++i) {
+    SpecGateDecision d = DecideSpec(in);
+    ASSERT_EQ(d.mode, v1::SPECULATIVE);
+    EXPECT_EQ(d.next_state.below_count, 0u);
+    in.state = d.next_state;
+  }
+}
+
+TEST(SpecGateTest, DemotedNeverRepromotes) {
+  // Perfect acceptance, one session: would pay, but BATCHED is one-way.
+  SpecGateDecision d = DecideSpec(Inputs(1, 1000, 1000, v1::BATCHED));
+  EXPECT_EQ(d.mode, v1::BATCHED);
+  EXPECT_THAT(d.reason, HasSubstr("one-way"));
+}
+
+TEST(SpecGateTest, NotRequestedOrNoDraftHead) {
+  SpecGateInputs in = Inputs(1, 1000, 900);
+  in.speculation_requested = false;
+  EXPECT_EQ(DecideSpec(in).mode, v1::BATCHED);
+  in.speculation_requested = true;
+  in.draft_available = false;
+  SpecGateDecision d = DecideSpec(in);
+  EXPECT_EQ(d.mode, v1::BATCHED);
+  EXPECT_THAT(d.reason, HasSubstr("no draft"));
+}
+
+TEST(SpecGateTest, MissingCostsKeepSpeculating) {
+  SpecGateInputs in = Inputs(8, 1000, 100);
+  in.decode_seconds_by_batch = {};
+  in.verify_seconds_by_columns = {};
+  SpecGateDecision d = DecideSpec(in);
+  EXPECT_EQ(d.mode, v1::SPECULATIVE);
+  EXPECT_EQ(d.verify_cost_ratio, 0);
+  EXPECT_THAT(d.reason, HasSubstr("no step costs"));
+}
+
+TEST(SpecGateTest, PriorDominatesFewRounds) {
+  SpecGateConfig config;  // prior 0.6, weight 16
+  // 4 drafted, 0 accepted: (0 + 9.6) / 20 = 0.48, not 0.
+  EXPECT_DOUBLE_EQ(SmoothedAcceptance(4, 0, config), 0.48);
+  // Many rounds: the measurement dominates.
+  EXPECT_NEAR(SmoothedAcceptance(100000, 20000, config), 0.2, 1e-3);
+  // Inconsistent telemetry is clamped.
+  EXPECT_LE(SmoothedAcceptance(10, 50, config), 1.0);
+}
+
+TEST(SpecGateTest, ToProtoCarriesInputs) {
+  SpecGateDecision d = DecideSpec(Inputs(1, 3000, 2100));
+  v1::GateDecision p = d.ToProto();
+  EXPECT_EQ(p.mode(), v1::SPECULATIVE);
+  EXPECT_DOUBLE_EQ(p.measured_acceptance(), d.measured_acceptance);
+  EXPECT_DOUBLE_EQ(p.expected_tokens_per_round(), d.expected_tokens_per_round);
+  EXPECT_DOUBLE_EQ(p.verify_cost_ratio(), d.verify_cost_ratio);
+  EXPECT_EQ(p.batch_size(), 1u);
+  EXPECT_EQ(p.reason(), d.reason);
+}
+
+TEST(SpecGateModelTest, GeometricModel) {
+  EXPECT_DOUBLE_EQ(GeometricTokensPerRound(0, 4), 1.0);
+  EXPECT_DOUBLE_EQ(GeometricTokensPerRound(1, 4), 5.0);
+  EXPECT_NEAR(GeometricTokensPerRound(0.5, 2), 1.75, 1e-12);
+  // The fitted a reproduces the measured rate at the measured k.
+  for (double rate : {0.1, 0.5, 0.8}) {
+    for (uint32_t k : {1u, 3u, 7u}) {
+      const double a = PerPositionAcceptance(rate, k);
+      EXPECT_NEAR((GeometricTokensPerRound(a, k) - 1) / k, rate, 1e-9);
+    }
+  }
+  // At k = 1 the per-position acceptance is the rate itself.
+  EXPECT_DOUBLE_EQ(PerPositionAcceptance(0.42, 1), 0.42);
+}
+
+TEST(SpecGateModelTest, CostExtrapolation) {
+  const std::vector<double> decode = {1.0, 1.5};
+  EXPECT_DOUBLE_EQ(DecodeSeconds(decode, 1), 1.0);
+  EXPECT_DOUBLE_EQ(DecodeSeconds(decode, 2), 1.5);
+  EXPECT_DOUBLE_EQ(DecodeSeconds(decode, 4), 2.5);  // slope 0.5
+  const std::vector<double> one = {2.0};
+  EXPECT_DOUBLE_EQ(DecodeSeconds(one, 5), 2.0);  // flat
+  EXPECT_DOUBLE_EQ(VerifySeconds(one, 3), 6.0);  // proportional
+  EXPECT_DOUBLE_EQ(VerifySeconds({}, 3), 0.0);
+  const std::vector<double> falling = {2.0, 1.0};    // noisy measurement
+  EXPECT_DOUBLE_EQ(DecodeSeconds(falling, 4), 1.0);  // never decreases
+}
+
+TEST(SpecGateModelTest, ChooseK) {
+  // Cheap extra columns and high acceptance: draft deep.
+  EXPECT_EQ(ChooseK(0.9, 3, 8, kVerify), 8u);
+  // Low acceptance: the extra columns are wasted.
+  EXPECT_EQ(ChooseK(0.1, 3, 8, kVerify), 1u);
+  // Verify cost proportional to columns: E(k)/(k+1) falls with k.
+  const std::vector<double> linear = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  EXPECT_EQ(ChooseK(0.8, 3, 8, linear), 1u);
+  // No costs: keep the measured k (clamped).
+  EXPECT_EQ(ChooseK(0.8, 12, 8, {}), 8u);
+}
+
+}  // namespace
+}  // namespace specserve::scheduler
