@@ -1,16 +1,40 @@
 """cuda_library: compiles .cu files with the local nvcc for sm_90a (H100/H200)
-into a cc_library. Only meaningful under --config=cuda; callers guard with
-select(//:cuda_enabled)."""
+into a cc_library. Only meaningful under --config=cuda; callers pass
+target_compatible_with = select(//:cuda_enabled ...) so that plain builds skip
+both the nvcc actions and the library.
+
+The CUDA runtime is linked statically (libcudart_static.a, as nvcc does by
+default), so binaries need only the driver (libcuda.so, loaded at run time)
+on the GPU machine."""
 
 NVCC = "/usr/local/cuda/bin/nvcc"
 
-def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], **kwargs):
+CUDART_STATIC_LINKOPTS = [
+    "-L/usr/local/cuda/lib64",
+    "-l:libcudart_static.a",
+    "-ldl",
+    "-lrt",
+    "-lpthread",
+]
+
+def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], nvcc_inputs = [], **kwargs):
+    """srcs: .cu files; hdrs: headers of this library; nvcc_inputs: other
+    files the .cu files include (e.g. headers of other packages), made
+    visible to nvcc's sandboxed action."""
     objs = []
+    compat = kwargs.get("target_compatible_with")
     for src in srcs:
         obj = src.replace(".cu", ".cu.o")
+        genrule_kwargs = {}
+        if compat != None:
+            genrule_kwargs["target_compatible_with"] = compat
+        inputs = [src]
+        for f in hdrs + nvcc_inputs + native.glob(["**/*.h", "**/*.cuh"]):
+            if f not in inputs:
+                inputs.append(f)
         native.genrule(
             name = name + "_" + src.replace("/", "_").replace(".", "_"),
-            srcs = [src] + hdrs + native.glob(["**/*.h", "**/*.cuh"]),
+            srcs = inputs,
             outs = [obj],
             cmd = " ".join([
                 NVCC,
@@ -19,13 +43,15 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], **kwargs):
                 "-lineinfo",
                 "-I. -I$(GENDIR)",
             ] + copts + ["-c $(location %s) -o $@" % src]),
+            **genrule_kwargs
         )
         objs.append(obj)
     native.cc_library(
         name = name,
         srcs = objs,
         hdrs = hdrs,
-        deps = deps + ["@cuda//:cudart"],
+        deps = deps + ["@cuda//:cuda_headers"],
+        linkopts = CUDART_STATIC_LINKOPTS,
         linkstatic = 1,
         **kwargs
     )

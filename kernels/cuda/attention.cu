@@ -1,0 +1,232 @@
+// Causal GQA attention over a KV cache with the optional sigmoid output gate
+// (kernels/attention.h), split over the keys in two kernels:
+//  1. partial: block (chunk c, head h, row t). Row t sees n = first_position
+//     + t + 1 cache rows, cut into nc = min(64, ceil(n/256)) chunks of
+//     ceil(n/nc) rows. The block's 4 warps take groups of 4 consecutive keys
+//     in turn (warp w: groups w, w+4, ...), each keeping an online softmax
+//     (running max m, sum l, acc[head_dim]); the 4 warp states are merged in
+//     warp order and (m, l, acc) of the chunk goes to the workspace.
+//  2. combine: block (h, t) merges the chunks in chunk order and writes
+//     acc/l (⊙ sigmoid(gate)).
+// Everything (the chunking, the key groups, every merge) depends only on n
+// and head_dim, never on T, so a verify row equals the decode of that
+// position bit for bit. A lane owns head elements lane + 32·jj.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/ops.h"
+
+namespace specserve::kernels::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kGroup = 4;          // keys per warp step
+constexpr int kMaxChunks = 64;
+constexpr int kMinChunkRows = 256;
+constexpr int kMaxHeadDim = 256;
+constexpr int kMaxBatchRows = 65535;
+
+__host__ __device__ inline int NumChunks(int64_t n) {
+  const int64_t c = (n + kMinChunkRows - 1) / kMinChunkRows;
+  return static_cast<int>(c < kMaxChunks ? c : kMaxChunks);
+}
+
+struct Batch {
+  int64_t row0;       // first query row of this launch
+  int max_chunks;     // chunk slots per (row, head) in the workspace
+  float* acc;         // [rows][heads][max_chunks][head_dim]
+  float* ml;          // [rows][heads][max_chunks][2]
+};
+
+template <int DPL>
+__global__ void __launch_bounds__(kThreads)
+    AttentionPartialKernel(AttentionParams p, Batch b) {
+  __shared__ float sm_m[kWarps], sm_l[kWarps];
+  __shared__ float sm_acc[kWarps][kMaxHeadDim];
+  const int c = blockIdx.x;
+  const int64_t h = blockIdx.y;
+  const int64_t tl = blockIdx.z;
+  const int64_t t = b.row0 + tl;
+  const int64_t n = p.first_position + t + 1;
+  const int nc = NumChunks(n);
+  if (c >= nc) return;  // whole block
+  const int64_t chunk = (n + nc - 1) / nc;
+  const int64_t begin = c * chunk;
+  const int64_t end = begin + chunk < n ? begin + chunk : n;
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int hd = static_cast<int>(p.head_dim);
+  const int64_t kvh = h / (p.num_heads / p.num_kv_heads);
+  const float* q = p.q + t * p.q_row_stride + h * p.q_head_stride;
+  float qv[DPL];
+#pragma unroll
+  for (int jj = 0; jj < DPL; ++jj) {
+    const int e = lane + 32 * jj;
+    qv[jj] = e < hd ? q[e] : 0.0f;
+  }
+
+  float m = -INFINITY, l = 0.0f;
+  float acc[DPL];
+#pragma unroll
+  for (int jj = 0; jj < DPL; ++jj) acc[jj] = 0.0f;
+
+  for (int64_t r = begin + warp * kGroup; r < end; r += kWarps * kGroup) {
+    float s[kGroup];
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      const int64_t rr = r + g;
+      float part = 0.0f;
+      if (rr < end) {
+        const float* k = p.k_cache + rr * p.kv_row_stride + kvh * hd;
+#pragma unroll
+        for (int jj = 0; jj < DPL; ++jj) {
+          const int e = lane + 32 * jj;
+          if (e < hd) part = fmaf(qv[jj], k[e], part);
+        }
+      }
+      const float dot = WarpSum(part);
+      s[g] = rr < end ? __fmul_rn(dot, p.scale) : -INFINITY;
+    }
+    float mx = m;
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) mx = fmaxf(mx, s[g]);
+    // Key r is valid, so mx is finite (for finite inputs).
+    const float corr = m == -INFINITY ? 0.0f : expf(__fsub_rn(m, mx));
+    l = __fmul_rn(l, corr);
+#pragma unroll
+    for (int jj = 0; jj < DPL; ++jj) acc[jj] = __fmul_rn(acc[jj], corr);
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      const int64_t rr = r + g;
+      if (rr < end) {
+        const float pg = expf(__fsub_rn(s[g], mx));
+        l = __fadd_rn(l, pg);
+        const float* v = p.v_cache + rr * p.kv_row_stride + kvh * hd;
+#pragma unroll
+        for (int jj = 0; jj < DPL; ++jj) {
+          const int e = lane + 32 * jj;
+          if (e < hd) acc[jj] = fmaf(pg, v[e], acc[jj]);
+        }
+      }
+    }
+    m = mx;
+  }
+
+  // Merge the warps in warp order.
+  if (lane == 0) {
+    sm_m[warp] = m;
+    sm_l[warp] = l;
+  }
+#pragma unroll
+  for (int jj = 0; jj < DPL; ++jj) {
+    const int e = lane + 32 * jj;
+    if (e < hd) sm_acc[warp][e] = acc[jj];
+  }
+  __syncthreads();
+  float big = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) big = fmaxf(big, sm_m[w]);
+  float ew[kWarps];
+  float big_l = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    ew[w] = sm_m[w] == -INFINITY ? 0.0f : expf(__fsub_rn(sm_m[w], big));
+    big_l = fmaf(sm_l[w], ew[w], big_l);
+  }
+  const int64_t slot = (tl * p.num_heads + h) * b.max_chunks + c;
+  for (int e = threadIdx.x; e < hd; e += kThreads) {
+    float a = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) a = fmaf(sm_acc[w][e], ew[w], a);
+    b.acc[slot * hd + e] = a;
+  }
+  if (threadIdx.x == 0) {
+    b.ml[slot * 2] = big;
+    b.ml[slot * 2 + 1] = big_l;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    AttentionCombineKernel(AttentionParams p, Batch b) {
+  __shared__ float sm_e[kMaxChunks];
+  const int64_t h = blockIdx.x;
+  const int64_t tl = blockIdx.y;
+  const int64_t t = b.row0 + tl;
+  const int64_t n = p.first_position + t + 1;
+  const int nc = NumChunks(n);
+  const int hd = static_cast<int>(p.head_dim);
+  const int64_t slot0 = (tl * p.num_heads + h) * b.max_chunks;
+  float big = -INFINITY;
+  for (int c = 0; c < nc; ++c) big = fmaxf(big, b.ml[(slot0 + c) * 2]);
+  if (threadIdx.x < nc) {
+    const float mc = b.ml[(slot0 + threadIdx.x) * 2];
+    sm_e[threadIdx.x] = mc == -INFINITY ? 0.0f : expf(__fsub_rn(mc, big));
+  }
+  __syncthreads();
+  float sum = 0.0f;
+  for (int c = 0; c < nc; ++c) sum = fmaf(b.ml[(slot0 + c) * 2 + 1], sm_e[c], sum);
+  const float inv_sum = 1.0f / sum;
+  float* out = p.out + t * p.out_row_stride + h * hd;
+  const float* gate =
+      p.gate != nullptr ? p.gate + t * p.gate_row_stride + h * p.gate_head_stride : nullptr;
+  for (int e = threadIdx.x; e < hd; e += kThreads) {
+    float a = 0.0f;
+    for (int c = 0; c < nc; ++c) a = fmaf(b.acc[(slot0 + c) * hd + e], sm_e[c], a);
+    const float o = __fmul_rn(a, inv_sum);
+    out[e] = gate != nullptr ? __fmul_rn(o, Sigmoid(gate[e])) : o;
+  }
+}
+
+template <int DPL>
+absl::Status RunBatches(const AttentionParams& p, const Workspace& ws, cudaStream_t stream) {
+  const size_t per_row = AttentionWorkspaceBytesPerRow(p);
+  const int64_t fit = static_cast<int64_t>(ws.bytes / per_row);
+  if (fit < 1) {
+    return absl::ResourceExhaustedError("attention: workspace too small for one row");
+  }
+  const int64_t batch_rows = std::min<int64_t>(fit, kMaxBatchRows);
+  for (int64_t row0 = 0; row0 < p.rows; row0 += batch_rows) {
+    const int64_t rows_here = std::min<int64_t>(batch_rows, p.rows - row0);
+    Batch b;
+    b.row0 = row0;
+    b.max_chunks = NumChunks(p.first_position + row0 + rows_here);
+    b.acc = static_cast<float*>(ws.data);
+    b.ml = b.acc + rows_here * p.num_heads * b.max_chunks * p.head_dim;
+    AttentionPartialKernel<DPL><<<dim3(b.max_chunks, static_cast<unsigned>(p.num_heads),
+                                       static_cast<unsigned>(rows_here)),
+                                  kThreads, 0, stream>>>(p, b);
+    if (absl::Status s = LaunchStatus("attention partial launch"); !s.ok()) return s;
+    AttentionCombineKernel<<<dim3(static_cast<unsigned>(p.num_heads),
+                                  static_cast<unsigned>(rows_here)),
+                             kThreads, 0, stream>>>(p, b);
+    if (absl::Status s = LaunchStatus("attention combine launch"); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+size_t AttentionWorkspaceBytesPerRow(const AttentionParams& p) {
+  const int64_t chunks = NumChunks(p.first_position + p.rows);
+  return static_cast<size_t>(p.num_heads * chunks * (p.head_dim + 2)) * sizeof(float);
+}
+
+absl::Status LaunchAttention(const AttentionParams& p, const Workspace& ws,
+                             cudaStream_t stream) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  if (p.head_dim > kMaxHeadDim) {
+    return absl::UnimplementedError("attention: head_dim > 256 unsupported");
+  }
+  if (p.num_heads > 65535) {
+    return absl::UnimplementedError("attention: more than 65535 heads");
+  }
+  if (p.head_dim <= 32) return RunBatches<1>(p, ws, stream);
+  if (p.head_dim <= 64) return RunBatches<2>(p, ws, stream);
+  if (p.head_dim <= 128) return RunBatches<4>(p, ws, stream);
+  return RunBatches<8>(p, ws, stream);
+}
+
+}  // namespace specserve::kernels::cuda

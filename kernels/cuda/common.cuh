@@ -1,0 +1,135 @@
+// Device helpers shared by the CUDA backend's kernels: weight element
+// widening, activation functions and fixed-order warp reductions. Included
+// by the .cu files only.
+//
+// Exactness habits used throughout:
+//  - Activations use the accurate libdevice functions (expf, log1pf, sinf...),
+//    never the fast intrinsics, so results track the CPU oracle closely.
+//  - Where a CPU op multiplies then adds in separate steps (it is compiled
+//    with -ffp-contract=off), the kernel uses __fmul_rn/__fadd_rn so nvcc
+//    cannot contract it into an fma; where the order is our own (matmul,
+//    attention, GDN), the fma is explicit (fmaf).
+//  - Reductions across lanes use a xor butterfly: every lane ends with the
+//    same bits (a+b == b+a), and the tree depends only on the warp size.
+#ifndef SPECSERVE_KERNELS_CUDA_COMMON_CUH_
+#define SPECSERVE_KERNELS_CUDA_COMMON_CUH_
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/types.h"
+
+namespace specserve::kernels::cuda {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float Bf16ToFloat(uint16_t h) {
+  return __uint_as_float(static_cast<uint32_t>(h) << 16);
+}
+
+__device__ __forceinline__ float F16ToFloat(uint16_t h) {
+  return __half2float(__ushort_as_half(h));  // exact widening
+}
+
+// Element i of a weight/table of dtype D, widened to fp32 (scalar load).
+template <DType D>
+__device__ __forceinline__ float LoadElem(const void* base, int64_t i) {
+  if constexpr (D == DType::kF32) {
+    return __ldg(static_cast<const float*>(base) + i);
+  } else if constexpr (D == DType::kBF16) {
+    return Bf16ToFloat(__ldg(static_cast<const unsigned short*>(base) + i));
+  } else {
+    return F16ToFloat(__ldg(static_cast<const unsigned short*>(base) + i));
+  }
+}
+
+// Eight consecutive weight elements as raw bits: 16 bytes for 16-bit types,
+// 32 for fp32. Loaded with 16-byte accesses; `base + i` must be 16-byte
+// aligned.
+template <DType D>
+struct Raw8 {
+  static constexpr int kVecs = D == DType::kF32 ? 2 : 1;
+  uint4 v[kVecs];
+};
+
+template <DType D>
+__device__ __forceinline__ Raw8<D> LoadRaw8(const void* base, int64_t i) {
+  Raw8<D> r;
+  if constexpr (D == DType::kF32) {
+    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const float*>(base) + i);
+    r.v[0] = __ldg(p);
+    r.v[1] = __ldg(p + 1);
+  } else {
+    r.v[0] = __ldg(reinterpret_cast<const uint4*>(
+        static_cast<const unsigned short*>(base) + i));
+  }
+  return r;
+}
+
+__device__ __forceinline__ void Half2Bits(uint32_t w, DType d, float* lo,
+                                          float* hi) {
+  if (d == DType::kBF16) {
+    *lo = __uint_as_float(w << 16);
+    *hi = __uint_as_float(w & 0xffff0000u);
+  } else {
+    *lo = F16ToFloat(static_cast<uint16_t>(w & 0xffffu));
+    *hi = F16ToFloat(static_cast<uint16_t>(w >> 16));
+  }
+}
+
+// Widens a Raw8 to eight floats (element order preserved).
+template <DType D>
+__device__ __forceinline__ void Widen8(const Raw8<D>& r, float (&f)[8]) {
+  if constexpr (D == DType::kF32) {
+    f[0] = __uint_as_float(r.v[0].x);
+    f[1] = __uint_as_float(r.v[0].y);
+    f[2] = __uint_as_float(r.v[0].z);
+    f[3] = __uint_as_float(r.v[0].w);
+    f[4] = __uint_as_float(r.v[1].x);
+    f[5] = __uint_as_float(r.v[1].y);
+    f[6] = __uint_as_float(r.v[1].z);
+    f[7] = __uint_as_float(r.v[1].w);
+  } else {
+    Half2Bits(r.v[0].x, D, &f[0], &f[1]);
+    Half2Bits(r.v[0].y, D, &f[2], &f[3]);
+    Half2Bits(r.v[0].z, D, &f[4], &f[5]);
+    Half2Bits(r.v[0].w, D, &f[6], &f[7]);
+  }
+}
+
+// Same formulas as kernels/cpu/elementwise.h.
+__device__ __forceinline__ float Sigmoid(float x) {
+  return 1.0f / __fadd_rn(1.0f, expf(-x));
+}
+__device__ __forceinline__ float Silu(float x) {
+  return x / __fadd_rn(1.0f, expf(-x));
+}
+__device__ __forceinline__ float Softplus(float x) {
+  return x > 20.0f ? x : log1pf(expf(x));
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v = __fadd_rn(v, __shfl_xor_sync(kFullMask, v, m));
+  return v;
+}
+
+__device__ __forceinline__ double WarpSumD(double v) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v = __dadd_rn(v, __shfl_xor_sync(kFullMask, v, m));
+  return v;
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, m));
+  return v;
+}
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace specserve::kernels::cuda
+
+#endif  // SPECSERVE_KERNELS_CUDA_COMMON_CUH_

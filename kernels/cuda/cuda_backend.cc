@@ -1,0 +1,273 @@
+#include "kernels/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/ops.h"
+#include "telemetry/status_macros.h"
+
+namespace specserve::kernels::cuda {
+namespace {
+
+constexpr int64_t kIdStaging = 1 << 16;  // ids checked per host round trip
+
+bool Overlaps(const void* a, const void* b, size_t bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a);
+  const auto y = reinterpret_cast<uintptr_t>(b);
+  return x < y + bytes && y < x + bytes;
+}
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
+  CudaBackendOptions options;
+  options.device = device;
+  return CreateCudaBackend(options);
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
+    const CudaBackendOptions& options) {
+  const int count = CudaDeviceCount();
+  if (options.device < 0 || options.device >= count) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda: no device ", options.device, " (", count, " visible)"));
+  }
+  if (options.workspace_bytes < (size_t{1} << 20)) {
+    return absl::InvalidArgumentError("cuda: workspace_bytes must be at least 1 MiB");
+  }
+  SS_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device), "cudaSetDevice");
+  SS_ASSIGN_OR_RETURN(CudaStream stream, CreateStream());
+  SS_ASSIGN_OR_RETURN(DeviceMemory workspace, AllocateDevice(options.workspace_bytes));
+  SS_ASSIGN_OR_RETURN(PinnedMemory ids, AllocatePinned(kIdStaging * sizeof(int32_t)));
+  return std::unique_ptr<Backend>(new CudaBackend(options.device, std::move(stream),
+                                                  std::move(workspace),
+                                                  options.workspace_bytes, std::move(ids)));
+}
+
+CudaBackend::CudaBackend(int device, CudaStream stream, DeviceMemory workspace,
+                         size_t workspace_bytes, PinnedMemory id_staging)
+    : device_(device),
+      stream_(std::move(stream)),
+      workspace_(std::move(workspace)),
+      workspace_bytes_(workspace_bytes),
+      id_staging_(std::move(id_staging)) {}
+
+CudaBackend::~CudaBackend() {
+  if (UseDevice().ok()) {
+    const cudaError_t err = cudaStreamSynchronize(stream_.get());
+    if (err != cudaSuccess) LOG(ERROR) << "cuda backend: " << cudaGetErrorString(err);
+  }
+}
+
+absl::Status CudaBackend::UseDevice() const {
+  return CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
+}
+
+// ---- Memory.
+
+absl::StatusOr<Buffer> CudaBackend::Allocate(size_t bytes) {
+  SS_RETURN_IF_ERROR(UseDevice());
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cuda backend: cannot allocate ", bytes, " bytes: ", cudaGetErrorString(err)));
+  }
+  Buffer buffer(this, p, bytes);  // frees p on the error path below
+  SS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p, 0, std::max<size_t>(bytes, 1), stream_.get()),
+                          "cudaMemsetAsync");
+  return std::move(buffer);
+}
+
+void CudaBackend::Free(void* data) {
+  if (!UseDevice().ok()) return;
+  // cudaFree waits for the device, so queued ops that use `data` finish first.
+  const cudaError_t err = cudaFree(data);
+  if (err != cudaSuccess) LOG(ERROR) << "cuda backend: cudaFree: " << cudaGetErrorString(err);
+}
+
+absl::Status CudaBackend::CopyToDevice(void* dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  SS_RETURN_IF_ERROR(UseDevice());
+  SS_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, stream_.get()),
+      "CopyToDevice");
+  // From pageable memory the call returns once the source is staged; from
+  // pinned (or device) memory it may not have been read yet, and the caller
+  // may reuse its buffer as soon as we return.
+  cudaPointerAttributes attr;
+  if (cudaPointerGetAttributes(&attr, host_src) != cudaSuccess) {
+    cudaGetLastError();
+    return absl::OkStatus();
+  }
+  if (attr.type != cudaMemoryTypeUnregistered) {
+    SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "CopyToDevice sync");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyToHost(void* host_dst, const void* src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  SS_RETURN_IF_ERROR(UseDevice());
+  SS_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, stream_.get()), "CopyToHost");
+  SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "CopyToHost sync");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyOnDevice(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return absl::OkStatus();
+  SS_RETURN_IF_ERROR(UseDevice());
+  cudaStream_t s = stream_.get();
+  if (!Overlaps(dst, src, bytes)) {
+    SS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s),
+                            "CopyOnDevice");
+    return absl::OkStatus();
+  }
+  // memmove semantics: bounce chunks through the workspace, front to back
+  // when moving down, back to front when moving up, so no chunk is read
+  // after it has been overwritten.
+  char* d = static_cast<char*>(dst);
+  const char* sr = static_cast<const char*>(src);
+  const size_t chunk = workspace_bytes_;
+  const bool down = d < sr;
+  for (size_t done = 0; done < bytes;) {
+    const size_t n = std::min(chunk, bytes - done);
+    const size_t off = down ? done : bytes - done - n;
+    SS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(workspace_.get(), sr + off, n, cudaMemcpyDeviceToDevice, s),
+        "CopyOnDevice bounce in");
+    SS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(d + off, workspace_.get(), n, cudaMemcpyDeviceToDevice, s),
+        "CopyOnDevice bounce out");
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Zero(void* dst, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  SS_RETURN_IF_ERROR(UseDevice());
+  SS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, 0, bytes, stream_.get()), "Zero");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Weight> CudaBackend::UploadWeight(DType dtype, const void* host, int64_t rows,
+                                                 int64_t cols) {
+  if (host == nullptr || rows < 1 || cols < 1) {
+    return absl::InvalidArgumentError("cuda backend: empty weight");
+  }
+  Weight w;
+  w.dtype = dtype;
+  w.rows = rows;
+  w.cols = cols;
+  SS_ASSIGN_OR_RETURN(w.storage, Allocate(w.bytes()));
+  w.data = w.storage.data();
+  // cudaMemcpyDefault: `host` may also be device memory (UVA).
+  SS_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(w.storage.data(), host, w.bytes(), cudaMemcpyDefault, stream_.get()),
+      "UploadWeight");
+  SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "UploadWeight sync");
+  return w;
+}
+
+absl::Status CudaBackend::Synchronize() {
+  SS_RETURN_IF_ERROR(UseDevice());
+  SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "Synchronize");
+  return absl::OkStatus();
+}
+
+// ---- Operations.
+
+absl::Status CudaBackend::Embed(const EmbedParams& p) {
+  SS_RETURN_IF_ERROR(Validate(p));
+  SS_RETURN_IF_ERROR(UseDevice());
+  // The CPU backend rejects out-of-range ids; so do we, at the cost of one
+  // host round trip per call (see the report on device-side checks).
+  auto* staged = static_cast<int32_t*>(id_staging_.get());
+  for (int64_t done = 0; done < p.rows; done += kIdStaging) {
+    const int64_t n = std::min(kIdStaging, p.rows - done);
+    SS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staged, p.ids + done, n * sizeof(int32_t),
+                                            cudaMemcpyDefault, stream_.get()),
+                            "embed ids");
+    SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "embed ids sync");
+    for (int64_t i = 0; i < n; ++i) {
+      if (staged[i] < 0 || staged[i] >= p.vocab) {
+        return absl::OutOfRangeError(
+            absl::StrCat("embed: token id ", staged[i], " outside [0, ", p.vocab, ")"));
+      }
+    }
+  }
+  return LaunchEmbed(p, stream_.get());
+}
+
+absl::Status CudaBackend::Matmul(const MatmulParams& p) {
+  SS_RETURN_IF_ERROR(UseDevice());
+  return LaunchMatmul(p, stream_.get());
+}
+
+absl::Status CudaBackend::RmsNorm(const RmsNormParams& p) {
+  SS_RETURN_IF_ERROR(UseDevice());
+  return LaunchRmsNorm(p, stream_.get());
+}
+
+absl::Status CudaBackend::GatedRmsNorm(const GatedRmsNormParams& p) {
+  SS_RETURN_IF_ERROR(UseDevice());
+  return LaunchGatedRmsNorm(p, stream_.get());
+}
+
+absl::Status CudaBackend::Rope(const RopeParams& p) {
+  SS_RETURN_IF_ERROR(UseDevice());
+  return LaunchRope(p, stream_.get());
+}
+
+absl::Status CudaBackend::Attention(const AttentionParams& p) {
+  SS_RETURN_IF_ERROR(UseDevice());
+  return LaunchAttention(p, Workspace{workspace_.get(), workspace_bytes_}, stream_.get());
+}
+
+absl::Status CudaBackend::Conv1d(const Conv1dParams& p) {
+  SS_RETURN_IF_ERROR(UseDevice());
+  return LaunchConv1d(p, stream_.get());
+}
+
+absl::Status CudaBackend::GatedDeltaRule(const GatedDeltaRuleParams& p) {
+  SS_RETURN_IF_ERROR(UseDevice());
+  return LaunchGatedDeltaRule(p, stream_.get());
+}
+
+absl::Status CudaBackend::Swiglu(const SwigluParams& p) {
+  SS_RETURN_IF_ERROR(UseDevice());
+  return LaunchSwiglu(p, stream_.get());
+}
+
+absl::Status CudaBackend::Argmax(const ArgmaxParams& p) {
+  SS_RETURN_IF_ERROR(UseDevice());
+  return LaunchArgmax(p, stream_.get());
+}
+
+absl::Status CudaBackend::LogSumExp(const LogSumExpParams& p) {
+  SS_RETURN_IF_ERROR(UseDevice());
+  return LaunchLogSumExp(p, stream_.get());
+}
+
+absl::Status CudaBackend::Softmax(const SoftmaxParams& p) {
+  SS_RETURN_IF_ERROR(UseDevice());
+  return LaunchSoftmax(p, stream_.get());
+}
+
+}  // namespace specserve::kernels::cuda

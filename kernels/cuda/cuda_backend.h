@@ -1,0 +1,102 @@
+// The CUDA backend: kernels::Backend on one GPU (sm_90a), weights in their
+// storage dtype (bf16/f16/f32) in device memory, fp32 activations, caches
+// and states, fp32 accumulation. Built only with --config=cuda.
+//
+// Every op is issued on the backend's own non-blocking stream, in call
+// order; ops return after enqueueing (device faults surface at the next
+// Synchronize/CopyToHost). CopyToHost, UploadWeight, Embed (which checks the
+// token ids on the host, as the CPU backend does) and Synchronize wait for
+// the stream. Row invariance holds for every op, prefill included: no op
+// switches to a differently-ordered kernel for large T (see kernels/cuda/
+// ops.h), so prefill logits equal decode logits bit for bit.
+// Not thread-safe: one caller at a time (any thread; each call selects the
+// backend's device).
+#ifndef SPECSERVE_KERNELS_CUDA_CUDA_BACKEND_H_
+#define SPECSERVE_KERNELS_CUDA_CUDA_BACKEND_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_handles.h"
+
+namespace specserve::kernels::cuda {
+
+struct CudaBackendOptions {
+  int device = 0;
+  // Scratch for split-KV attention and overlapping CopyOnDevice. Attention
+  // needs num_heads·min(64, ceil(n/256))·(head_dim+2)·4 bytes per query row
+  // in flight (≈2.1 MB for 32 heads of 256 at n >= 16K); longer calls are
+  // split into batches of rows that fit.
+  size_t workspace_bytes = size_t{64} << 20;
+};
+
+// Number of usable CUDA devices; 0 when there is no driver or no GPU.
+int CudaDeviceCount();
+
+// FAILED_PRECONDITION when there is no such device (or no driver).
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device);
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
+    const CudaBackendOptions& options);
+
+class CudaBackend : public Backend {
+ public:
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  int device() const { return device_; }
+  // The stream every op is issued on (for events, graphs, benchmarks).
+  cudaStream_t stream() const { return stream_.get(); }
+
+  absl::StatusOr<Buffer> Allocate(size_t bytes) override;
+  absl::Status CopyToDevice(void* dst, const void* host_src,
+                            size_t bytes) override;
+  absl::Status CopyToHost(void* host_dst, const void* src,
+                          size_t bytes) override;
+  absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;
+  absl::Status Zero(void* dst, size_t bytes) override;
+  absl::StatusOr<Weight> UploadWeight(DType dtype, const void* host,
+                                      int64_t rows, int64_t cols) override;
+  absl::Status Synchronize() override;
+
+  absl::Status Embed(const EmbedParams& p) override;
+  absl::Status Matmul(const MatmulParams& p) override;
+  absl::Status RmsNorm(const RmsNormParams& p) override;
+  absl::Status GatedRmsNorm(const GatedRmsNormParams& p) override;
+  absl::Status Rope(const RopeParams& p) override;
+  absl::Status Attention(const AttentionParams& p) override;
+  absl::Status Conv1d(const Conv1dParams& p) override;
+  absl::Status GatedDeltaRule(const GatedDeltaRuleParams& p) override;
+  absl::Status Swiglu(const SwigluParams& p) override;
+  absl::Status Argmax(const ArgmaxParams& p) override;
+  absl::Status LogSumExp(const LogSumExpParams& p) override;
+  absl::Status Softmax(const SoftmaxParams& p) override;
+
+ protected:
+  void Free(void* data) override;
+
+ private:
+  friend absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
+      const CudaBackendOptions& options);
+  CudaBackend(int device, CudaStream stream, DeviceMemory workspace,
+              size_t workspace_bytes, PinnedMemory id_staging);
+
+  // Makes device_ current on the calling thread.
+  absl::Status UseDevice() const;
+
+  const int device_;
+  // Declared first: destroyed last, after the memory below is released.
+  CudaStream stream_;
+  DeviceMemory workspace_;
+  const size_t workspace_bytes_;
+  // Host copy of token ids for Embed's range check.
+  PinnedMemory id_staging_;
+};
+
+}  // namespace specserve::kernels::cuda
+
+#endif  // SPECSERVE_KERNELS_CUDA_CUDA_BACKEND_H_

@@ -1,0 +1,667 @@
+// The CUDA backend against the CPU backend (the oracle), op by op, over odd
+// shapes (T = 1, 3, 7, 17, ...; dims that are not multiples of any tile;
+// bf16/f16/f32 weights) with a per-op tolerance and a NaN check, plus the
+// exactness contract on the GPU: an op over T rows is bit-identical (memcmp)
+// to the same rows issued one at a time. Every test skips when no CUDA
+// device is visible.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace specserve::kernels::cuda {
+namespace {
+
+// The same bytes on both backends.
+struct Dual {
+  Buffer c, g;
+  size_t bytes = 0;
+  float* F(bool gpu) const { return (gpu ? g : c).f32(); }
+  void* V(bool gpu) const { return (gpu ? g : c).data(); }
+};
+
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+    auto b = CreateCudaBackend(0);
+    ASSERT_TRUE(b.ok()) << b.status();
+    gpu_ = std::move(*b);
+    cpu_ = std::make_unique<cpu::CpuBackend>();
+  }
+
+  Backend* B(bool gpu) { return gpu ? gpu_.get() : cpu_.get(); }
+
+  Dual Up(const void* data, size_t bytes) {
+    Dual d;
+    d.bytes = bytes;
+    auto c = cpu_->Allocate(bytes);
+    auto g = gpu_->Allocate(bytes);
+    EXPECT_TRUE(c.ok() && g.ok());
+    d.c = std::move(*c);
+    d.g = std::move(*g);
+    if (bytes) {
+      EXPECT_TRUE(cpu_->CopyToDevice(d.c.data(), data, bytes).ok());
+      EXPECT_TRUE(gpu_->CopyToDevice(d.g.data(), data, bytes).ok());
+    }
+    return d;
+  }
+  Dual UpF(const std::vector<float>& v) { return Up(v.data(), v.size() * 4); }
+  Dual Zeros(size_t n) { return UpF(std::vector<float>(n, 0.0f)); }
+
+  std::vector<float> Down(const Dual& d, bool gpu, size_t n, size_t offset = 0) {
+    std::vector<float> v(n);
+    EXPECT_TRUE(B(gpu)->CopyToHost(v.data(), d.F(gpu) + offset, n * 4).ok());
+    return v;
+  }
+  std::vector<float> DownG(const Buffer& b, size_t n) {
+    std::vector<float> v(n);
+    EXPECT_TRUE(gpu_->CopyToHost(v.data(), b.data(), n * 4).ok());
+    return v;
+  }
+  Buffer GpuZeros(size_t n) {
+    auto b = gpu_->AllocateFloats(n);
+    EXPECT_TRUE(b.ok());
+    return std::move(*b);
+  }
+
+  std::vector<float> Random(size_t n, float lo = -1, float hi = 1) {
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng_);
+    return v;
+  }
+  // Weight bits of `dtype` for n random values in [-1, 1).
+  std::vector<uint8_t> RandomWeights(size_t n, DType dtype) {
+    std::vector<float> f = Random(n);
+    std::vector<uint8_t> out(n * DTypeSize(dtype));
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &f[i], 4);
+      if (dtype == DType::kF32) {
+        std::memcpy(&out[i * 4], &bits, 4);
+      } else {
+        uint16_t h;
+        if (dtype == DType::kBF16) {
+          h = static_cast<uint16_t>(bits >> 16);
+        } else {  // f16 with exponent in [-8, 0]
+          h = static_cast<uint16_t>(((bits >> 31) << 15) | ((15 - (bits & 7)) << 10) |
+                                    ((bits >> 3) & 0x3ff));
+        }
+        std::memcpy(&out[i * 2], &h, 2);
+      }
+    }
+    return out;
+  }
+
+  std::unique_ptr<Backend> gpu_;
+  std::unique_ptr<Backend> cpu_;
+  std::mt19937 rng_{20240611};
+};
+
+// max |gpu − cpu| <= tol · max(1, max |cpu|); no NaN on either side.
+void ExpectClose(const std::vector<float>& cpu, const std::vector<float>& gpu, double tol,
+                 const std::string& what) {
+  ASSERT_EQ(cpu.size(), gpu.size()) << what;
+  double scale = 1.0, worst = 0.0;
+  size_t worst_i = 0;
+  for (float c : cpu) scale = std::max(scale, std::fabs(double(c)));
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    ASSERT_FALSE(std::isnan(gpu[i])) << what << ": gpu NaN at " << i;
+    ASSERT_FALSE(std::isnan(cpu[i])) << what << ": cpu NaN at " << i;
+    const double d = std::fabs(double(gpu[i]) - double(cpu[i]));
+    if (d > worst) worst = d, worst_i = i;
+  }
+  EXPECT_LE(worst, tol * scale) << what << " worst at " << worst_i << ": cpu " << cpu[worst_i]
+                                << " gpu " << gpu[worst_i];
+}
+
+void ExpectBitEqual(const float* a, const float* b, size_t n, const std::string& what) {
+  EXPECT_EQ(0, std::memcmp(a, b, n * 4)) << what;
+}
+
+const int kRows[] = {1, 3, 7, 17};
+
+// ---------------------------------------------------------------- Matmul
+
+TEST_F(CudaBackendTest, Matmul) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int rows : {1, 2, 3, 4, 5, 7, 8, 9, 17, 64}) {
+      for (int in : {1, 3, 7, 8, 17, 40, 129, 256, 264, 1000}) {
+        for (int out : {1, 3, 7, 17, 33, 100}) {
+          const bool acc = (rows + in + out) % 2 == 0;
+          const std::string what = absl::StrCat(DTypeName(dtype), " rows=", rows, " in=", in,
+                                                " out=", out, " acc=", acc);
+          const std::vector<float> x = Random(rows * in);
+          const std::vector<float> y0 = Random(rows * out);
+          const std::vector<uint8_t> wh = RandomWeights(out * in, dtype);
+          Dual xd = UpF(x), yd = UpF(y0), wd = Up(wh.data(), wh.size());
+          std::vector<float> res[2];
+          for (bool g : {false, true}) {
+            auto w = B(g)->UploadWeight(dtype, wd.V(g), out, in);
+            ASSERT_TRUE(w.ok()) << w.status();
+            ASSERT_TRUE(B(g)->Matmul(DenseMatmul(rows, xd.F(g), *w, yd.F(g), acc)).ok()) << what;
+            res[g] = Down(yd, g, rows * out);
+          }
+          ExpectClose(res[0], res[1], 2e-5 * std::max(1, in / 8), what);
+          // Row invariance: each row alone, bit for bit.
+          if (rows > 1) {
+            auto w = gpu_->UploadWeight(dtype, wd.g.data(), out, in);
+            ASSERT_TRUE(w.ok());
+            Buffer one = GpuZeros(out);
+            for (int t = 0; t < rows; ++t) {
+              if (acc) {
+                ASSERT_TRUE(gpu_->CopyToDevice(one.data(), y0.data() + t * out, out * 4).ok());
+              }
+              ASSERT_TRUE(
+                  gpu_->Matmul(DenseMatmul(1, xd.g.f32() + t * in, *w, one.f32(), acc)).ok());
+              ExpectBitEqual(DownG(one, out).data(), res[1].data() + t * out, out,
+                             what + " row " + std::to_string(t));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The 16-byte and the scalar load paths give the same bits: the same rows at
+// an aligned and at a misaligned address, with strides.
+TEST_F(CudaBackendTest, MatmulLoadPathsAgreeAndStridesWork) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int rows : {1, 2, 4, 8, 19}) {
+      const int in = 5120 / 4 + 8, out = 37, ys = 45;
+      const std::vector<float> x = Random((rows + 1) * (in + 4));
+      const std::vector<uint8_t> wh = RandomWeights(out * in, dtype);
+      Dual xd = UpF(x), wd = Up(wh.data(), wh.size());
+      auto w = gpu_->UploadWeight(dtype, wd.g.data(), out, in);
+      ASSERT_TRUE(w.ok());
+      std::vector<float> res[2];
+      for (int misaligned : {0, 1}) {
+        MatmulParams p;
+        p.rows = rows;
+        p.in = in;
+        p.out = out;
+        p.x = xd.g.f32() + misaligned;
+        p.x_stride = in + 4;
+        p.w_dtype = dtype;
+        p.w = w->data;
+        Buffer y = GpuZeros(rows * ys);
+        p.y = y.f32();
+        p.y_stride = ys;
+        ASSERT_TRUE(gpu_->Matmul(p).ok());
+        const std::vector<float> all = DownG(y, rows * ys);
+        for (int t = 0; t < rows; ++t) {
+          res[misaligned].insert(res[misaligned].end(), all.begin() + t * ys,
+                                 all.begin() + t * ys + out);
+        }
+        // CPU agrees on the strided layout too.
+        MatmulParams pc = p;
+        pc.x = xd.c.f32() + misaligned;
+        pc.w = wd.c.data();
+        auto yc = cpu_->AllocateFloats(rows * ys);
+        ASSERT_TRUE(yc.ok());
+        pc.y = yc->f32();
+        ASSERT_TRUE(cpu_->Matmul(pc).ok());
+        std::vector<float> c(rows * ys);
+        std::memcpy(c.data(), yc->data(), c.size() * 4);
+        ExpectClose(c, all, 2e-5 * in / 8, absl::StrCat("strided ", DTypeName(dtype)));
+      }
+      ExpectBitEqual(res[0].data(), res[1].data(), res[0].size(),
+                     absl::StrCat(DTypeName(dtype), " rows=", rows, " vec vs scalar"));
+    }
+  }
+}
+
+// ---------------------------------------------------------------- Norms
+
+TEST_F(CudaBackendTest, RmsNormAndGatedRmsNorm) {
+  for (int rows : kRows) {
+    for (int dim : {1, 3, 7, 17, 128, 1000, 5120}) {
+      const int xs = dim + 3;
+      const std::vector<float> x = Random(rows * xs, -3, 3), z = Random(rows * xs, -4, 4),
+                               w = Random(dim);
+      Dual xd = UpF(x), zd = UpF(z), wd = UpF(w), yd = Zeros(rows * xs);
+      for (bool gated : {false, true}) {
+        for (bool plus_one : {true, false}) {
+          if (gated && !plus_one) continue;
+          const std::string what = absl::StrCat(gated ? "gated" : "rms", " rows=", rows,
+                                                " dim=", dim, " plus_one=", plus_one);
+          auto run = [&](bool g, int64_t r0, int64_t nrows, float* y) {
+            if (gated) {
+              GatedRmsNormParams p;
+              p.rows = nrows; p.dim = dim;
+              p.x = xd.F(g) + r0 * xs; p.x_stride = xs;
+              p.z = zd.F(g) + r0 * xs; p.z_stride = xs;
+              p.y = y; p.y_stride = xs; p.weight = wd.F(g); p.eps = 1e-6f;
+              return B(g)->GatedRmsNorm(p);
+            }
+            RmsNormParams p;
+            p.rows = nrows; p.dim = dim;
+            p.x = xd.F(g) + r0 * xs; p.x_stride = xs;
+            p.y = y; p.y_stride = xs; p.weight = wd.F(g);
+            p.plus_one = plus_one; p.eps = 1e-6f;
+            return B(g)->RmsNorm(p);
+          };
+          std::vector<float> res[2];
+          for (bool g : {false, true}) {
+            ASSERT_TRUE(run(g, 0, rows, yd.F(g)).ok()) << what;
+            res[g] = Down(yd, g, rows * xs);
+          }
+          ExpectClose(res[0], res[1], 1e-5, what);
+          Buffer one = GpuZeros(xs);
+          for (int t = 0; t < rows; ++t) {
+            ASSERT_TRUE(run(true, t, 1, one.f32()).ok());
+            ExpectBitEqual(DownG(one, dim).data(), res[1].data() + t * xs, dim,
+                           what + " row " + std::to_string(t));
+          }
+        }
+      }
+      // In place equals out of place.
+      RmsNormParams p;
+      p.rows = rows; p.dim = dim; p.x = xd.g.f32(); p.x_stride = xs;
+      p.y = yd.g.f32(); p.y_stride = xs; p.weight = wd.g.f32();
+      ASSERT_TRUE(gpu_->RmsNorm(p).ok());
+      p.y = xd.g.f32();
+      ASSERT_TRUE(gpu_->RmsNorm(p).ok());
+      const std::vector<float> in_place = Down(xd, true, rows * xs),
+                               out_of_place = Down(yd, true, rows * xs);
+      for (int t = 0; t < rows; ++t) {
+        ExpectBitEqual(in_place.data() + t * xs, out_of_place.data() + t * xs, dim,
+                       absl::StrCat("in place dim=", dim, " row ", t));
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- Rope
+
+TEST_F(CudaBackendTest, Rope) {
+  for (int rows : kRows) {
+    for (int heads : {1, 3}) {
+      for (int hd : {2, 8, 18, 256}) {
+        for (int rot : {2, hd / 2 - (hd / 2) % 2, hd}) {
+          if (rot <= 0) continue;
+          for (int first : {5, 1000, 70000}) {
+            const std::string what = absl::StrCat("rope rows=", rows, " heads=", heads,
+                                                  " hd=", hd, " rot=", rot, " first=", first);
+            const int hs = hd + 2, rs = heads * hs + 1;
+            const std::vector<float> x = Random(rows * rs);
+            const std::vector<float> inv = RopeInvFreq(10000000.0, rot);
+            Dual xd = UpF(x), fd = UpF(inv);
+            auto params = [&](bool g, float* base, int64_t r0, int64_t nrows) {
+              RopeParams p;
+              p.rows = nrows; p.heads = heads; p.head_dim = hd; p.rotary_dim = rot;
+              p.x = base; p.row_stride = rs; p.head_stride = hs;
+              p.first_position = first + r0; p.inv_freq = fd.F(g);
+              return p;
+            };
+            std::vector<float> res[2];
+            for (bool g : {false, true}) {
+              ASSERT_TRUE(B(g)->Rope(params(g, xd.F(g), 0, rows)).ok()) << what;
+              res[g] = Down(xd, g, rows * rs);
+            }
+            ExpectClose(res[0], res[1], 1e-5, what);
+            Dual fresh = UpF(x);
+            for (int t = 0; t < rows; ++t) {
+              ASSERT_TRUE(gpu_->Rope(params(true, fresh.g.f32() + t * rs, t, 1)).ok());
+            }
+            ExpectBitEqual(Down(fresh, true, rows * rs).data(), res[1].data(), rows * rs,
+                           what + " rows alone");
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- Attention
+
+TEST_F(CudaBackendTest, Attention) {
+  struct Heads { int nh, nkv; };
+  for (int rows : kRows) {
+    for (Heads hh : {Heads{1, 1}, Heads{4, 2}, Heads{3, 1}, Heads{8, 2}}) {
+      for (int hd : {1, 7, 17, 64, 100, 256}) {
+        for (int first : {0, 5, 250, 700}) {
+          for (bool gated : {false, true}) {
+            const std::string what =
+                absl::StrCat("attention rows=", rows, " nh=", hh.nh, " nkv=", hh.nkv,
+                             " hd=", hd, " first=", first, " gated=", gated);
+            const int cap = first + rows + 3;
+            const int qs = hh.nh * hd + 5, kvs = hh.nkv * hd + 1, os = hh.nh * hd + 2;
+            const std::vector<float> q = Random(rows * qs, -2, 2), gt = Random(rows * qs, -3, 3),
+                                     k = Random(cap * kvs, -2, 2), v = Random(cap * kvs);
+            Dual qd = UpF(q), gd = UpF(gt), kd = UpF(k), vd = UpF(v), od = Zeros(rows * os);
+            auto params = [&](bool g, int64_t r0, int64_t nrows, float* out) {
+              AttentionParams p;
+              p.rows = nrows; p.num_heads = hh.nh; p.num_kv_heads = hh.nkv; p.head_dim = hd;
+              p.q = qd.F(g) + r0 * qs; p.q_row_stride = qs; p.q_head_stride = hd;
+              if (gated) {
+                p.gate = gd.F(g) + r0 * qs; p.gate_row_stride = qs; p.gate_head_stride = hd;
+              }
+              p.k_cache = kd.F(g); p.v_cache = vd.F(g); p.kv_row_stride = kvs;
+              p.capacity = cap; p.first_position = first + r0;
+              p.out = out; p.out_row_stride = os;
+              p.scale = 1.0f / std::sqrt(float(hd));
+              return p;
+            };
+            std::vector<float> res[2];
+            for (bool g : {false, true}) {
+              ASSERT_TRUE(B(g)->Attention(params(g, 0, rows, od.F(g))).ok()) << what;
+              res[g] = Down(od, g, rows * os);
+            }
+            // fp32 sums over up to ~700 keys in different orders.
+            ExpectClose(res[0], res[1], 2e-5, what);
+            Buffer one = GpuZeros(os);
+            for (int t = 0; t < rows; ++t) {
+              ASSERT_TRUE(gpu_->Attention(params(true, t, 1, one.f32())).ok());
+              ExpectBitEqual(DownG(one, hh.nh * hd).data(), res[1].data() + t * os,
+                             hh.nh * hd, what + " row " + std::to_string(t));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Past 64·256 visible rows the chunk count saturates and chunks grow.
+TEST_F(CudaBackendTest, AttentionLongContext) {
+  const int rows = 3, nh = 2, nkv = 1, hd = 64, first = 17000, cap = first + rows;
+  const std::vector<float> q = Random(rows * nh * hd, -2, 2), k = Random(cap * nkv * hd, -2, 2),
+                           v = Random(cap * nkv * hd);
+  Dual qd = UpF(q), kd = UpF(k), vd = UpF(v), od = Zeros(rows * nh * hd);
+  auto params = [&](bool g, int64_t r0, int64_t nrows, float* out) {
+    AttentionParams p;
+    p.rows = nrows; p.num_heads = nh; p.num_kv_heads = nkv; p.head_dim = hd;
+    p.q = qd.F(g) + r0 * nh * hd; p.q_row_stride = nh * hd; p.q_head_stride = hd;
+    p.k_cache = kd.F(g); p.v_cache = vd.F(g); p.kv_row_stride = nkv * hd;
+    p.capacity = cap; p.first_position = first + r0;
+    p.out = out; p.out_row_stride = nh * hd; p.scale = 0.125f;
+    return p;
+  };
+  std::vector<float> res[2];
+  for (bool g : {false, true}) {
+    ASSERT_TRUE(B(g)->Attention(params(g, 0, rows, od.F(g))).ok());
+    res[g] = Down(od, g, rows * nh * hd);
+  }
+  // 17000-term fp32 sums: the CPU's sequential order drifts by ~√n ulps.
+  ExpectClose(res[0], res[1], 1e-4, "long attention");
+  Buffer one = GpuZeros(nh * hd);
+  for (int t = 0; t < rows; ++t) {
+    ASSERT_TRUE(gpu_->Attention(params(true, t, 1, one.f32())).ok());
+    ExpectBitEqual(DownG(one, nh * hd).data(), res[1].data() + t * nh * hd, nh * hd,
+                   "long attention row " + std::to_string(t));
+  }
+}
+
+TEST_F(CudaBackendTest, AttentionRejectsRowsPastCapacity) {
+  Buffer b = GpuZeros(64);
+  AttentionParams p;
+  p.rows = 2; p.num_heads = 1; p.num_kv_heads = 1; p.head_dim = 4;
+  p.q = b.f32(); p.q_row_stride = 4; p.q_head_stride = 4;
+  p.k_cache = b.f32(); p.v_cache = b.f32(); p.kv_row_stride = 4;
+  p.capacity = 4; p.first_position = 3; p.out = b.f32(); p.out_row_stride = 4;
+  EXPECT_EQ(gpu_->Attention(p).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------- Conv1d
+
+TEST_F(CudaBackendTest, Conv1dSnapshotsAndDecode) {
+  for (int rows : kRows) {
+    for (int channels : {1, 3, 7, 17, 300}) {
+      for (int kernel : {2, 3, 4, 5}) {
+        const std::string what =
+            absl::StrCat("conv1d rows=", rows, " C=", channels, " K=", kernel);
+        const int s = kernel - 1, ssz = channels * s, xs = channels + 1;
+        const std::vector<float> x = Random(rows * xs, -2, 2), w = Random(channels * kernel),
+                                 st = Random(ssz);
+        Dual xd = UpF(x), wd = UpF(w), sd = UpF(st), yd = Zeros(rows * xs),
+             snaps = Zeros(rows * ssz);
+        auto params = [&](bool g) {
+          Conv1dParams p;
+          p.rows = rows; p.channels = channels; p.kernel = kernel;
+          p.x = xd.F(g); p.x_stride = xs; p.y = yd.F(g); p.y_stride = xs;
+          p.weight = wd.F(g); p.state_in = sd.F(g);
+          p.state_out = snaps.F(g); p.state_out_stride = ssz;
+          return p;
+        };
+        std::vector<float> y[2], states[2];
+        for (bool g : {false, true}) {
+          ASSERT_TRUE(B(g)->Conv1d(params(g)).ok()) << what;
+          y[g] = Down(yd, g, rows * xs);
+          states[g] = Down(snaps, g, rows * ssz);
+        }
+        ExpectClose(y[0], y[1], 1e-5, what + " y");
+        ExpectClose(states[0], states[1], 0, what + " states");
+        // Decode token by token, in place: bit-identical outputs and states.
+        Buffer y1 = GpuZeros(xs);
+        for (int t = 0; t < rows; ++t) {
+          Conv1dParams p = params(true);
+          p.rows = 1;
+          p.x = xd.g.f32() + t * xs;
+          p.y = y1.f32();
+          p.state_out = sd.g.f32();
+          p.state_out_stride = 0;
+          ASSERT_TRUE(gpu_->Conv1d(p).ok());
+          ExpectBitEqual(DownG(y1, channels).data(), y[1].data() + t * xs, channels,
+                         what + " decode y " + std::to_string(t));
+          ExpectBitEqual(Down(sd, true, ssz).data(), states[1].data() + t * ssz, ssz,
+                         what + " decode state " + std::to_string(t));
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- GDN
+
+TEST_F(CudaBackendTest, GatedDeltaRuleSnapshotsAndDecode) {
+  struct Shape { int nk, nv, dk, dv; };
+  for (int rows : kRows) {
+    for (Shape sh : {Shape{1, 1, 1, 1}, Shape{1, 3, 7, 3}, Shape{2, 4, 17, 7},
+                     Shape{3, 3, 3, 17}, Shape{2, 4, 128, 128}, Shape{1, 2, 256, 40},
+                     Shape{2, 2, 64, 33}}) {
+      const std::string what = absl::StrCat("gdn rows=", rows, " nk=", sh.nk, " nv=", sh.nv,
+                                            " dk=", sh.dk, " dv=", sh.dv);
+      const int width = 2 * sh.nk * sh.dk + sh.nv * sh.dv + 3;
+      const int ssz = sh.nv * sh.dk * sh.dv, os = sh.nv * sh.dv + 1, abs_ = sh.nv + 2;
+      const std::vector<float> qkv = Random(rows * width), a = Random(rows * abs_, -3, 3),
+                               b = Random(rows * abs_, -3, 3), a_log = Random(sh.nv, -1, 1),
+                               dt = Random(sh.nv), st = Random(ssz, -0.5, 0.5);
+      Dual qd = UpF(qkv), ad = UpF(a), bd = UpF(b), ld = UpF(a_log), dd = UpF(dt), sd = UpF(st),
+           od = Zeros(rows * os), snaps = Zeros(size_t(rows) * ssz);
+      auto params = [&](bool g) {
+        GatedDeltaRuleParams p;
+        p.rows = rows; p.num_k_heads = sh.nk; p.num_v_heads = sh.nv;
+        p.k_head_dim = sh.dk; p.v_head_dim = sh.dv;
+        p.q = qd.F(g); p.k = qd.F(g) + sh.nk * sh.dk; p.v = qd.F(g) + 2 * sh.nk * sh.dk;
+        p.qkv_stride = width; p.a = ad.F(g); p.b = bd.F(g); p.ab_stride = abs_;
+        p.a_log = ld.F(g); p.dt_bias = dd.F(g); p.state_in = sd.F(g);
+        p.state_out = snaps.F(g); p.state_out_stride = ssz;
+        p.out = od.F(g); p.out_stride = os;
+        return p;
+      };
+      std::vector<float> out[2], states[2];
+      for (bool g : {false, true}) {
+        ASSERT_TRUE(B(g)->GatedDeltaRule(params(g)).ok()) << what;
+        out[g] = Down(od, g, rows * os);
+        states[g] = Down(snaps, g, size_t(rows) * ssz);
+      }
+      ExpectClose(out[0], out[1], 1e-4, what + " out");
+      ExpectClose(states[0], states[1], 1e-4, what + " states");
+      // Decode token by token, in place: bit-identical to the verify call.
+      Buffer o1 = GpuZeros(os);
+      for (int t = 0; t < rows; ++t) {
+        GatedDeltaRuleParams p = params(true);
+        p.rows = 1;
+        p.q += t * width; p.k += t * width; p.v += t * width;
+        p.a += t * abs_; p.b += t * abs_;
+        p.state_out = sd.g.f32();
+        p.state_out_stride = 0;
+        p.out = o1.f32();
+        ASSERT_TRUE(gpu_->GatedDeltaRule(p).ok());
+        ExpectBitEqual(DownG(o1, sh.nv * sh.dv).data(), out[1].data() + t * os, sh.nv * sh.dv,
+                       what + " decode out " + std::to_string(t));
+        ExpectBitEqual(Down(sd, true, ssz).data(), states[1].data() + size_t(t) * ssz, ssz,
+                       what + " decode state " + std::to_string(t));
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- Elementwise
+
+TEST_F(CudaBackendTest, SwigluAndEmbed) {
+  for (int rows : kRows) {
+    for (int dim : {1, 3, 7, 17, 1000}) {
+      const int st = dim + 1;
+      const std::vector<float> gt = Random(rows * st, -6, 6), up = Random(rows * st);
+      Dual gd = UpF(gt), ud = UpF(up), od = Zeros(rows * st);
+      std::vector<float> res[2];
+      for (bool g : {false, true}) {
+        SwigluParams p;
+        p.rows = rows; p.dim = dim; p.gate = gd.F(g); p.gate_stride = st;
+        p.up = ud.F(g); p.up_stride = st; p.out = od.F(g); p.out_stride = st;
+        ASSERT_TRUE(B(g)->Swiglu(p).ok());
+        res[g] = Down(od, g, rows * st);
+      }
+      ExpectClose(res[0], res[1], 1e-6, absl::StrCat("swiglu rows=", rows, " dim=", dim));
+    }
+  }
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const int vocab = 29, dim = 77;
+    const std::vector<uint8_t> table = RandomWeights(vocab * dim, dtype);
+    const std::vector<int32_t> ids = {3, 0, 28, 3, 17};
+    const int rows = ids.size(), os = dim + 3;
+    Dual td = Up(table.data(), table.size()), id = Up(ids.data(), ids.size() * 4),
+         od = Zeros(rows * os);
+    std::vector<float> res[2];
+    for (bool g : {false, true}) {
+      EmbedParams p;
+      p.rows = rows; p.ids = static_cast<const int32_t*>(id.V(g)); p.table_dtype = dtype;
+      p.table = td.V(g); p.vocab = vocab; p.dim = dim; p.out = od.F(g); p.out_stride = os;
+      ASSERT_TRUE(B(g)->Embed(p).ok());
+      res[g] = Down(od, g, rows * os);
+    }
+    ExpectClose(res[0], res[1], 0, absl::StrCat("embed ", DTypeName(dtype)));
+    // Out-of-range ids are rejected, as on the CPU.
+    const int32_t bad[2] = {1, vocab};
+    Dual bd = Up(bad, sizeof(bad));
+    EmbedParams p;
+    p.rows = 2; p.ids = static_cast<const int32_t*>(bd.g.data()); p.table_dtype = dtype;
+    p.table = td.g.data(); p.vocab = vocab; p.dim = dim; p.out = od.g.f32(); p.out_stride = os;
+    EXPECT_EQ(gpu_->Embed(p).code(), absl::StatusCode::kOutOfRange);
+  }
+}
+
+// ---------------------------------------------------------------- Reductions
+
+TEST_F(CudaBackendTest, ArgmaxLogSumExpSoftmax) {
+  for (int rows : kRows) {
+    for (int cols : {1, 3, 7, 17, 1000, 151937}) {
+      const std::string what = absl::StrCat("rows=", rows, " cols=", cols);
+      const int xs = cols + 2;
+      std::vector<float> x = Random(rows * xs, -10, 10);
+      // Ties (first index must win), a NaN at index 0 of row 1, an all -inf row.
+      if (cols >= 7) {
+        x[0 * xs + 5] = 11.0f;
+        x[0 * xs + 2] = 11.0f;
+        x[0 * xs + cols - 1] = 11.0f;
+      }
+      Dual xd = UpF(x), od = Zeros(rows * xs), id = Zeros(rows);
+      std::vector<float> lse[2], sm[2];
+      std::vector<int32_t> am[2];
+      for (bool g : {false, true}) {
+        ArgmaxParams ap;
+        ap.rows = rows; ap.cols = cols; ap.x = xd.F(g); ap.x_stride = xs;
+        ap.out = static_cast<int32_t*>(id.V(g));
+        ASSERT_TRUE(B(g)->Argmax(ap).ok());
+        am[g].resize(rows);
+        ASSERT_TRUE(B(g)->CopyToHost(am[g].data(), id.V(g), rows * 4).ok());
+        LogSumExpParams lp;
+        lp.rows = rows; lp.cols = cols; lp.x = xd.F(g); lp.x_stride = xs;
+        lp.out = od.F(g); lp.inv_temperature = 0.7f;
+        ASSERT_TRUE(B(g)->LogSumExp(lp).ok());
+        lse[g] = Down(od, g, rows);
+        SoftmaxParams sp;
+        sp.rows = rows; sp.cols = cols; sp.x = xd.F(g); sp.x_stride = xs;
+        sp.y = od.F(g); sp.y_stride = xs; sp.inv_temperature = 0.7f;
+        ASSERT_TRUE(B(g)->Softmax(sp).ok());
+        sm[g] = Down(od, g, rows * xs);
+      }
+      EXPECT_EQ(am[0], am[1]) << "argmax " << what;
+      ExpectClose(lse[0], lse[1], 1e-6, "logsumexp " + what);
+      ExpectClose(sm[0], sm[1], 1e-6, "softmax " + what);
+      // Rows alone.
+      Buffer one = GpuZeros(xs);
+      for (int t = 0; t < rows; ++t) {
+        SoftmaxParams sp;
+        sp.rows = 1; sp.cols = cols; sp.x = xd.g.f32() + t * xs; sp.x_stride = xs;
+        sp.y = one.f32(); sp.y_stride = xs; sp.inv_temperature = 0.7f;
+        ASSERT_TRUE(gpu_->Softmax(sp).ok());
+        ExpectBitEqual(DownG(one, cols).data(), sm[1].data() + t * xs, cols,
+                       "softmax alone " + what);
+        LogSumExpParams lp;
+        lp.rows = 1; lp.cols = cols; lp.x = xd.g.f32() + t * xs; lp.x_stride = xs;
+        lp.out = one.f32(); lp.inv_temperature = 0.7f;
+        ASSERT_TRUE(gpu_->LogSumExp(lp).ok());
+        ExpectBitEqual(DownG(one, 1).data(), lse[1].data() + t, 1, "lse alone " + what);
+      }
+    }
+  }
+  // NaN / -inf corner cases of argmax, against the CPU.
+  const float inf = INFINITY, nan = NAN;
+  const std::vector<float> x = {nan, 1, 2, 2,  -inf, -inf, -inf, -inf,
+                                0,   nan, 3, nan, -0.0f, 0.0f, -1, -0.0f};
+  Dual xd = UpF(x), id = Zeros(4);
+  std::vector<int32_t> am[2];
+  for (bool g : {false, true}) {
+    ArgmaxParams ap;
+    ap.rows = 4; ap.cols = 4; ap.x = xd.F(g); ap.x_stride = 4;
+    ap.out = static_cast<int32_t*>(id.V(g));
+    ASSERT_TRUE(B(g)->Argmax(ap).ok());
+    am[g].resize(4);
+    ASSERT_TRUE(B(g)->CopyToHost(am[g].data(), id.V(g), 16).ok());
+  }
+  EXPECT_EQ(am[0], am[1]) << "argmax corner cases";
+}
+
+// ---------------------------------------------------------------- Memory
+
+TEST_F(CudaBackendTest, MemoryOps) {
+  auto z = gpu_->Allocate(1000);
+  ASSERT_TRUE(z.ok());
+  std::vector<uint8_t> got(1000, 7);
+  ASSERT_TRUE(gpu_->CopyToHost(got.data(), z->data(), 1000).ok());
+  EXPECT_EQ(got, std::vector<uint8_t>(1000, 0)) << "Allocate zero-fills";
+
+  std::vector<float> v = Random(5000);
+  Dual d = UpF(v);
+  // Overlapping moves both ways behave as memmove.
+  for (int shift : {-1, 1, -777, 777}) {
+    std::vector<float> want = v;
+    const int n = 3000, src = 1000, dst = src + shift;
+    std::memmove(want.data() + dst, want.data() + src, n * 4);
+    Dual e = UpF(v);
+    ASSERT_TRUE(gpu_->CopyOnDevice(e.g.f32() + dst, e.g.f32() + src, n * 4).ok());
+    EXPECT_EQ(Down(e, true, v.size()), want) << "memmove shift " << shift;
+  }
+  ASSERT_TRUE(gpu_->Zero(d.g.f32() + 10, 40).ok());
+  std::vector<float> want = v;
+  std::fill(want.begin() + 10, want.begin() + 20, 0.0f);
+  EXPECT_EQ(Down(d, true, v.size()), want);
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+}
+
+}  // namespace
+}  // namespace specserve::kernels::cuda

@@ -1,0 +1,48 @@
+// Embedding lookup (kernels/embed.h): out[t] = fp32(table[ids[t]]), one
+// thread per output element, exact widening of bf16/f16.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/ops.h"
+
+namespace specserve::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <DType D>
+__global__ void __launch_bounds__(kThreads) EmbedKernel(EmbedParams p) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= p.dim) return;
+  for (int64_t t = blockIdx.y; t < p.rows; t += gridDim.y) {
+    const int32_t id = p.ids[t];
+    float v;
+    if (id < 0 || id >= p.vocab) {
+      v = __int_as_float(0x7fc00000);  // NaN: the host check was bypassed
+    } else {
+      v = LoadElem<D>(p.table, static_cast<int64_t>(id) * p.dim + i);
+    }
+    p.out[t * p.out_stride + i] = v;
+  }
+}
+
+}  // namespace
+
+absl::Status LaunchEmbed(const EmbedParams& p, cudaStream_t stream) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  const dim3 grid(static_cast<unsigned>(CeilDiv(p.dim, kThreads)),
+                  static_cast<unsigned>(p.rows < 65535 ? p.rows : 65535));
+  switch (p.table_dtype) {
+    case DType::kF32:
+      EmbedKernel<DType::kF32><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case DType::kBF16:
+      EmbedKernel<DType::kBF16><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case DType::kF16:
+      EmbedKernel<DType::kF16><<<grid, kThreads, 0, stream>>>(p);
+      break;
+  }
+  return LaunchStatus("embed launch");
+}
+
+}  // namespace specserve::kernels::cuda

@@ -1,0 +1,162 @@
+// Row reductions over logits (kernels/reduce.h): argmax (first index of the
+// maximum, NaNs never win except at index 0, as the CPU loop), log-sum-exp
+// and softmax with a temperature. One block per row with a fixed thread
+// count: thread i scans columns i, i + kThreads, ...; partials are merged by
+// a fixed shared-memory tree. Sums of exponentials are accumulated in double
+// like the CPU's, so results match it to within an ulp or so.
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/ops.h"
+
+namespace specserve::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 512;
+
+// Block-wide max ignoring NaN (fmaxf), result in every thread.
+__device__ float BlockMax(float v, float* sm) {
+  v = WarpMax(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // sm may still be read by a previous reduction
+  if (lane == 0) sm[warp] = v;
+  __syncthreads();
+  float r = -INFINITY;
+  for (int w = 0; w < kThreads / 32; ++w) r = fmaxf(r, sm[w]);
+  return r;
+}
+
+// Block-wide double sum in a fixed order, result in every thread.
+__device__ double BlockSumD(double v, double* sm) {
+  v = WarpSumD(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) sm[warp] = v;
+  __syncthreads();
+  double r = 0.0;
+  for (int w = 0; w < kThreads / 32; ++w) r = __dadd_rn(r, sm[w]);
+  return r;
+}
+
+// The scaled row maximum, as the CPU's RowMax (NaN ignored).
+__device__ float RowMax(const float* x, int64_t cols, float scale, float* sm) {
+  float m = -INFINITY;
+  for (int64_t i = threadIdx.x; i < cols; i += kThreads) m = fmaxf(m, __fmul_rn(x[i], scale));
+  return BlockMax(m, sm);
+}
+
+// (a_v, a_i) vs (b_v, b_i): larger value wins, equal values the lower index.
+__device__ __forceinline__ bool Better(float bv, int64_t bi, float av, int64_t ai) {
+  return bv > av || (bv == av && bi < ai);
+}
+
+__global__ void __launch_bounds__(kThreads) ArgmaxKernel(ArgmaxParams p) {
+  __shared__ float sm_v[kThreads / 32];
+  __shared__ int64_t sm_i[kThreads / 32];
+  const int64_t r = blockIdx.x;
+  const float* x = p.x + r * p.x_stride;
+  float best_v = -INFINITY;
+  int64_t best_i = INT64_MAX;
+  for (int64_t i = threadIdx.x; i < p.cols; i += kThreads) {
+    const float v = x[i];  // NaN compares false: never taken
+    if (Better(v, i, best_v, best_i)) {
+      best_v = v;
+      best_i = i;
+    }
+  }
+  for (int m = 16; m > 0; m >>= 1) {
+    const float ov = __shfl_xor_sync(kFullMask, best_v, m);
+    const int64_t oi = __shfl_xor_sync(kFullMask, best_i, m);
+    if (Better(ov, oi, best_v, best_i)) {
+      best_v = ov;
+      best_i = oi;
+    }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sm_v[warp] = best_v;
+    sm_i[warp] = best_i;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < kThreads / 32; ++w) {
+      if (Better(sm_v[w], sm_i[w], best_v, best_i)) {
+        best_v = sm_v[w];
+        best_i = sm_i[w];
+      }
+    }
+    // The CPU keeps index 0 when x[0] is NaN (nothing compares greater),
+    // and when every element is NaN.
+    if (isnan(x[0]) || best_i == INT64_MAX) best_i = 0;
+    p.out[r] = static_cast<int32_t>(best_i);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) LogSumExpKernel(LogSumExpParams p) {
+  __shared__ float sm_f[kThreads / 32];
+  __shared__ double sm_d[kThreads / 32];
+  const int64_t r = blockIdx.x;
+  const float* x = p.x + r * p.x_stride;
+  const float m = RowMax(x, p.cols, p.inv_temperature, sm_f);
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < p.cols; i += kThreads) {
+    const float d = __fsub_rn(__fmul_rn(x[i], p.inv_temperature), m);
+    sum = __dadd_rn(sum, exp(static_cast<double>(d)));
+  }
+  sum = BlockSumD(sum, sm_d);
+  if (threadIdx.x == 0) p.out[r] = __fadd_rn(m, static_cast<float>(log(sum)));
+}
+
+__global__ void __launch_bounds__(kThreads) SoftmaxKernel(SoftmaxParams p) {
+  __shared__ float sm_f[kThreads / 32];
+  __shared__ double sm_d[kThreads / 32];
+  const int64_t r = blockIdx.x;
+  const float* x = p.x + r * p.x_stride;
+  float* y = p.y + r * p.y_stride;
+  const float m = RowMax(x, p.cols, p.inv_temperature, sm_f);
+  // RowMax ended with a barrier after every thread's reads of x, and each
+  // element below is read then written by one thread: y == x is safe.
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < p.cols; i += kThreads) {
+    const float e = expf(__fsub_rn(__fmul_rn(x[i], p.inv_temperature), m));
+    y[i] = e;
+    sum = __dadd_rn(sum, static_cast<double>(e));
+  }
+  sum = BlockSumD(sum, sm_d);
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = threadIdx.x; i < p.cols; i += kThreads) y[i] = __fmul_rn(y[i], inv);
+}
+
+absl::Status CheckRows(int64_t rows, const char* op) {
+  if (rows > 0x7fffffff) {
+    return absl::InvalidArgumentError(std::string(op) + ": too many rows");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchArgmax(const ArgmaxParams& p, cudaStream_t stream) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  if (absl::Status s = CheckRows(p.rows, "argmax"); !s.ok()) return s;
+  ArgmaxKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
+  return LaunchStatus("argmax launch");
+}
+
+absl::Status LaunchLogSumExp(const LogSumExpParams& p, cudaStream_t stream) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  if (absl::Status s = CheckRows(p.rows, "logsumexp"); !s.ok()) return s;
+  LogSumExpKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
+  return LaunchStatus("logsumexp launch");
+}
+
+absl::Status LaunchSoftmax(const SoftmaxParams& p, cudaStream_t stream) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  if (absl::Status s = CheckRows(p.rows, "softmax"); !s.ok()) return s;
+  SoftmaxKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
+  return LaunchStatus("softmax launch");
+}
+
+}  // namespace specserve::kernels::cuda
