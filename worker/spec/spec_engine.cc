@@ -1,0 +1,361 @@
+#include "worker/spec/spec_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "telemetry/status_macros.h"
+#include "worker/spec/spec_accept.h"
+
+namespace specserve::spec {
+namespace {
+
+bool IsStop(const BurstParams& p, int32_t token) {
+  return std::find(p.stop_ids.begin(), p.stop_ids.end(), token) !=
+         p.stop_ids.end();
+}
+
+absl::Status NonFinite(const std::string& session) {
+  return absl::InternalError(absl::StrCat(
+      "session ", session,
+      ": the model produced non-finite logits (NaN or inf); the request was "
+      "stopped"));
+}
+
+bool AllFinite(const float* x, int n) {
+  for (int i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SpecSession>> SpecEngine::Admit(
+    const std::string& id, int capacity, absl::Span<const int32_t> history) {
+  if (static_cast<int>(history.size()) > capacity) {
+    return absl::OutOfRangeError(
+        absl::StrCat("session ", id, ": history of ", history.size(),
+                     " tokens exceeds the capacity of ", capacity, " rows"));
+  }
+  model::StateOptions options;
+  options.capacity = capacity;
+  SS_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelState> caches,
+                      model_->NewState(options));
+  auto s = std::make_unique<SpecSession>(id, std::move(caches),
+                                         model_->has_mtp());
+  if (!history.empty()) {
+    SS_RETURN_IF_ERROR(Append(s.get(), history));
+    SS_RETURN_IF_ERROR(SaveCheckpoint(s.get()));
+  }
+  s->CheckInvariants();
+  return s;
+}
+
+absl::Status SpecEngine::FillMtp(SpecSession* s, int first_row,
+                                 absl::Span<const float> hiddens,
+                                 absl::Span<const int32_t> next_tokens) {
+  if (!s->can_draft() || next_tokens.empty()) return absl::OkStatus();
+  return model_->MtpForward(s->caches(), hiddens, next_tokens, first_row,
+                            nullptr);
+}
+
+absl::Status SpecEngine::Append(SpecSession* s,
+                                absl::Span<const int32_t> tokens) {
+  const int old_len = s->committed_len();
+  const int H = model_->config().hidden_size;
+  model::PrefillOptions options;
+  // Every row's hidden feeds the MTP KV; without drafting only the last
+  // row's outputs are needed.
+  options.all_rows = s->can_draft();
+  model::ForwardResult r;
+  SS_RETURN_IF_ERROR(model_->Prefill(s->caches(), tokens, options, &r));
+  ++trunk_passes_;
+  const int last = r.rows - 1;
+  if (s->can_draft()) {
+    // MTP row p takes (h_p, t_{p+1}) for p = old_len−1 .. new_len−2: the
+    // previous last row's hidden (kept since the last turn) and every new
+    // row but the last.
+    std::vector<float> hiddens;
+    std::vector<int32_t> next_tokens;
+    int first_row = old_len;
+    if (old_len > 0) {
+      first_row = old_len - 1;
+      hiddens = s->last_hidden();
+    }
+    hiddens.insert(hiddens.end(), r.hidden.begin(),
+                   r.hidden.begin() + static_cast<size_t>(last) * H);
+    next_tokens.assign(tokens.begin(), tokens.end());
+    if (old_len == 0) next_tokens.erase(next_tokens.begin());
+    SS_RETURN_IF_ERROR(FillMtp(s, first_row, hiddens, next_tokens));
+  }
+  s->committed.insert(s->committed.end(), tokens.begin(), tokens.end());
+  const int V = model_->config().vocab_size;
+  s->last_hidden().assign(r.hidden.begin() + static_cast<size_t>(last) * H,
+                          r.hidden.begin() + static_cast<size_t>(last + 1) * H);
+  s->last_logits().assign(r.logits.begin() + static_cast<size_t>(last) * V,
+                          r.logits.begin() + static_cast<size_t>(last + 1) * V);
+  if (!AllFinite(s->last_logits().data(), V)) return NonFinite(s->id());
+  s->next_pred = r.argmax[last];
+  return absl::OkStatus();
+}
+
+absl::Status SpecEngine::SaveCheckpoint(SpecSession* s) {
+  if (s->mode() == DecodeMode::kBatched) return absl::OkStatus();
+  auto c = std::make_unique<TurnCheckpoint>();
+  c->pos = s->committed_len();
+  SS_ASSIGN_OR_RETURN(c->trunk, model_->SaveCheckpoint(*s->caches()));
+  c->last_hidden = s->last_hidden();
+  c->last_logits = s->last_logits();
+  s->set_checkpoint(std::move(c));
+  return absl::OkStatus();
+}
+
+absl::Status SpecEngine::Flush(SpecSession* s) {
+  if (!s->has_pending()) return absl::OkStatus();
+  const int32_t tok = *s->pending_tok;
+  const int old_len = s->committed_len();
+  model::ForwardResult r;
+  SS_RETURN_IF_ERROR(model_->Decode(s->caches(), tok, &r));
+  ++trunk_passes_;
+  if (s->can_draft() && old_len > 0) {
+    SS_RETURN_IF_ERROR(FillMtp(s, old_len - 1, s->last_hidden(), {tok}));
+  }
+  s->committed.push_back(tok);
+  s->pending_tok.reset();
+  s->last_hidden() = r.hidden;
+  s->last_logits() = r.logits;
+  s->next_pred = r.argmax[0];
+  return absl::OkStatus();
+}
+
+absl::Status SpecEngine::Rewind(SpecSession* s) {
+  TurnCheckpoint* c = s->checkpoint();
+  if (c == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", s->id(), " has no prompt checkpoint to rewind to"));
+  }
+  if (!s->rewind_is_resident()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", s->id(), ": the checkpoint's rows are no longer resident"));
+  }
+  SS_RETURN_IF_ERROR(model_->RestoreCheckpoint(s->caches(), *c->trunk));
+  s->committed.resize(c->pos);
+  s->pending_tok.reset();
+  s->last_hidden() = c->last_hidden;
+  s->last_logits() = c->last_logits;
+  s->next_pred = static_cast<int32_t>(
+      ArgmaxFirst(c->last_logits.data(), model_->config().vocab_size));
+  return absl::OkStatus();
+}
+
+absl::Status SpecEngine::Demote(SpecSession* s) {
+  SS_RETURN_IF_ERROR(Flush(s));
+  if (!s->demote_ready()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", s->id(), " has no prediction to hand over (no turn yet)"));
+  }
+  s->MarkDemoted();
+  return absl::OkStatus();
+}
+
+bool SpecEngine::Injects(const BurstParams& p, int columns) const {
+  // The next `columns` produced tokens are numbers produced_in_burst_+1 ..
+  // produced_in_burst_+columns of this burst.
+  return p.inject_nan_at > produced_in_burst_ &&
+         p.inject_nan_at <= produced_in_burst_ + columns;
+}
+
+absl::StatusOr<int32_t> SpecEngine::Choose(SpecSession* s, const BurstParams& p,
+                                           const float* logits) {
+  const int V = model_->config().vocab_size;
+  if (Injects(p, 1) || !AllFinite(logits, V)) return NonFinite(s->id());
+  if (p.sampling.greedy()) return ArgmaxFirst(logits, V);
+  std::vector<float> probs;
+  SS_RETURN_IF_ERROR(FilteredProbs(logits, V, p.sampling, &probs));
+  return DrawToken(probs, p.seed, &s->counters);
+}
+
+absl::Status SpecEngine::PlainStep(SpecSession* s, const BurstParams& p,
+                                   int32_t* next_token) {
+  const int32_t tok = *s->pending_tok;
+  const int old_len = s->committed_len();
+  model::ForwardResult r;
+  SS_RETURN_IF_ERROR(model_->Decode(s->caches(), tok, &r));
+  ++trunk_passes_;
+  if (s->can_draft() && old_len > 0) {
+    SS_RETURN_IF_ERROR(FillMtp(s, old_len - 1, s->last_hidden(), {tok}));
+  }
+  s->committed.push_back(tok);
+  s->last_hidden() = r.hidden;
+  s->last_logits() = r.logits;
+  SS_ASSIGN_OR_RETURN(*next_token, Choose(s, p, r.logits.data()));
+  s->pending_tok = *next_token;
+  return absl::OkStatus();
+}
+
+absl::Status SpecEngine::Round(SpecSession* s, const BurstParams& p, int k,
+                               std::vector<int32_t>* emitted) {
+  const int V = model_->config().vocab_size;
+  const int H = model_->config().hidden_size;
+  const int32_t x = *s->pending_tok;
+  const int L = s->committed_len();
+  const bool greedy = p.sampling.greedy();
+
+  // Draft k tokens: step 1 reads (h_{L−1}, x) at position L−1; step j+1 the
+  // head's own output hidden and d_j.
+  std::vector<int32_t> drafts;
+  std::vector<std::vector<float>> q;  // draft distributions (sampled only)
+  std::vector<float> h = s->last_hidden();
+  int32_t tok = x;
+  for (int i = 0; i < k; ++i) {
+    model::ForwardResult d;
+    SS_RETURN_IF_ERROR(model_->MtpDraft(s->caches(), h, tok, L - 1 + i, &d));
+    if (!AllFinite(d.logits.data(), V)) return NonFinite(s->id());
+    if (greedy) {
+      tok = d.argmax[0];
+    } else {
+      q.emplace_back();
+      SS_RETURN_IF_ERROR(
+          FilteredProbs(d.logits.data(), V, p.sampling, &q.back()));
+      tok = DrawToken(q.back(), p.seed, &s->counters);
+    }
+    drafts.push_back(tok);
+    h = std::move(d.hidden);
+  }
+
+  // Verify [x, d_1..d_k] in one trunk pass.
+  std::vector<int32_t> columns = {x};
+  columns.insert(columns.end(), drafts.begin(), drafts.end());
+  model::ForwardResult v;
+  SS_RETURN_IF_ERROR(model_->Verify(s->caches(), columns, &v));
+  ++trunk_passes_;
+  if (Injects(p, k + 1) || !AllFinite(v.logits.data(), (k + 1) * V)) {
+    model_->DiscardVerified(s->caches());
+    return NonFinite(s->id());
+  }
+
+  RoundOutcome out;
+  if (greedy) {
+    out = AcceptGreedy(drafts, v.argmax);
+  } else {
+    std::vector<std::vector<float>> pd(k + 1);
+    for (int j = 0; j <= k; ++j) {
+      SS_RETURN_IF_ERROR(FilteredProbs(v.logits.data() + j * V, V, p.sampling,
+                                       &pd[j]));
+    }
+    out = AcceptSampled(drafts, pd, q, p.seed, &s->counters);
+  }
+  const int n = out.accepted;
+  SS_RETURN_IF_ERROR(model_->CommitVerified(s->caches(), n));
+
+  // MTP rows L .. L+n−1 were written by the chain from its own hiddens;
+  // refresh them from the verify's true hiddens (row L−1 was already true).
+  std::vector<float> true_h(v.hidden.begin(),
+                            v.hidden.begin() + static_cast<size_t>(n) * H);
+  std::vector<int32_t> next(drafts.begin(), drafts.begin() + n);
+  SS_RETURN_IF_ERROR(model_->TruncateMtp(s->caches(), L));
+  SS_RETURN_IF_ERROR(FillMtp(s, L, true_h, next));
+
+  s->committed.insert(s->committed.end(), columns.begin(),
+                      columns.begin() + n + 1);
+  s->last_hidden().assign(v.hidden.begin() + static_cast<size_t>(n) * H,
+                          v.hidden.begin() + static_cast<size_t>(n + 1) * H);
+  s->last_logits().assign(v.logits.begin() + static_cast<size_t>(n) * V,
+                          v.logits.begin() + static_cast<size_t>(n + 1) * V);
+  s->pending_tok = out.bonus;
+  s->telem.RecordRound(k, n);
+  emitted->assign(drafts.begin(), drafts.begin() + n);
+  emitted->push_back(out.bonus);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BurstResult> SpecEngine::RunBurst(SpecSession* s,
+                                                 const BurstParams& p,
+                                                 const EmitFn& emit) {
+  s->CheckInvariants();
+  const SpecTelemetry before = s->telem;
+  produced_in_burst_ = 0;
+  BurstResult result;
+  if (p.rewind) SS_RETURN_IF_ERROR(Rewind(s));
+  // A new turn, or a sampled one, starts from a flushed session.
+  if (!p.suffix.empty() || !p.sampling.greedy()) SS_RETURN_IF_ERROR(Flush(s));
+  result.cached_tokens = s->committed_len();
+  const int capacity = s->cache_max_ctx();
+  if (!p.suffix.empty()) {
+    if (s->committed_len() + static_cast<int>(p.suffix.size()) > capacity) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "session ", s->id(), ": ", s->committed_len(), " committed + ",
+          p.suffix.size(), " new tokens exceed the capacity of ", capacity,
+          " rows"));
+    }
+    SS_RETURN_IF_ERROR(Append(s, p.suffix));
+    SS_RETURN_IF_ERROR(SaveCheckpoint(s));
+  }
+  if (s->committed.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session ", s->id(), " has no tokens to continue from"));
+  }
+
+  auto finish = [&](BurstEnd end) {
+    result.end = end;
+    result.overshoot = std::max(0, result.produced - p.max_new);
+    result.telemetry_delta = s->telem.DeltaSince(before);
+    s->CheckInvariants();
+    return result;
+  };
+  auto deliver = [&](absl::Span<const int32_t> tokens) {
+    result.produced += static_cast<int>(tokens.size());
+    produced_in_burst_ = result.produced;
+    bool keep_going = emit(tokens);
+    bool stop = false;
+    for (int32_t t : tokens) stop = stop || IsStop(p, t);
+    return std::make_pair(keep_going, stop);
+  };
+
+  // The first token: the carried pending one was already emitted; otherwise
+  // emit the prediction after the last committed row (no pass needed).
+  if (!s->has_pending()) {
+    if (s->committed_len() + 1 > capacity) return finish(BurstEnd::kCapacity);
+    if (p.max_new <= 0) return finish(BurstEnd::kMaxNew);
+    int32_t first;
+    if (p.sampling.greedy()) {
+      if (Injects(p, 1)) return NonFinite(s->id());
+      first = *s->next_pred;
+    } else {
+      SS_ASSIGN_OR_RETURN(first, Choose(s, p, s->last_logits().data()));
+    }
+    s->next_pred.reset();
+    s->pending_tok = first;
+    auto [go, stop] = deliver({first});
+    if (stop) return finish(BurstEnd::kStopToken);
+    if (!go) return finish(BurstEnd::kCancelled);
+  }
+
+  while (result.produced < p.max_new) {
+    // Rows a step needs: the pending token's, k drafts', and one for the
+    // next pending token (so every emitted token stays committable).
+    const int room = capacity - s->committed_len() - 2;
+    if (room < 0) return finish(BurstEnd::kCapacity);
+    const int k = s->can_draft() ? std::min({p.k, room,
+                                             s->caches()->max_verify_columns() - 1})
+                                 : 0;
+    std::vector<int32_t> emitted;
+    if (k > 0) {
+      SS_RETURN_IF_ERROR(Round(s, p, k, &emitted));
+    } else {
+      int32_t next;
+      SS_RETURN_IF_ERROR(PlainStep(s, p, &next));
+      emitted = {next};
+    }
+    auto [go, stop] = deliver(emitted);
+    if (stop) return finish(BurstEnd::kStopToken);
+    if (!go) return finish(BurstEnd::kCancelled);
+  }
+  return finish(BurstEnd::kMaxNew);
+}
+
+}  // namespace specserve::spec

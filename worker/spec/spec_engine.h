@@ -1,0 +1,111 @@
+// The speculative-session engine: admit, bursts of speculative rounds or plain
+// decode steps, flush, rewind, demotion — over one Model (DESIGN.md §1, §3).
+//
+// A burst emits tokens through a callback as they are produced; every emitted
+// token is either committed or the carried pending token, so nothing the
+// client saw is ever lost. Rounds end at round boundaries only: max_new may be
+// overshot by up to k (reported), a stop token ends the burst after its round.
+//
+// Thread safety: one engine call at a time per session; calls on different
+// sessions must be serialized by the caller too (they share the Model).
+#ifndef SPECSERVE_WORKER_SPEC_SPEC_ENGINE_H_
+#define SPECSERVE_WORKER_SPEC_SPEC_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "worker/model/model.h"
+#include "worker/spec/sampling.h"
+#include "worker/spec/spec_session.h"
+
+namespace specserve::spec {
+
+struct BurstParams {
+  std::vector<int32_t> suffix;  // new turn tokens; empty = continue
+  bool rewind = false;          // back to the prompt checkpoint first
+  int max_new = 32;             // tokens to produce (a round may overshoot)
+  int k = 0;                    // draft depth; 0 = plain decode steps
+  SamplingConfig sampling;      // temperature 0 = greedy
+  uint64_t seed = 0;
+  std::vector<int32_t> stop_ids;  // end the burst at a round boundary
+  // Fault injection (RELIABILITY.md row 8): the logits behind the n-th
+  // produced token become NaN. 0 = off.
+  int inject_nan_at = 0;
+};
+
+enum class BurstEnd { kMaxNew, kStopToken, kCapacity, kCancelled };
+
+struct BurstResult {
+  BurstEnd end = BurstEnd::kMaxNew;
+  int produced = 0;   // tokens emitted by this burst
+  int overshoot = 0;  // produced past max_new
+  // Rows of the prompt served from the caches instead of prefilled.
+  int cached_tokens = 0;
+  SpecTelemetry telemetry_delta;
+};
+
+// Receives newly emitted tokens; returns false to cancel the burst (it then
+// ends at the next round boundary with kCancelled).
+using EmitFn = std::function<bool(absl::Span<const int32_t>)>;
+
+class SpecEngine {
+ public:
+  explicit SpecEngine(model::Model* model) : model_(model) {}
+
+  // A new session with caches for `capacity` rows, prefilled with `history`
+  // (may be empty). OUT_OF_RANGE when history does not fit.
+  absl::StatusOr<std::unique_ptr<SpecSession>> Admit(
+      const std::string& id, int capacity, absl::Span<const int32_t> history);
+
+  absl::StatusOr<BurstResult> RunBurst(SpecSession* s, const BurstParams& p,
+                                       const EmitFn& emit);
+
+  // Commits a carried pending token (one single-token trunk pass).
+  absl::Status Flush(SpecSession* s);
+  // Back to the last prompt checkpoint: committed = committed[0:pos].
+  absl::Status Rewind(SpecSession* s);
+  // Flush, then the one-way handoff to plain decode.
+  absl::Status Demote(SpecSession* s);
+
+  // Trunk passes (prefill, decode, verify) run so far: lets tests check that
+  // continuation bursts run no solo passes.
+  int64_t trunk_passes() const { return trunk_passes_; }
+
+  model::Model* model() const { return model_; }
+
+ private:
+  // Appends `tokens` to the caches (prefill), refreshing MTP rows and the
+  // last hidden/logits; sets next_pred.
+  absl::Status Append(SpecSession* s, absl::Span<const int32_t> tokens);
+  // MTP rows [first_row, first_row + n) from true trunk hiddens.
+  absl::Status FillMtp(SpecSession* s, int first_row,
+                       absl::Span<const float> hiddens,
+                       absl::Span<const int32_t> next_tokens);
+  // Picks the token after logits row `logits` (greedy or sampled).
+  absl::StatusOr<int32_t> Choose(SpecSession* s, const BurstParams& p,
+                                 const float* logits);
+  // One plain step: commits the pending token, picks the next.
+  absl::Status PlainStep(SpecSession* s, const BurstParams& p,
+                         int32_t* next_token);
+  // One speculative round with draft depth k: emits accepted drafts and the
+  // bonus into `emitted`.
+  absl::Status Round(SpecSession* s, const BurstParams& p, int k,
+                     std::vector<int32_t>* emitted);
+  absl::Status SaveCheckpoint(SpecSession* s);
+  // Whether fault injection poisons one of the next `columns` tokens.
+  bool Injects(const BurstParams& p, int columns) const;
+
+  model::Model* const model_;
+  int64_t trunk_passes_ = 0;
+  // Produced-token index of the current burst (for fault injection).
+  int produced_in_burst_ = 0;
+};
+
+}  // namespace specserve::spec
+
+#endif  // SPECSERVE_WORKER_SPEC_SPEC_ENGINE_H_

@@ -1,0 +1,353 @@
+// Property tests of the speculative-session engine on real checkpoints (the
+// tiny random models and the default model): greedy speculative output equals
+// plain greedy token for token across random multi-turn scripts (k = 1..6,
+// burst lengths 1, 2, 5, 32, suffixes, continuations, rewinds, demotion),
+// the capacity edge for every k, sampled reproducibility and distribution,
+// no solo passes on continuation, and telemetry deltas.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "worker/model/model.h"
+#include "worker/spec/spec_engine.h"
+#include "worker/model/test_data.h"
+
+namespace specserve::spec {
+namespace {
+
+using model::ForwardResult;
+using model::Model;
+
+// Plain greedy decoding over a growing history: the oracle. It holds the
+// caches of the whole history and the logits after its last token.
+class PlainReference {
+ public:
+  PlainReference(Model* m, int capacity) : model_(m), capacity_(capacity) {}
+
+  // Restarts from scratch on `history` (a from-scratch run).
+  void Reset(const std::vector<int32_t>& history) {
+    model::StateOptions o;
+    o.capacity = capacity_;
+    state_ = model_->NewState(o).value();
+    history_.clear();
+    Append(history);
+  }
+  void Append(const std::vector<int32_t>& tokens) {
+    if (tokens.empty()) return;
+    ForwardResult r;
+    ASSERT_TRUE(model_->Prefill(state_.get(), tokens, {}, &r).ok());
+    next_ = r.argmax.back();
+    history_.insert(history_.end(), tokens.begin(), tokens.end());
+  }
+  // The next n greedy tokens, appended to the history.
+  std::vector<int32_t> Generate(int n) {
+    std::vector<int32_t> out;
+    for (int i = 0; i < n; ++i) {
+      out.push_back(next_);
+      ForwardResult r;
+      EXPECT_TRUE(model_->Decode(state_.get(), next_, &r).ok());
+      history_.push_back(next_);
+      next_ = r.argmax[0];
+    }
+    return out;
+  }
+  const std::vector<int32_t>& history() const { return history_; }
+
+ private:
+  Model* model_;
+  int capacity_;
+  std::unique_ptr<model::ModelState> state_;
+  std::vector<int32_t> history_;
+  int32_t next_ = -1;
+};
+
+struct Collected {
+  std::vector<int32_t> tokens;
+  EmitFn fn() {
+    return [this](absl::Span<const int32_t> t) {
+      tokens.insert(tokens.end(), t.begin(), t.end());
+      return true;
+    };
+  }
+};
+
+std::vector<int32_t> RandomTokens(std::mt19937* rng, int n, int vocab) {
+  std::uniform_int_distribution<int> d(0, vocab - 1);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = d(*rng);
+  return t;
+}
+
+// The tiny random models (awkward shapes) and the trained default model
+// (real acceptance, so full-accept rounds are exercised).
+std::vector<std::string> ModelDirs() {
+  std::vector<std::string> dirs = model::testing::TestModelDirs();
+  dirs.push_back("models/specserve-tiny-py");  // models/default
+  return dirs;
+}
+
+class SpecEngineTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    auto loaded =
+        Model::Load(model::testing::RepoPath(GetParam()), &backend_);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    model_ = std::move(*loaded);
+    vocab_ = model_->config().vocab_size;
+  }
+  kernels::cpu::CpuBackend backend_;
+  std::unique_ptr<Model> model_;
+  int vocab_ = 0;
+};
+
+// Greedy speculative bursts == plain greedy, over random multi-turn scripts.
+TEST_P(SpecEngineTest, GreedySpecEqualsPlainAcrossScripts) {
+  constexpr int kCapacity = 512;
+  SpecEngine engine(model_.get());
+  std::mt19937 rng(11);
+  for (int k = 1; k <= 6; ++k) {
+    for (int burst : {1, 2, 5, 32}) {
+      SCOPED_TRACE("k=" + std::to_string(k) + " burst=" + std::to_string(burst));
+      std::vector<int32_t> prompt = RandomTokens(&rng, 3 + rng() % 12, vocab_);
+      auto s = engine.Admit("s", kCapacity, prompt).value();
+      PlainReference ref(model_.get(), kCapacity);
+      ref.Reset(prompt);
+      int checkpoint = static_cast<int>(prompt.size());
+      bool demoted = false;
+      std::vector<int32_t> last_prefix, last_tokens;
+      for (int op = 0; op < 8; ++op) {
+        BurstParams p;
+        p.k = k;
+        p.max_new = burst;
+        const int choice = rng() % 10;
+        if (choice < 5) {
+          // Empty-suffix continuation.
+        } else if (choice < 8) {
+          p.suffix = RandomTokens(&rng, 1 + rng() % 6, vocab_);
+        } else if (choice < 9) {
+          p.rewind = true;
+          p.suffix = RandomTokens(&rng, 1 + rng() % 4, vocab_);
+        } else if (!demoted) {
+          ASSERT_TRUE(engine.Demote(s.get()).ok());
+          demoted = true;
+          // A demoted session keeps streaming plain decode.
+        }
+        if (p.rewind && demoted) p.rewind = false;  // checkpoint is gone
+        if (s->committed_len() + 64 + static_cast<int>(p.suffix.size()) >
+            kCapacity) {
+          break;
+        }
+        Collected got;
+        auto r = engine.RunBurst(s.get(), p, got.fn());
+        ASSERT_TRUE(r.ok()) << r.status();
+        if (p.rewind) {
+          std::vector<int32_t> h(ref.history().begin(),
+                                 ref.history().begin() + checkpoint);
+          ref.Reset(h);
+        }
+        ref.Append(p.suffix);
+        if (!p.suffix.empty()) {
+          checkpoint = static_cast<int>(ref.history().size());
+        }
+        last_prefix = ref.history();
+        const std::vector<int32_t> want = ref.Generate(got.tokens.size());
+        ASSERT_EQ(got.tokens, want) << "op " << op;
+        last_tokens = got.tokens;
+        EXPECT_GE(r->produced, p.max_new);
+        EXPECT_LE(r->overshoot, k);
+        EXPECT_EQ(s->committed_len() + (s->has_pending() ? 1 : 0),
+                  static_cast<int>(ref.history().size()));
+      }
+      // The last turn equals a from-scratch run over the same history.
+      PlainReference fresh(model_.get(), kCapacity);
+      fresh.Reset(last_prefix);
+      EXPECT_EQ(fresh.Generate(last_tokens.size()), last_tokens);
+    }
+  }
+}
+
+// Never write past capacity: with the capacity exactly at the edge, every k
+// ends CONTEXT_FULL with every emitted token committable.
+TEST_P(SpecEngineTest, CapacityEdgeForEveryK) {
+  SpecEngine engine(model_.get());
+  std::mt19937 rng(5);
+  for (int k = 0; k <= 6; ++k) {
+    for (int slack = 0; slack <= 9; ++slack) {
+      std::vector<int32_t> prompt = RandomTokens(&rng, 6, vocab_);
+      const int capacity = 6 + slack;
+      auto s = engine.Admit("edge", capacity, prompt).value();
+      BurstParams p;
+      p.k = k;
+      p.max_new = 1000;
+      Collected got;
+      auto r = engine.RunBurst(s.get(), p, got.fn());
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->end, BurstEnd::kCapacity);
+      EXPECT_LE(s->committed_len() + (s->has_pending() ? 1 : 0), capacity);
+      // Everything emitted fits: flushing commits the pending token.
+      ASSERT_TRUE(engine.Flush(s.get()).ok());
+      EXPECT_LE(s->committed_len(), capacity);
+      PlainReference ref(model_.get(), capacity);
+      ref.Reset(prompt);
+      EXPECT_EQ(got.tokens, ref.Generate(got.tokens.size()));
+    }
+  }
+}
+
+// A continuation burst after a round runs one trunk pass per round: the
+// carried pending token rides in verify column 0 (no solo passes).
+TEST_P(SpecEngineTest, ContinuationRunsNoSoloPass) {
+  SpecEngine engine(model_.get());
+  std::mt19937 rng(9);
+  auto s = engine.Admit("c", 256, RandomTokens(&rng, 8, vocab_)).value();
+  BurstParams p;
+  p.k = 3;
+  p.max_new = 6;
+  Collected got;
+  ASSERT_TRUE(engine.RunBurst(s.get(), p, got.fn()).ok());
+  ASSERT_TRUE(s->has_pending());
+  const int64_t passes = engine.trunk_passes();
+  const uint64_t rounds = s->telem.rounds;
+  ASSERT_TRUE(engine.RunBurst(s.get(), p, got.fn()).ok());
+  EXPECT_EQ(engine.trunk_passes() - passes,
+            static_cast<int64_t>(s->telem.rounds - rounds));
+}
+
+TEST_P(SpecEngineTest, SampledSameSeedSameOutput) {
+  SpecEngine engine(model_.get());
+  std::mt19937 rng(21);
+  const std::vector<int32_t> prompt = RandomTokens(&rng, 7, vocab_);
+  std::vector<std::vector<int32_t>> runs;
+  for (int rep = 0; rep < 2; ++rep) {
+    auto s = engine.Admit("r", 256, prompt).value();
+    BurstParams p;
+    p.k = 3;
+    p.max_new = 12;
+    p.sampling = {0.8f, 0, 0.95f, 0.0f};
+    p.seed = 1234;
+    Collected got;
+    ASSERT_TRUE(engine.RunBurst(s.get(), p, got.fn()).ok());
+    ASSERT_TRUE(engine.RunBurst(s.get(), p, got.fn()).ok());
+    runs.push_back(got.tokens);
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+}
+
+// Chi-square critical value at significance 0.01 (Wilson–Hilferty).
+double ChiSquareCritical01(int dof) {
+  const double z = 2.3263478740408408;
+  const double a = 2.0 / (9.0 * dof);
+  return dof * std::pow(1.0 - a + z * std::sqrt(a), 3);
+}
+
+// Two-sample chi-square on the first three tokens: speculative sampling and
+// plain sampling draw from the same distribution.
+TEST_P(SpecEngineTest, SampledDistributionMatchesPlain) {
+  SpecEngine engine(model_.get());
+  std::mt19937 rng(33);
+  const std::vector<int32_t> prompt = RandomTokens(&rng, 5, vocab_);
+  // SPEC_CHI_SEEDS overrides the count for longer runs by hand.
+  const int kSeeds = std::getenv("SPEC_CHI_SEEDS")
+                         ? std::atoi(std::getenv("SPEC_CHI_SEEDS"))
+                         : 2000;
+  for (float temperature : {0.7f, 1.3f}) {
+    std::map<std::vector<int32_t>, int> spec_counts, plain_counts;
+    for (int seed = 1; seed <= kSeeds; ++seed) {
+      for (int k : {3, 0}) {
+        auto s = engine.Admit("d", 64, prompt).value();
+        BurstParams p;
+        p.k = k;
+        p.max_new = 3;
+        p.sampling = {temperature, 0, 0.9f, 0.0f};
+        p.seed = seed * 7919ull + (k == 0 ? 1000003ull : 0ull);
+        Collected got;
+        ASSERT_TRUE(engine.RunBurst(s.get(), p, got.fn()).ok());
+        got.tokens.resize(3);
+        (k ? spec_counts : plain_counts)[got.tokens]++;
+      }
+    }
+    // Pool rare outcomes so every cell's expected count is >= 10 per sample
+    // (the chi-square approximation inflates the statistic for thin cells).
+    std::map<std::vector<int32_t>, std::pair<int, int>> cells;
+    std::pair<int, int> rare{0, 0};
+    for (auto& [key, c] : spec_counts) cells[key].first = c;
+    for (auto& [key, c] : plain_counts) cells[key].second = c;
+    double chi2 = 0;
+    int dof = -1;
+    auto add = [&](std::pair<int, int> c) {
+      const double total = c.first + c.second;
+      const double e = total / 2;  // equal sample sizes
+      chi2 += (c.first - e) * (c.first - e) / e + (c.second - e) * (c.second - e) / e;
+      ++dof;
+    };
+    for (auto& [key, c] : cells) {
+      if (c.first + c.second < 20) {
+        rare.first += c.first;
+        rare.second += c.second;
+      } else {
+        add(c);
+      }
+    }
+    if (rare.first + rare.second > 0) add(rare);
+    if (dof < 1) continue;  // a near-deterministic model: nothing to compare
+    std::printf("chi2 %.1f dof %d critical(0.01) %.1f temperature %.1f\n",
+                chi2, dof, ChiSquareCritical01(dof), temperature);
+    EXPECT_LT(chi2, ChiSquareCritical01(dof)) << "temperature " << temperature;
+  }
+}
+
+TEST_P(SpecEngineTest, TelemetryDeltasSumToTotals) {
+  SpecEngine engine(model_.get());
+  std::mt19937 rng(4);
+  auto s = engine.Admit("t", 256, RandomTokens(&rng, 6, vocab_)).value();
+  SpecTelemetry sum;
+  for (int i = 0; i < 5; ++i) {
+    BurstParams p;
+    p.k = 1 + i % 4;
+    p.max_new = 7;
+    Collected got;
+    auto r = engine.RunBurst(s.get(), p, got.fn());
+    ASSERT_TRUE(r.ok());
+    sum.rounds += r->telemetry_delta.rounds;
+    sum.drafted += r->telemetry_delta.drafted;
+    sum.accepted += r->telemetry_delta.accepted;
+  }
+  EXPECT_EQ(sum.rounds, s->telem.rounds);
+  EXPECT_EQ(sum.drafted, s->telem.drafted);
+  EXPECT_EQ(sum.accepted, s->telem.accepted);
+}
+
+TEST_P(SpecEngineTest, NanLogitsFailTheBurst) {
+  SpecEngine engine(model_.get());
+  std::mt19937 rng(8);
+  for (int at : {1, 2, 5}) {
+    auto s = engine.Admit("n", 256, RandomTokens(&rng, 6, vocab_)).value();
+    BurstParams p;
+    p.k = 2;
+    p.max_new = 10;
+    p.inject_nan_at = at;
+    Collected got;
+    auto r = engine.RunBurst(s.get(), p, got.fn());
+    EXPECT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("non-finite"), std::string::npos);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, SpecEngineTest, ::testing::ValuesIn(ModelDirs()),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n) {
+                             if (!isalnum(c)) c = '_';
+                           }
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace specserve::spec

@@ -1,0 +1,62 @@
+#include "worker/spec/spec_session.h"
+
+#include <utility>
+
+#include "glog/logging.h"
+
+namespace specserve::spec {
+
+SpecSession::SpecSession(std::string id,
+                         std::unique_ptr<model::ModelState> caches,
+                         bool has_mtp)
+    : id_(std::move(id)), caches_(std::move(caches)), has_mtp_(has_mtp) {}
+
+std::optional<int> SpecSession::rewind_pos() const {
+  if (checkpoint_ == nullptr) return std::nullopt;
+  return checkpoint_->pos;
+}
+
+bool SpecSession::rewind_is_resident() const {
+  // The checkpoint keeps its own copies of the recurrent and conv state; the
+  // attention rows it needs ([0, pos)) stay in the caches as long as the
+  // session is resident and nothing truncated below pos.
+  return checkpoint_ != nullptr && caches_ != nullptr &&
+         checkpoint_->pos <= committed_len();
+}
+
+void SpecSession::MarkDemoted() {
+  CHECK(demote_ready()) << "session " << id_
+                        << ": demotion needs a flushed session with next_pred";
+  mode_ = DecodeMode::kBatched;
+  checkpoint_.reset();
+}
+
+bool SpecSession::reset_graph_fallback_on_resume() {
+  if (!graph_fallback_) return false;
+  graph_fallback_ = false;
+  LOG(INFO) << "session " << id_
+            << ": cleared the draft-graph fallback flag on resume";
+  return true;
+}
+
+void SpecSession::CheckInvariants() const {
+  CHECK(caches_ != nullptr) << "session " << id_ << " has no caches";
+  CHECK_EQ(committed_len(), caches_->length())
+      << "session " << id_ << ": committed tokens != cache rows";
+  CHECK_EQ(caches_->verified_columns(), 0)
+      << "session " << id_ << ": a verify is pending at a burst boundary";
+  CHECK_LE(caches_->length(), caches_->capacity());
+  if (pending_tok.has_value()) {
+    CHECK(!next_pred.has_value())
+        << "session " << id_ << ": pending carried but next_pred set";
+    // The carried token must be committable by a flush.
+    CHECK_LT(caches_->length(), caches_->capacity())
+        << "session " << id_ << ": no row left for the pending token";
+  }
+  if (can_draft() && committed_len() > 0) {
+    CHECK_EQ(caches_->mtp_length(), committed_len() - 1)
+        << "session " << id_ << ": MTP KV is not filled up to the last row";
+  }
+}
+
+}  // namespace specserve::spec

@@ -1,0 +1,113 @@
+// One speculative session on a worker: the token truth of its caches, the
+// carried pending token, the Philox counters, the turn checkpoint and the
+// acceptance telemetry (the SpecSession contract, DESIGN.md §1 and
+// ../shared/seed/SpecSession.txt). The round loop lives in spec_engine.h; this
+// type owns the state and states its invariants.
+//
+// Invariants at every burst boundary (checked by CheckInvariants()):
+//  - committed.size() == caches.length() (every committed token has trunk KV
+//    and recurrent/conv state; overshoot included);
+//  - pending_tok set  ⇒ next_pred absent, and the pending token is NOT in
+//    `committed` although the client has already been sent it;
+//  - the stored last hidden is the last committed row's (the chain seed);
+//  - no cache row at or past capacity was ever written.
+#ifndef SPECSERVE_WORKER_SPEC_SPEC_SESSION_H_
+#define SPECSERVE_WORKER_SPEC_SPEC_SESSION_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "worker/model/model.h"
+#include "worker/spec/spec_accept.h"
+#include "worker/spec/spec_telemetry.h"
+
+namespace specserve::spec {
+
+// The state at the end of the last turn's prompt ("regenerate" resumes here).
+struct TurnCheckpoint {
+  int pos = 0;  // committed length at the prompt's end
+  std::unique_ptr<model::TrunkCheckpoint> trunk;  // recurrent + conv copies
+  std::vector<float> last_hidden;  // hidden of row pos−1 (chain seed)
+  std::vector<float> last_logits;  // logits of row pos−1
+};
+
+enum class DecodeMode { kSpeculative, kBatched };
+
+class SpecSession {
+ public:
+  // `has_mtp`: the model has an MTP head (drafting possible).
+  SpecSession(std::string id, std::unique_ptr<model::ModelState> caches,
+              bool has_mtp);
+
+  const std::string& id() const { return id_; }
+
+  // Every token whose state the caches hold, in order, overshoot included.
+  std::vector<int32_t> committed;
+  // Greedy argmax after committed.back(); absent before the first turn and
+  // while a pending token is carried.
+  std::optional<int32_t> next_pred;
+  // Philox counters of sampled decoding; 0 at admit, never reset.
+  RandomCounters counters;
+  // Bonus of the last round: emitted, not yet in the caches.
+  std::optional<int32_t> pending_tok;
+  SpecTelemetry telem;
+
+  // Rows the caches can hold (the ContextFull guard).
+  int cache_max_ctx() const { return caches_->capacity(); }
+  // Position of the retained prompt-end checkpoint, if any.
+  std::optional<int> rewind_pos() const;
+  // Whether every row the checkpoint needs is in this session's caches
+  // (false while offloaded, or after the checkpoint rows were overwritten).
+  bool rewind_is_resident() const;
+  // Ready for the one-way handoff to batched decode: flushed, with a
+  // prediction to hand over.
+  bool demote_ready() const { return !pending_tok && next_pred.has_value(); }
+  bool has_pending() const { return pending_tok.has_value(); }
+  int committed_len() const { return static_cast<int>(committed.size()); }
+
+  DecodeMode mode() const { return mode_; }
+  // Whether speculative rounds are possible: an MTP head and not demoted.
+  bool can_draft() const { return has_mtp_ && mode_ == DecodeMode::kSpeculative; }
+  // Hands the session to plain batched decode: frees the draft state and the
+  // checkpoint. Requires demote_ready(); one-way.
+  void MarkDemoted();
+
+  // The draft-graph failure memo (CUDA graphs): cleared on pool resume so a
+  // new request gets one fresh capture chance. A no-op flag on the CPU.
+  bool graph_fallback() const { return graph_fallback_; }
+  void set_graph_fallback() { graph_fallback_ = true; }
+  // Returns whether a flag was set (and logs once if so).
+  bool reset_graph_fallback_on_resume();
+
+  model::ModelState* caches() { return caches_.get(); }
+  const model::ModelState* caches() const { return caches_.get(); }
+  // Hidden and logits of the last committed row (valid once committed is
+  // non-empty).
+  std::vector<float>& last_hidden() { return last_hidden_; }
+  std::vector<float>& last_logits() { return last_logits_; }
+
+  TurnCheckpoint* checkpoint() { return checkpoint_.get(); }
+  void set_checkpoint(std::unique_ptr<TurnCheckpoint> c) {
+    checkpoint_ = std::move(c);
+  }
+
+  // CHECK-fails on a broken invariant (see the file comment).
+  void CheckInvariants() const;
+
+ private:
+  const std::string id_;
+  std::unique_ptr<model::ModelState> caches_;
+  const bool has_mtp_;
+  std::vector<float> last_hidden_;
+  std::vector<float> last_logits_;
+  std::unique_ptr<TurnCheckpoint> checkpoint_;
+  DecodeMode mode_ = DecodeMode::kSpeculative;
+  bool graph_fallback_ = false;
+};
+
+}  // namespace specserve::spec
+
+#endif  // SPECSERVE_WORKER_SPEC_SPEC_SESSION_H_
