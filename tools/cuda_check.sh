@@ -1,33 +1,56 @@
 #!/usr/bin/env bash
-# The CUDA backend's checks on the GPU machine, from binaries built here.
+# The CUDA backend's and the CUDA model forward's checks on the GPU machine,
+# from binaries built here.
 #
 #   tools/cuda_check.sh prepare   (on the build machine, with Bazel)
-#       Builds //kernels/cuda:cuda_backend_test and :matmul_bench with
-#       --config=cuda --config=static (only glibc, libm, libgcc_s and the
-#       NVIDIA driver needed at run time; cudart is linked statically) and
-#       copies them to .carry/cuda/ (git-ignored).
+#       Builds //kernels/cuda:cuda_backend_test, :matmul_bench,
+#       //worker/model:cuda_model_test and //tools/specgen with --config=cuda
+#       --config=static (only glibc, libm, libgcc_s and the NVIDIA driver
+#       needed at run time; cudart is linked statically) and copies them to
+#       .carry/cuda/ (git-ignored). The build uses its own output base
+#       ($CUDA_CHECK_OUTPUT_BASE, default ~/.cache/bazel_cuda/ob) and makes no
+#       bazel-* links, so it neither evicts nor repoints the workspace's
+#       default (CPU) build.
 #
-#   tools/cuda_check.sh [run]     (on the GPU machine: no Bazel needed)
+#   tools/cuda_check.sh [run]     (on the GPU machine, from the repository
+#                                  root's copy: no Bazel needed)
 #       Runs the carried binaries and writes into $OUT (default
-#       /tmp/cuda_check): nvidia-smi.txt, cuda_backend_test.log/.xml,
-#       matmul_bench.txt, and unless CUDA_CHECK_SANITIZE=0, compute-sanitizer
-#       memcheck/racecheck logs over a quick subset of the tests, then
-#       summary.txt. Exit status: that of the op test. The timeouts add up
+#       /tmp/cuda_check) at most 8 files:
+#         nvidia-smi.txt, cuda_backend_test.log (op test: CPU vs CUDA, row
+#         invariance), matmul_bench.txt (GEMV vs copy bandwidth, same run),
+#         cuda_model_test.log (model on CUDA vs CPU, verify == decode,
+#         prefill == decode on the GPU), specgen.txt (greedy ids on cuda:0
+#         vs cpu on models/default, tokens/s), sanitizers.log (unless
+#         CUDA_CHECK_SANITIZE=0: compute-sanitizer memcheck on the op test
+#         and on the model test, racecheck and synccheck on the
+#         shared-memory kernels), xml.tgz (gtest XML), and summary.txt last.
+#       Exit status: 0 only if every step passed. The step timeouts add up
 #       to under 600 s (one device call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
 carry=.carry/cuda
+bins="cuda_backend_test matmul_bench cuda_model_test specgen"
 
 if [ "$mode" = prepare ]; then
-  bazel build --config=cuda --config=static \
-      //kernels/cuda:cuda_backend_test //kernels/cuda:matmul_bench || exit 1
+  ob="${CUDA_CHECK_OUTPUT_BASE:-$HOME/.cache/bazel_cuda/ob}"
+  flags=(--config=cuda --config=static)
+  bazel --output_base="$ob" build "${flags[@]}" --symlink_prefix=/ \
+      //kernels/cuda:cuda_backend_test //kernels/cuda:matmul_bench \
+      //worker/model:cuda_model_test //tools/specgen || exit 1
+  bin="$(bazel --output_base="$ob" info "${flags[@]}" bazel-bin 2>/dev/null)" || exit 1
   mkdir -p "$carry"
-  for b in cuda_backend_test matmul_bench; do
+  for b in $bins; do
+    case $b in
+      cuda_backend_test|matmul_bench) src="$bin/kernels/cuda/$b" ;;
+      cuda_model_test) src="$bin/worker/model/$b" ;;
+      specgen) src="$bin/tools/specgen/$b" ;;
+    esac
     rm -f "$carry/$b"
-    cp bazel-bin/kernels/cuda/$b "$carry/$b" && chmod u+w,a+x "$carry/$b" || exit 1
+    cp "$src" "$carry/$b" && chmod u+w,a+x "$carry/$b" || exit 1
   done
   ls -la "$carry"
+  du -sh "$carry"
   exit 0
 fi
 
@@ -38,7 +61,9 @@ fi
 
 out="${OUT:-/tmp/cuda_check}"
 mkdir -p "$out"
-for b in cuda_backend_test matmul_bench; do
+xml=/tmp/cuda_check_xml
+rm -rf "$xml" && mkdir -p "$xml"
+for b in $bins; do
   if [ ! -x "$carry/$b" ]; then
     echo "missing $carry/$b: run '$0 prepare' on the build machine and carry .carry" |
       tee "$out/summary.txt"
@@ -47,40 +72,92 @@ for b in cuda_backend_test matmul_bench; do
 done
 
 { nvidia-smi; nvidia-smi -q -d CLOCK | head -40; } > "$out/nvidia-smi.txt" 2>&1
+summary=()
+failed=0
+note() {  # note NAME RC: one summary line; any non-zero rc fails the run
+  summary+=("$1 rc=$2")
+  [ "$2" = 0 ] || failed=1
+}
+gtest_counts() {
+  grep -E "^\[==========\]|^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]" "$1"
+}
 
 echo "== cuda_backend_test"
-timeout 280 "$carry/cuda_backend_test" --gtest_output="xml:$out/cuda_backend_test.xml" \
+timeout 60 "$carry/cuda_backend_test" --gtest_output="xml:$xml/cuda_backend_test.xml" \
   > "$out/cuda_backend_test.log" 2>&1
-test_rc=$?
-tail -n 40 "$out/cuda_backend_test.log"
+rc=$?; note cuda_backend_test $rc
+grep -E "^\[  FAILED  \]|Failure|worst at|Expected|Which is" "$out/cuda_backend_test.log" | head -40
+gtest_counts "$out/cuda_backend_test.log"
 
 echo "== matmul_bench"
-timeout 60 "$carry/matmul_bench" > "$out/matmul_bench.txt" 2>&1
-bench_rc=$?
+timeout 30 "$carry/matmul_bench" > "$out/matmul_bench.txt" 2>&1
+rc=$?; note matmul_bench $rc
 cat "$out/matmul_bench.txt"
 
-san_summary="skipped"
-if [ "${CUDA_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer > /dev/null; then
-  quick='*LoadPaths*:*RmsNorm*:*Conv1d*:*GatedDeltaRule*:*SwigluAndEmbed*:*MemoryOps*:*AttentionLong*:*Rejects*'
-  echo "== compute-sanitizer memcheck ($quick)"
-  timeout 130 compute-sanitizer --tool memcheck --error-exitcode 99 \
-    "$carry/cuda_backend_test" --gtest_filter="$quick" > "$out/memcheck.log" 2>&1
-  mc_rc=$?
-  tail -n 5 "$out/memcheck.log"
-  echo "== compute-sanitizer racecheck (GDN, reductions)"
-  timeout 90 compute-sanitizer --tool racecheck --error-exitcode 99 \
-    "$carry/cuda_backend_test" --gtest_filter='*GatedDeltaRule*:*AttentionLong*:*Argmax*' \
-    > "$out/racecheck.log" 2>&1
-  rc_rc=$?
-  tail -n 5 "$out/racecheck.log"
-  san_summary="memcheck rc=$mc_rc racecheck rc=$rc_rc (0 clean, 99 errors found, 124 timed out)"
+echo "== cuda_model_test"
+timeout 60 "$carry/cuda_model_test" --gtest_output="xml:$xml/cuda_model_test.xml" \
+  > "$out/cuda_model_test.log" 2>&1
+rc=$?; note cuda_model_test $rc
+grep -E "^\[  FAILED  \]|Failure|cuda-vs-cpu|Expected|Which is" "$out/cuda_model_test.log" | head -40
+gtest_counts "$out/cuda_model_test.log"
+
+echo "== specgen on models/default: cuda:0 vs cpu"
+prompt=1,324,313,2765,5811,7,2365,11,1871,323,258,744,269,1479,1
+{
+  # cuda:0 twice: the second run shows the timing's spread.
+  for dev in cuda:0 cpu cuda:0; do
+    echo "-- --device $dev"
+    timeout 15 "$carry/specgen" --model models/default --prompt-ids "$prompt" \
+      --max-new 128 --ignore-eos --device "$dev"
+    echo "rc=$?"
+  done
+  echo "-- --device cuda:9 (no such device: must fail cleanly)"
+  timeout 15 "$carry/specgen" --model models/default --prompt-ids 1 --max-new 1 \
+    --device cuda:9
+  echo "rc=$?"
+} > "$out/specgen.txt" 2>&1
+ids_gpu=$(sed -n '/^-- --device cuda:0/,/^rc=/s/^ids: //p' "$out/specgen.txt" | head -1)
+ids_cpu=$(sed -n '/^-- --device cpu/,/^rc=/s/^ids: //p' "$out/specgen.txt")
+if [ -n "$ids_gpu" ] && [ "$ids_gpu" = "$ids_cpu" ]; then
+  sg=0; sg_note="same ids ($(echo "$ids_cpu" | tr ',' '\n' | wc -l) tokens)"
+else
+  sg=1; sg_note="ids DIFFER or missing"
+fi
+note "specgen cuda:0 vs cpu: $sg_note" $sg
+grep -E "^--|^device|^prefill|^decode|^rc=|specgen:" "$out/specgen.txt"
+
+san=skipped
+cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+if [ "${CUDA_CHECK_SANITIZE:-1}" != 0 ] && [ -x "$cs" ]; then
+  : > "$out/sanitizers.log"
+  sanitize() {  # sanitize LABEL SECONDS TOOL BINARY FILTER
+    local step=/tmp/cuda_check_sanitizer_step.log
+    echo "== $1 ($3, $5)"
+    timeout "$2" "$cs" --tool "$3" --error-exitcode 99 --print-limit 20 \
+      "$carry/$4" --gtest_filter="$5" > "$step" 2>&1
+    local r=$?
+    { echo "===== $1 ($3, $5)"; cat "$step"; echo "===== $1 rc=$r"; } >> "$out/sanitizers.log"
+    note "$1 ($3; 0 clean, 99 errors, 124 timed out)" $r
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED)  \]|^\[==========\] [0-9]+ tests" "$step"
+  }
+  echo "== compute-sanitizer"
+  sanitize "memcheck op test" 150 memcheck cuda_backend_test '*'
+  sanitize "racecheck op test" 60 racecheck cuda_backend_test \
+    '*GatedDeltaRule*:*AttentionLong*:*Argmax*'
+  sanitize "synccheck op test" 40 synccheck cuda_backend_test \
+    '*GatedDeltaRule*:*AttentionLong*:*Argmax*'
+  sanitize "memcheck model test" 90 memcheck cuda_model_test '*'
+  san=done
 fi
 
+tar -C "$xml" -czf "$out/xml.tgz" . 2>/dev/null
 {
-  echo "cuda_backend_test rc=$test_rc"
-  grep -E "^\[==========\]|^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]" \
-    "$out/cuda_backend_test.log"
-  echo "matmul_bench rc=$bench_rc"
-  echo "sanitizers: $san_summary"
+  for s in "${summary[@]}"; do echo "$s"; done
+  echo "-- cuda_backend_test"; gtest_counts "$out/cuda_backend_test.log"
+  echo "-- cuda_model_test"; gtest_counts "$out/cuda_model_test.log"
+  grep "cuda-vs-cpu" "$out/cuda_model_test.log"
+  echo "-- specgen"; grep -E "^--|^prefill|^decode" "$out/specgen.txt"
+  echo "sanitizers: $san"
+  echo "overall: $([ $failed = 0 ] && echo PASS || echo FAIL)"
 } | tee "$out/summary.txt"
-exit $test_rc
+exit $failed

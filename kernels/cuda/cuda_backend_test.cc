@@ -181,12 +181,17 @@ TEST_F(CudaBackendTest, MatmulLoadPathsAgreeAndStridesWork) {
     for (int rows : {1, 2, 4, 8, 19}) {
       const int in = 5120 / 4 + 8, out = 37, ys = 45;
       const std::vector<float> x = Random((rows + 1) * (in + 4));
+      // The same values one element further on: x + 1 in this buffer is
+      // misaligned for 16-byte loads but holds exactly x's rows.
+      std::vector<float> shifted(x.size() + 1, 0.0f);
+      std::copy(x.begin(), x.end(), shifted.begin() + 1);
       const std::vector<uint8_t> wh = RandomWeights(out * in, dtype);
-      Dual xd = UpF(x), wd = Up(wh.data(), wh.size());
+      Dual xa = UpF(x), xm = UpF(shifted), wd = Up(wh.data(), wh.size());
       auto w = gpu_->UploadWeight(dtype, wd.g.data(), out, in);
       ASSERT_TRUE(w.ok());
       std::vector<float> res[2];
       for (int misaligned : {0, 1}) {
+        const Dual& xd = misaligned ? xm : xa;
         MatmulParams p;
         p.rows = rows;
         p.in = in;
@@ -572,7 +577,7 @@ TEST_F(CudaBackendTest, ArgmaxLogSumExpSoftmax) {
       const std::string what = absl::StrCat("rows=", rows, " cols=", cols);
       const int xs = cols + 2;
       std::vector<float> x = Random(rows * xs, -10, 10);
-      // Ties (first index must win), a NaN at index 0 of row 1, an all -inf row.
+      // Ties (first index must win); NaN and -inf rows are checked below.
       if (cols >= 7) {
         x[0 * xs + 5] = 11.0f;
         x[0 * xs + 2] = 11.0f;

@@ -1,17 +1,20 @@
 // specgen: loads a model directory and runs plain greedy generation on the
-// CPU reference backend (no server, no speculation).
+// CPU reference backend or a CUDA GPU (no server, no speculation).
 //
-//   specgen --model DIR --prompt-ids 5,17,42 --max-new N
+//   specgen --model DIR --prompt-ids 5,17,42 --max-new N [--device cuda:0]
 //     prints `ids: a,b,c` (the generated ids, comma-separated, one line) and
 //     `prefill: ...` / `decode: ...` lines with tokens/s.
 //   specgen --model DIR --prompt-ids ... --max-new 0 --dump-logits FILE
 //     writes {"logits": [[...], ...]}: one row of vocab-size floats per
 //     prompt position.
-// Flags may be spelled with dashes or underscores. Relative paths resolve
+// --device cpu (default) or cuda:N; cuda:N needs a build with --config=cuda
+// (otherwise it fails with a clear error). Flags may be spelled with dashes
+// or underscores. Relative paths resolve
 // against the workspace under `bazel run`.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,7 +25,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "kernels/cpu/cpu_backend.h"
+#ifdef SPECSERVE_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 #include "telemetry/status_macros.h"
 #include "worker/model/model.h"
 
@@ -34,6 +41,8 @@ ABSL_FLAG(std::string, dump_logits, "",
           "write every prompt position's logits as JSON to this file");
 ABSL_FLAG(bool, ignore_eos, false, "keep generating past an EOS token");
 ABSL_FLAG(int, threads, 0, "CPU threads (0 = one per core)");
+ABSL_FLAG(std::string, device, "cpu",
+          "compute backend: cpu, or cuda:N (GPU N; needs --config=cuda)");
 
 namespace specserve::tools {
 namespace {
@@ -73,6 +82,30 @@ absl::StatusOr<std::vector<int32_t>> PromptIds() {
   return ids;
 }
 
+// The backend named by --device.
+absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(
+    const std::string& device) {
+  if (device == "cpu") {
+    return std::unique_ptr<kernels::Backend>(new kernels::cpu::CpuBackend(
+        kernels::cpu::CpuBackendOptions{absl::GetFlag(FLAGS_threads)}));
+  }
+  absl::string_view index = device;
+  int n = -1;
+  if (!absl::ConsumePrefix(&index, "cuda:") || !absl::SimpleAtoi(index, &n) ||
+      n < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device '", device, "': expected cpu or cuda:N (N >= 0)"));
+  }
+#ifdef SPECSERVE_WITH_CUDA
+  return kernels::cuda::CreateCudaBackend(n);
+#else
+  return absl::UnimplementedError(
+      absl::StrCat("--device ", device,
+                   ": this specgen was built without CUDA; rebuild it with "
+                   "`bazel build --config=cuda //tools/specgen`"));
+#endif
+}
+
 absl::Status DumpLogits(const std::string& path, const model::ForwardResult& r,
                         int vocab) {
   FILE* f = std::fopen(path.c_str(), "w");
@@ -100,9 +133,10 @@ absl::Status Run() {
   if (max_new < 0) return absl::InvalidArgumentError("--max-new must be >= 0");
   SS_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptIds());
 
-  kernels::cpu::CpuBackend backend({absl::GetFlag(FLAGS_threads)});
+  SS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
+                      MakeBackend(absl::GetFlag(FLAGS_device)));
   const auto t_load = Clock::now();
-  SS_ASSIGN_OR_RETURN(auto model, model::Model::Load(dir, &backend));
+  SS_ASSIGN_OR_RETURN(auto model, model::Model::Load(dir, backend.get()));
   const auto t_loaded = Clock::now();
   const model::ModelConfig& c = model->config();
   SS_ASSIGN_OR_RETURN(
@@ -111,6 +145,13 @@ absl::Status Run() {
 
   const std::string dump = absl::GetFlag(FLAGS_dump_logits);
   model::ForwardResult r;
+  if (backend->name() != "cpu") {
+    // Untimed warm-up on a throwaway state: a GPU loads its kernels on first
+    // launch, which would otherwise be counted as prefill time.
+    SS_ASSIGN_OR_RETURN(auto warm, model->NewState({.capacity = 2}));
+    SS_RETURN_IF_ERROR(model->Prefill(warm.get(), {prompt[0]}, {}, &r));
+    SS_RETURN_IF_ERROR(model->Decode(warm.get(), prompt[0], &r));
+  }
   const auto t0 = Clock::now();
   SS_RETURN_IF_ERROR(
       model->Prefill(state.get(), prompt, {.all_rows = !dump.empty()}, &r));
@@ -139,6 +180,7 @@ absl::Status Run() {
 
   std::printf("ids: %s\n", absl::StrJoin(generated, ",").c_str());
   const double prefill_s = Seconds(t0, t1), decode_s = Seconds(t2, t3);
+  std::printf("device: %s\n", absl::GetFlag(FLAGS_device).c_str());
   std::printf("load: %.1f ms\n", 1e3 * Seconds(t_load, t_loaded));
   std::printf("prefill: %zu tokens in %.2f ms = %.1f tokens/s\n", prompt.size(),
               1e3 * prefill_s, prompt.size() / prefill_s);
@@ -169,7 +211,7 @@ int main(int argc, char** argv) {
   }
   absl::SetProgramUsageMessage(
       "specgen --model DIR --prompt-ids 5,17,42 --max-new N [--dump-logits "
-      "FILE]");
+      "FILE] [--device cpu|cuda:N]");
   absl::ParseCommandLine(static_cast<int>(fixed.size()), fixed.data());
   const absl::Status st = specserve::tools::Run();
   if (!st.ok()) {

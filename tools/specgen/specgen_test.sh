@@ -33,6 +33,24 @@ PY
   echo "ok $fixture ($(wc -l < "${TEST_TMPDIR}/cases") prompts)"
 done
 
+# --device: cpu is the default; a bad name is rejected; cuda:0 either runs
+# (a CUDA build on a GPU machine: same greedy ids as the CPU) or fails with
+# an error that names the problem (no CUDA in this build, or no GPU).
+cpu_ids=$("$SPECGEN" --model tests/models/tiny_a --prompt-ids 5,17,42 --max-new 8 --device cpu | sed -n 's/^ids: //p')
+[ "$cpu_ids" = "$(echo "$out" | sed -n 's/^ids: //p')" ]
+if "$SPECGEN" --model tests/models/tiny_a --prompt-ids 5 --max-new 1 --device gpu 2> "${TEST_TMPDIR}/err"; then
+  echo "FAIL: --device gpu accepted"; exit 1
+fi
+grep -q "expected cpu or cuda:N" "${TEST_TMPDIR}/err"
+if gpu_out=$("$SPECGEN" --model tests/models/tiny_a --prompt-ids 5,17,42 --max-new 8 --device cuda:0 2> "${TEST_TMPDIR}/err"); then
+  [ "$(echo "$gpu_out" | sed -n 's/^ids: //p')" = "$cpu_ids" ] || { echo "FAIL: cuda:0 ids differ"; exit 1; }
+  echo "ok --device cuda:0 (same ids as cpu)"
+else
+  cat "${TEST_TMPDIR}/err"
+  grep -Eq "built without CUDA|no device 0" "${TEST_TMPDIR}/err"
+  echo "ok --device cuda:0 fails cleanly here"
+fi
+
 tmp="${TEST_TMPDIR}/logits.json"
 "$SPECGEN" --model tests/models/tiny_a --prompt-ids 5,17,42 --max-new 0 --dump-logits "$tmp" > /dev/null
 /usr/bin/python3 - "$tmp" <<'PY'
