@@ -16,7 +16,7 @@ grpc::ServerUnaryReactor* AdminService::GetServerInfo(
     specserve::v1::ServerInfo* response) {
   response->set_version(kVersion);
   response->set_draining(telemetry::DrainRequested());
-  for (auto& status : pool_->Snapshot()) {
+  for (auto& status : ctx_->workers->Snapshot()) {
     if (status.available() && !response->has_model()) {
       *response->mutable_model() = status.model();
     }
@@ -28,7 +28,7 @@ grpc::ServerUnaryReactor* AdminService::GetServerInfo(
 grpc::ServerUnaryReactor* AdminService::GetModelInfo(
     grpc::CallbackServerContext* ctx, const specserve::v1::GetModelInfoRequest*,
     specserve::v1::ModelInfo* response) {
-  for (const auto& status : pool_->Snapshot()) {
+  for (const auto& status : ctx_->workers->Snapshot()) {
     if (status.available()) {
       *response = status.model();
       return FinishUnary(ctx, grpc::Status::OK);
@@ -49,12 +49,19 @@ grpc::ServerUnaryReactor* AdminService::LoadModel(
 }
 
 grpc::ServerUnaryReactor* AdminService::Abort(
-    grpc::CallbackServerContext* ctx, const specserve::v1::AbortRequest*,
-    specserve::v1::AbortResponse*) {
-  return FinishUnary(
-      ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                        "Abort: requests cannot be aborted yet because "
-                        "generation is not implemented in this build"));
+    grpc::CallbackServerContext* ctx, const specserve::v1::AbortRequest* request,
+    specserve::v1::AbortResponse* response) {
+  int n = 0;
+  if (request->has_request_id()) {
+    n = ctx_->requests->AbortRequest(request->request_id());
+  } else if (request->has_session_id()) {
+    n = ctx_->requests->AbortSession(request->session_id());
+  } else {
+    return FinishUnary(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                         "give a request_id or a session_id"));
+  }
+  response->set_aborted(n);
+  return FinishUnary(ctx, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* AdminService::Drain(

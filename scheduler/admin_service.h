@@ -1,17 +1,16 @@
-// specserve.v1.Admin: server and model info (from the worker pool), drain.
-// LoadModel and Abort answer UNIMPLEMENTED with a message until sessions and
-// hot reload land.
+// specserve.v1.Admin: server and model info (from the worker pool), abort by
+// request or session, drain. LoadModel answers UNIMPLEMENTED (no hot reload).
 #ifndef SPECSERVE_SCHEDULER_ADMIN_SERVICE_H_
 #define SPECSERVE_SCHEDULER_ADMIN_SERVICE_H_
 
 #include "proto/specserve.grpc.pb.h"
-#include "scheduler/worker_pool.h"
+#include "scheduler/scheduler_context.h"
 
 namespace specserve::scheduler {
 
 class AdminService final : public specserve::v1::Admin::CallbackService {
  public:
-  explicit AdminService(const WorkerPool* pool) : pool_(pool) {}
+  explicit AdminService(SchedulerContext* ctx) : ctx_(ctx) {}
 
   grpc::ServerUnaryReactor* GetServerInfo(
       grpc::CallbackServerContext* ctx,
@@ -35,7 +34,7 @@ class AdminService final : public specserve::v1::Admin::CallbackService {
       specserve::v1::DrainResponse* response) override;
 
  private:
-  const WorkerPool* const pool_;
+  SchedulerContext* const ctx_;
 };
 
 }  // namespace specserve::scheduler

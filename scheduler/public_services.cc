@@ -1,7 +1,11 @@
 #include "scheduler/public_services.h"
 
 #include <string>
+#include <thread>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "scheduler/generate_call.h"
 #include "telemetry/grpc_reactors.h"
 #include "telemetry/server_lifecycle.h"
 
@@ -10,64 +14,148 @@ namespace {
 
 using specserve::v1::GenerateEvent;
 using telemetry::FinishUnary;
+using telemetry::ToGrpc;
 
-grpc::Status Refuse(const std::string& rpc, const std::string& missing) {
-  if (telemetry::DrainRequested()) {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        "server is draining: no new work accepted");
-  }
-  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                      rpc + " is not implemented in this build yet: " + missing);
+grpc::Status Draining() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "server is draining: no new work accepted");
 }
 
-constexpr char kNoSessions[] =
-    "generation needs the speculative-session engine and the scheduler's "
-    "session table, which have not landed";
-constexpr char kNoTokenizer[] =
-    "the tokenizer.json tokenizer has not landed; send token ids";
+grpc::Status NoTokenizer() {
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                      "this model directory has no tokenizer.json");
+}
 
 }  // namespace
 
 grpc::ServerWriteReactor<GenerateEvent>* GenerationService::Generate(
-    grpc::CallbackServerContext*, const specserve::v1::GenerateRequest*) {
-  return new telemetry::FinishedWriteReactor<GenerateEvent>(
-      Refuse("Generate", kNoSessions));
+    grpc::CallbackServerContext* ctx,
+    const specserve::v1::GenerateRequest* request) {
+  using Refused = telemetry::FinishedWriteReactor<GenerateEvent>;
+  auto refuse = [this](absl::Status s) {
+    ctx_->metrics->requests_rejected(s.code())->Increment();
+    return new Refused(ToGrpc(s));
+  };
+  if (telemetry::DrainRequested()) return new Refused(Draining());
+  if (ctx_->workers->NumAvailable() == 0) {
+    return refuse(absl::UnavailableError(
+        "no worker is available; see Admin.GetServerInfo"));
+  }
+  // Cheap checks first: nothing is tokenized or queued for a bad request.
+  Limits limits;
+  if (!ctx_->CurrentLimits(&limits)) {
+    return refuse(absl::UnavailableError("no worker has reported its model yet"));
+  }
+  absl::Status valid = ValidateGenerateRequest(*request, limits);
+  if (!valid.ok()) return refuse(valid);
+  auto ticket = ctx_->admission->TryAdmit();
+  if (!ticket.ok()) return refuse(ticket.status());
+
+  auto* writer = new GenerateWriter();
+  const absl::Time deadline = absl::FromChrono(ctx->deadline());
+  std::thread([this, req = *request, deadline, writer,
+               t = std::move(*ticket)]() mutable {
+    telemetry::InFlightGuard in_flight;
+    RunGenerateCall(ctx_, req, deadline, std::move(t), writer);
+    writer->Done();
+  }).detach();
+  return writer;
+}
+
+std::vector<std::string> SessionsService::WorkerAddresses() const {
+  std::vector<std::string> out;
+  for (int i = 0; i < ctx_->workers->size(); ++i) {
+    out.push_back(ctx_->workers->address(i));
+  }
+  return out;
 }
 
 grpc::ServerUnaryReactor* SessionsService::OpenSession(
-    grpc::CallbackServerContext* ctx, const specserve::v1::OpenSessionRequest*,
-    specserve::v1::SessionInfo*) {
-  return FinishUnary(ctx, Refuse("OpenSession", kNoSessions));
+    grpc::CallbackServerContext* ctx,
+    const specserve::v1::OpenSessionRequest* request,
+    specserve::v1::SessionInfo* response) {
+  if (telemetry::DrainRequested()) return FinishUnary(ctx, Draining());
+  Limits limits;
+  if (ctx_->CurrentLimits(&limits) &&
+      request->capacity() > limits.max_context) {
+    return FinishUnary(
+        ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("capacity ", request->capacity(),
+                                       " exceeds the model context of ",
+                                       limits.max_context)));
+  }
+  auto snap = ctx_->sessions->Open(request->capacity(), "");
+  if (!snap.ok()) return FinishUnary(ctx, ToGrpc(snap.status()));
+  *response = snap->ToProto(WorkerAddresses());
+  return FinishUnary(ctx, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* SessionsService::GetSession(
-    grpc::CallbackServerContext* ctx, const specserve::v1::GetSessionRequest*,
-    specserve::v1::SessionInfo*) {
-  return FinishUnary(ctx, Refuse("GetSession", kNoSessions));
+    grpc::CallbackServerContext* ctx,
+    const specserve::v1::GetSessionRequest* request,
+    specserve::v1::SessionInfo* response) {
+  auto snap = ctx_->sessions->Get(request->session_id(), "");
+  if (!snap.ok()) return FinishUnary(ctx, ToGrpc(snap.status()));
+  *response = snap->ToProto(WorkerAddresses());
+  return FinishUnary(ctx, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* SessionsService::ListSessions(
     grpc::CallbackServerContext* ctx, const specserve::v1::ListSessionsRequest*,
-    specserve::v1::ListSessionsResponse*) {
-  return FinishUnary(ctx, Refuse("ListSessions", kNoSessions));
+    specserve::v1::ListSessionsResponse* response) {
+  const std::vector<std::string> addresses = WorkerAddresses();
+  for (const SessionSnapshot& s : ctx_->sessions->List("")) {
+    *response->add_sessions() = s.ToProto(addresses);
+  }
+  return FinishUnary(ctx, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* SessionsService::CloseSession(
-    grpc::CallbackServerContext* ctx, const specserve::v1::CloseSessionRequest*,
+    grpc::CallbackServerContext* ctx,
+    const specserve::v1::CloseSessionRequest* request,
     specserve::v1::CloseSessionResponse*) {
-  return FinishUnary(ctx, Refuse("CloseSession", kNoSessions));
+  auto closed = ctx_->sessions->Close(request->session_id(), "");
+  if (!closed.ok()) return FinishUnary(ctx, ToGrpc(closed.status()));
+  if (closed->was_busy) ctx_->requests->AbortSession(request->session_id());
+  // Free the worker's copy (best effort: a dead worker has none anyway).
+  if (closed->worker >= 0 && !closed->was_busy &&
+      ctx_->workers->Available(closed->worker)) {
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    specserve::worker::v1::SessionRef ref;
+    ref.set_session_id(request->session_id());
+    specserve::worker::v1::ReleaseResponse rr;
+    ctx_->workers->stub(closed->worker)->Release(&c, ref, &rr);
+  }
+  return FinishUnary(ctx, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* TokenizationService::Tokenize(
-    grpc::CallbackServerContext* ctx, const specserve::v1::TokenizeRequest*,
-    specserve::v1::TokenizeResponse*) {
-  return FinishUnary(ctx, Refuse("Tokenize", kNoTokenizer));
+    grpc::CallbackServerContext* ctx,
+    const specserve::v1::TokenizeRequest* request,
+    specserve::v1::TokenizeResponse* response) {
+  if (ctx_->tokenizer == nullptr) return FinishUnary(ctx, NoTokenizer());
+  if (request->text().size() > ctx_->limits.max_text_bytes) {
+    return FinishUnary(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                         "text is too long"));
+  }
+  for (uint32_t id :
+       ctx_->tokenizer->Encode(request->text(), request->parse_special())) {
+    response->add_ids(id);
+  }
+  return FinishUnary(ctx, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* TokenizationService::Detokenize(
-    grpc::CallbackServerContext* ctx, const specserve::v1::DetokenizeRequest*,
-    specserve::v1::DetokenizeResponse*) {
-  return FinishUnary(ctx, Refuse("Detokenize", kNoTokenizer));
+    grpc::CallbackServerContext* ctx,
+    const specserve::v1::DetokenizeRequest* request,
+    specserve::v1::DetokenizeResponse* response) {
+  if (ctx_->tokenizer == nullptr) return FinishUnary(ctx, NoTokenizer());
+  std::vector<uint32_t> ids(request->ids().begin(), request->ids().end());
+  auto text = ctx_->tokenizer->Decode(ids, request->skip_special());
+  if (!text.ok()) return FinishUnary(ctx, ToGrpc(text.status()));
+  response->set_text(std::move(*text));
+  return FinishUnary(ctx, grpc::Status::OK);
 }
 
 }  // namespace specserve::scheduler

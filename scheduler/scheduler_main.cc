@@ -13,9 +13,20 @@
 #include "absl/strings/str_split.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
+#include <filesystem>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
 #include "scheduler/admin_service.h"
+#include "scheduler/admission.h"
 #include "scheduler/public_services.h"
+#include "scheduler/request_registry.h"
+#include "scheduler/scheduler_context.h"
+#include "scheduler/session_table.h"
+#include "scheduler/tokenizer/tokenizer.h"
 #include "scheduler/worker_pool.h"
+#include "telemetry/metrics_http.h"
+#include "telemetry/scheduler_metrics.h"
 #include "telemetry/server_lifecycle.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -29,6 +40,18 @@ ABSL_FLAG(int, worker_poll_ms, 500,
           "How often worker health is polled, in milliseconds.");
 ABSL_FLAG(int, drain_grace_seconds, 30,
           "On SIGTERM: seconds in-flight requests get to finish.");
+ABSL_FLAG(int, metrics_port, -1,
+          "Serve Prometheus metrics on http://127.0.0.1:PORT/metrics "
+          "(0 = a free port, printed; -1 = off).");
+ABSL_FLAG(int, max_running, 64, "Requests running at once.");
+ABSL_FLAG(int, max_queued, 256,
+          "Requests waiting for a slot before RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, burst_tokens, 32, "Tokens per burst dispatched to a worker.");
+ABSL_FLAG(int, default_k, 3, "Draft depth when a request gives none.");
+ABSL_FLAG(int, default_session_capacity, 1024,
+          "Rows of a session opened without a capacity.");
+ABSL_FLAG(int, session_idle_ttl_seconds, 3600,
+          "Idle sessions are closed after this long.");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -44,18 +67,96 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "--workers: give at least one worker address";
     return 2;
   }
-  specserve::scheduler::WorkerPoolOptions pool_options;
+  namespace sched = specserve::scheduler;
+  sched::WorkerPoolOptions pool_options;
   pool_options.poll_interval =
       absl::Milliseconds(absl::GetFlag(FLAGS_worker_poll_ms));
-  specserve::scheduler::WorkerPool pool(addresses, pool_options);
+  sched::WorkerPool pool(addresses, pool_options);
+
+  // The tokenizer is optional: without tokenizer.json the API takes ids only.
+  std::unique_ptr<specserve::tokenizer::Tokenizer> tokenizer;
+  const std::string tokenizer_path =
+      absl::GetFlag(FLAGS_model) + "/tokenizer.json";
+  if (std::filesystem::exists(tokenizer_path)) {
+    auto t = specserve::tokenizer::Tokenizer::Load(tokenizer_path);
+    if (!t.ok()) {
+      LOG(ERROR) << "cannot load " << tokenizer_path << ": " << t.status();
+      return 1;
+    }
+    tokenizer = std::move(*t);
+  } else {
+    LOG(WARNING) << tokenizer_path << " not found: text input disabled";
+  }
+
+  specserve::telemetry::SchedulerMetrics metrics;
+  sched::SessionTableOptions table_options;
+  table_options.default_capacity = absl::GetFlag(FLAGS_default_session_capacity);
+  table_options.max_capacity = 1 << 24;  // the model context is checked per request
+  sched::SessionTable sessions(table_options);
+  sched::AdmissionOptions admission_options;
+  admission_options.max_running = absl::GetFlag(FLAGS_max_running);
+  admission_options.max_queued = absl::GetFlag(FLAGS_max_queued);
+  sched::AdmissionController admission(admission_options);
+  sched::RequestRegistry requests;
+
+  sched::SchedulerContext context;
+  context.options.burst_tokens = absl::GetFlag(FLAGS_burst_tokens);
+  context.options.default_k = absl::GetFlag(FLAGS_default_k);
+  context.options.session_idle_ttl =
+      absl::Seconds(absl::GetFlag(FLAGS_session_idle_ttl_seconds));
+  context.workers = &pool;
+  context.sessions = &sessions;
+  context.admission = &admission;
+  context.tokenizer = tokenizer.get();
+  context.metrics = &metrics;
+  context.requests = &requests;
+
+  specserve::telemetry::MetricsHttpServer metrics_http(
+      [&metrics] { return metrics.RenderText(); },
+      [] { return !specserve::telemetry::DrainRequested(); });
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    auto port = metrics_http.Start(absl::GetFlag(FLAGS_metrics_port));
+    if (!port.ok()) {
+      LOG(ERROR) << "metrics: " << port.status();
+      return 1;
+    }
+    std::printf("specserve_scheduler metrics on port %d\n", *port);
+  }
+
+  // Housekeeping: idle-session expiry and the gauges that mirror state.
+  absl::Notification stop_housekeeping;
+  std::thread housekeeping([&] {
+    while (!stop_housekeeping.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+      for (const auto& e : sessions.ExpireIdle(context.options.session_idle_ttl)) {
+        if (e.worker < 0 || !pool.Available(e.worker)) continue;
+        grpc::ClientContext c;
+        c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+        specserve::worker::v1::SessionRef ref;
+        ref.set_session_id(e.id);
+        specserve::worker::v1::ReleaseResponse rr;
+        pool.stub(e.worker)->Release(&c, ref, &rr);
+      }
+      for (const auto& [residency, n] : sessions.CountByResidency()) {
+        metrics.sessions(residency)->Set(n);
+      }
+      uint64_t used = 0, budget = 0;
+      for (int i = 0; i < pool.size(); ++i) {
+        metrics.worker_available(pool.address(i))->Set(pool.Available(i) ? 1 : 0);
+        const auto info = pool.Info(i);
+        used += info.memory_used_bytes();
+        budget += info.memory_budget_bytes();
+      }
+      metrics.kv_cache_usage_perc()->Set(budget ? double(used) / budget : 0.0);
+    }
+  });
 
   specserve::telemetry::EnableHealthAndReflection();
   specserve::telemetry::InstallDrainSignalHandlers();
 
-  specserve::scheduler::AdminService admin(&pool);
-  specserve::scheduler::GenerationService generation;
-  specserve::scheduler::SessionsService sessions;
-  specserve::scheduler::TokenizationService tokenization;
+  sched::AdminService admin(&context);
+  sched::GenerationService generation(&context);
+  sched::SessionsService sessions_service(&context);
+  sched::TokenizationService tokenization(&context);
 
   int port = 0;
   grpc::ServerBuilder builder;
@@ -63,7 +164,7 @@ int main(int argc, char** argv) {
                            grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&admin);
   builder.RegisterService(&generation);
-  builder.RegisterService(&sessions);
+  builder.RegisterService(&sessions_service);
   builder.RegisterService(&tokenization);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -78,5 +179,8 @@ int main(int argc, char** argv) {
       {"specserve.v1.Generation", "specserve.v1.Sessions",
        "specserve.v1.Tokenization", "specserve.v1.Admin"},
       absl::Seconds(absl::GetFlag(FLAGS_drain_grace_seconds)));
+  stop_housekeeping.Notify();
+  housekeeping.join();
+  metrics_http.Stop();
   return 0;
 }

@@ -131,6 +131,26 @@ std::vector<specserve::v1::WorkerStatus> WorkerPool::Snapshot() const {
   return out;
 }
 
+bool WorkerPool::Available(int index) const {
+  absl::MutexLock lock(&mu_);
+  return observed_[index].available;
+}
+
+specserve::worker::v1::WorkerInfo WorkerPool::Info(int index) const {
+  absl::MutexLock lock(&mu_);
+  return observed_[index].info;
+}
+
+void WorkerPool::MarkUnavailable(int index, const std::string& detail) {
+  absl::MutexLock lock(&mu_);
+  if (observed_[index].available) {
+    LOG(INFO) << "worker " << workers_[index]->address
+              << " is now unavailable: " << detail;
+  }
+  observed_[index].available = false;
+  observed_[index].detail = detail;
+}
+
 int WorkerPool::NumAvailable() const {
   absl::MutexLock lock(&mu_);
   int n = 0;

@@ -41,6 +41,16 @@ class WorkerPool {
   // A snapshot of every worker's status, in the order given at construction.
   std::vector<specserve::v1::WorkerStatus> Snapshot() const;
   int NumAvailable() const;
+  // Whether worker `index` answered its last health poll.
+  bool Available(int index) const;
+  // The last WorkerInfo worker `index` reported (empty before the first).
+  specserve::worker::v1::WorkerInfo Info(int index) const;
+  const std::string& address(int index) const {
+    return workers_[index]->address;
+  }
+  // Marks a worker unavailable now (a call to it failed with UNAVAILABLE);
+  // the monitor marks it available again when it answers.
+  void MarkUnavailable(int index, const std::string& detail);
 
   // The stub of worker `index` (for dispatching bursts).
   specserve::worker::v1::Worker::Stub* stub(int index) const {

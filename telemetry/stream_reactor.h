@@ -19,7 +19,7 @@
 namespace specserve::telemetry {
 
 template <typename T>
-class StreamReactor final : public grpc::ServerWriteReactor<T> {
+class StreamReactor : public grpc::ServerWriteReactor<T> {
  public:
   StreamReactor() = default;
 

@@ -32,6 +32,7 @@ specserve::v1::ModelInfo DescribeModel(const model_files::Checkpoint& ckpt) {
   info.set_dtype(model_files::DTypeName(ckpt.dtype()));
   info.set_parameter_count(ckpt.parameter_count());
   info.set_weight_bytes(ckpt.weight_bytes());
+  for (int id : c.eos_token_ids) info.add_eos_token_ids(id);
   return info;
 }
 

@@ -2,86 +2,298 @@
 
 #include <unistd.h>
 
+#include <chrono>
+#include <thread>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 #include "telemetry/grpc_reactors.h"
 #include "telemetry/server_lifecycle.h"
+#include "telemetry/status_macros.h"
+#include "telemetry/stream_reactor.h"
 #include "worker/model_info.h"
+#include "worker/session_state.h"
+#include "worker/spec/sampling.h"
 
 namespace specserve::worker {
-namespace {
 
 using specserve::worker::v1::BurstEvent;
+using specserve::worker::v1::SessionState;
+using telemetry::FinishUnary;
+using telemetry::ToGrpc;
 
-constexpr char kSessionsNotYet[] =
-    "speculative sessions are not implemented in this worker build yet "
-    "(issue: speculative sessions in the worker)";
+class BurstWriter final : public telemetry::StreamReactor<BurstEvent> {};
 
-using Finished = telemetry::FinishedWriteReactor<BurstEvent>;
-
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx,
-                                 grpc::Status status) {
-  return telemetry::FinishUnary(ctx, std::move(status));
-}
+namespace {
 
 grpc::Status Draining() {
   return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                       "worker is draining: no new work accepted");
 }
 
-grpc::Status NotYet(const std::string& rpc) {
-  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                      rpc + ": " + kSessionsNotYet);
+// Errors after which a session's caches cannot be trusted: it is dropped,
+// not parked (RELIABILITY.md row 8). Validation errors leave it untouched.
+bool LeavesSessionInconsistent(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kInternal ||
+         s.code() == absl::StatusCode::kUnknown ||
+         s.code() == absl::StatusCode::kDataLoss;
+}
+
+specserve::worker::v1::BurstEnd EndToProto(spec::BurstEnd end) {
+  switch (end) {
+    case spec::BurstEnd::kMaxNew:
+      return specserve::worker::v1::MAX_NEW;
+    case spec::BurstEnd::kStopToken:
+      return specserve::worker::v1::STOP_TOKEN;
+    case spec::BurstEnd::kCapacity:
+      return specserve::worker::v1::CAPACITY;
+    case spec::BurstEnd::kCancelled:
+      return specserve::worker::v1::CANCELLED;
+  }
+  return specserve::worker::v1::BURST_END_UNSPECIFIED;
+}
+
+// Sampling parameters of a burst, validated (top_p 0 = unset = 1).
+absl::StatusOr<spec::SamplingConfig> SamplingOf(
+    const specserve::v1::SamplingParams& p) {
+  spec::SamplingConfig c;
+  c.temperature = p.temperature();
+  c.top_k = static_cast<int>(p.top_k());
+  c.top_p = p.top_p() == 0.0f ? 1.0f : p.top_p();
+  c.min_p = p.min_p();
+  SS_RETURN_IF_ERROR(spec::ValidateSamplingConfig(c));
+  return c;
 }
 
 }  // namespace
 
-WorkerService::WorkerService(WorkerOptions options,
-                             std::unique_ptr<model_files::Checkpoint> checkpoint)
+WorkerService::WorkerService(WorkerOptions options, model::Model* model)
     : options_(std::move(options)),
-      checkpoint_(std::move(checkpoint)),
-      model_info_(DescribeModel(*checkpoint_)) {}
+      model_(model),
+      model_info_(DescribeModel(model->checkpoint())),
+      executor_(model),
+      engine_(&executor_),
+      pool_(options_.pool, &executor_) {}
+
+SessionState WorkerService::StateOf(const spec::SpecSession& s, bool busy) {
+  specserve::worker::v1::WorkerResidency r = specserve::worker::v1::RESIDENT;
+  if (!busy) {
+    auto pr = pool_.ResidencyOf(s.id());
+    r = pr.ok() && *pr == Residency::kOffloaded
+            ? specserve::worker::v1::OFFLOADED
+            : specserve::worker::v1::PARKED;
+  }
+  return SessionStateToProto(s, r, model_->StateBytes(*s.caches()));
+}
 
 grpc::ServerUnaryReactor* WorkerService::GetWorkerInfo(
     grpc::CallbackServerContext* ctx,
     const specserve::worker::v1::WorkerInfoRequest*,
     specserve::worker::v1::WorkerInfo* response) {
+  const SessionPool::Stats stats = pool_.stats();
   response->set_device(options_.device);
   *response->mutable_model() = model_info_;
   response->set_default_capacity(options_.default_capacity);
+  response->set_memory_budget_bytes(pool_.device_budget_bytes());
+  response->set_memory_used_bytes(stats.device_bytes);
+  response->set_sessions(stats.sessions);
+  response->set_active_bursts(active_bursts_.load());
+  *response->mutable_costs() = options_.costs;
   response->set_pid(static_cast<uint32_t>(getpid()));
-  return Finish(ctx, grpc::Status::OK);
+  return FinishUnary(ctx, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* WorkerService::Admit(
-    grpc::CallbackServerContext* ctx, const specserve::worker::v1::AdmitRequest*,
-    specserve::worker::v1::SessionState*) {
-  if (telemetry::DrainRequested()) return Finish(ctx, Draining());
-  return Finish(ctx, NotYet("Admit"));
+    grpc::CallbackServerContext* ctx,
+    const specserve::worker::v1::AdmitRequest* request,
+    SessionState* response) {
+  if (telemetry::DrainRequested()) return FinishUnary(ctx, Draining());
+  const int capacity = request->capacity() > 0 ? request->capacity()
+                                                : options_.default_capacity;
+  const int max_context = model_->config().max_position_embeddings;
+  if (capacity > max_context) {
+    return FinishUnary(
+        ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("capacity ", capacity,
+                                       " exceeds the model context of ",
+                                       max_context)));
+  }
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  std::thread([this, reactor, request, response, capacity] {
+    std::vector<int32_t> history(request->history().begin(),
+                                 request->history().end());
+    auto session = engine_.Admit(request->session_id(), capacity, history);
+    if (!session.ok()) {
+      reactor->Finish(ToGrpc(session.status()));
+      return;
+    }
+    auto lease = pool_.Insert(std::move(*session));
+    if (!lease.ok()) {
+      reactor->Finish(ToGrpc(lease.status()));
+      return;
+    }
+    *response = StateOf(*lease->get(), /*busy=*/true);
+    reactor->Finish(grpc::Status::OK);
+  }).detach();
+  return reactor;
 }
 
 grpc::ServerWriteReactor<BurstEvent>* WorkerService::Burst(
-    grpc::CallbackServerContext*, const specserve::worker::v1::BurstRequest*) {
-  if (telemetry::DrainRequested()) return new Finished(Draining());
-  return new Finished(NotYet("Burst"));
+    grpc::CallbackServerContext* ctx,
+    const specserve::worker::v1::BurstRequest* request) {
+  using Refused = telemetry::FinishedWriteReactor<BurstEvent>;
+  if (telemetry::DrainRequested()) return new Refused(Draining());
+  if (request->max_new() == 0) {
+    return new Refused(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                    "max_new must be at least 1"));
+  }
+  if (static_cast<int>(request->k()) >= model::StateOptions().max_verify_columns) {
+    return new Refused(grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("k = ", request->k(), " exceeds the largest draft depth (",
+                     model::StateOptions().max_verify_columns - 1, ")")));
+  }
+  auto lease = pool_.Acquire(request->session_id());
+  if (!lease.ok()) return new Refused(ToGrpc(lease.status()));
+  auto* writer = new BurstWriter();
+  std::thread([this, ctx, req = *request, lease = std::move(*lease),
+               writer]() mutable {
+    RunBurst(ctx, std::move(req), std::move(lease), writer);
+  }).detach();
+  return writer;
 }
 
-#define SPECSERVE_NOT_YET_SESSION_RPC(Name, Response)                      \
-  grpc::ServerUnaryReactor* WorkerService::Name(                           \
-      grpc::CallbackServerContext* ctx,                                    \
-      const specserve::worker::v1::SessionRef*, Response*) {               \
-    return Finish(ctx, NotYet(#Name));                                     \
+void WorkerService::RunBurst(grpc::CallbackServerContext* ctx,
+                             specserve::worker::v1::BurstRequest request,
+                             SessionPool::Lease lease, BurstWriter* writer) {
+  telemetry::InFlightGuard in_flight;
+  ++active_bursts_;
+  const auto deadline = ctx->deadline();
+  bool deadline_passed = false;
+  absl::Status status;
+  spec::BurstResult result;
+  auto sampling = SamplingOf(request.sampling());
+  if (!sampling.ok()) {
+    status = sampling.status();
+  } else {
+    spec::BurstParams p;
+    p.suffix.assign(request.suffix().begin(), request.suffix().end());
+    p.rewind = request.rewind();
+    p.max_new = request.max_new();
+    p.k = request.k();
+    p.sampling = *sampling;
+    p.seed = request.sampling().seed();
+    p.stop_ids.assign(request.stop_token_ids().begin(),
+                      request.stop_token_ids().end());
+    if (options_.enable_fault_injection) p.inject_nan_at = request.inject_nan_at();
+    auto r = engine_.RunBurst(lease.get(), p, [&](absl::Span<const int32_t> t) {
+      BurstEvent e;
+      e.mutable_tokens()->mutable_ids()->Add(t.begin(), t.end());
+      if (!writer->Write(std::move(e))) return false;
+      if (std::chrono::system_clock::now() > deadline) {
+        deadline_passed = true;
+        return false;
+      }
+      return true;
+    });
+    status = r.status();
+    if (r.ok()) result = *r;
   }
+  if (!status.ok()) {
+    if (LeavesSessionInconsistent(status)) lease.Discard();
+    writer->Finish(ToGrpc(status));
+  } else if (deadline_passed) {
+    writer->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                "deadline passed during the burst"));
+  } else {
+    BurstEvent e;
+    auto* summary = e.mutable_summary();
+    summary->set_end(EndToProto(result.end));
+    summary->set_overshoot(result.overshoot);
+    *summary->mutable_telemetry_delta() =
+        TelemetryToProto(result.telemetry_delta);
+    *summary->mutable_state() = StateOf(*lease.get(), /*busy=*/true);
+    summary->set_cached_tokens(result.cached_tokens);
+    writer->Write(std::move(e));
+    writer->Finish(grpc::Status::OK);
+  }
+  --active_bursts_;
+  { SessionPool::Lease done = std::move(lease); }  // back to the pool first
+  writer->Done();
+}
 
-SPECSERVE_NOT_YET_SESSION_RPC(Flush, specserve::worker::v1::SessionState)
-SPECSERVE_NOT_YET_SESSION_RPC(Park, specserve::worker::v1::SessionState)
-SPECSERVE_NOT_YET_SESSION_RPC(Resume, specserve::worker::v1::SessionState)
-SPECSERVE_NOT_YET_SESSION_RPC(Rewind, specserve::worker::v1::SessionState)
-SPECSERVE_NOT_YET_SESSION_RPC(Demote, specserve::worker::v1::SessionState)
-SPECSERVE_NOT_YET_SESSION_RPC(Release, specserve::worker::v1::ReleaseResponse)
-SPECSERVE_NOT_YET_SESSION_RPC(GetSessionState,
-                              specserve::worker::v1::SessionState)
+grpc::ServerUnaryReactor* WorkerService::RunSessionOp(
+    grpc::CallbackServerContext* ctx, const std::string& session_id,
+    SessionState* response, SessionOp op) {
+  auto lease = pool_.Acquire(session_id);
+  if (!lease.ok()) return FinishUnary(ctx, ToGrpc(lease.status()));
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  std::thread([this, reactor, response, op = std::move(op),
+               lease = std::move(*lease)]() mutable {
+    absl::Status s = op(lease.get());
+    if (s.ok()) *response = StateOf(*lease.get(), /*busy=*/true);
+    if (LeavesSessionInconsistent(s)) lease.Discard();
+    { SessionPool::Lease done = std::move(lease); }
+    reactor->Finish(ToGrpc(s));
+  }).detach();
+  return reactor;
+}
 
-#undef SPECSERVE_NOT_YET_SESSION_RPC
+grpc::ServerUnaryReactor* WorkerService::Flush(
+    grpc::CallbackServerContext* ctx,
+    const specserve::worker::v1::SessionRef* request, SessionState* response) {
+  return RunSessionOp(ctx, request->session_id(), response,
+                      [this](spec::SpecSession* s) { return engine_.Flush(s); });
+}
+
+grpc::ServerUnaryReactor* WorkerService::Park(
+    grpc::CallbackServerContext* ctx,
+    const specserve::worker::v1::SessionRef* request, SessionState* response) {
+  // Parked sessions are flushed (with next_pred) so any later request can
+  // resume them; the pool may then offload them under pressure.
+  return RunSessionOp(ctx, request->session_id(), response,
+                      [this](spec::SpecSession* s) { return engine_.Flush(s); });
+}
+
+grpc::ServerUnaryReactor* WorkerService::Resume(
+    grpc::CallbackServerContext* ctx,
+    const specserve::worker::v1::SessionRef* request, SessionState* response) {
+  // Acquire restores offloaded caches; a new request gets one fresh
+  // draft-graph capture chance.
+  return RunSessionOp(ctx, request->session_id(), response,
+                      [](spec::SpecSession* s) {
+                        s->reset_graph_fallback_on_resume();
+                        return absl::OkStatus();
+                      });
+}
+
+grpc::ServerUnaryReactor* WorkerService::Rewind(
+    grpc::CallbackServerContext* ctx,
+    const specserve::worker::v1::SessionRef* request, SessionState* response) {
+  return RunSessionOp(ctx, request->session_id(), response,
+                      [this](spec::SpecSession* s) { return engine_.Rewind(s); });
+}
+
+grpc::ServerUnaryReactor* WorkerService::Demote(
+    grpc::CallbackServerContext* ctx,
+    const specserve::worker::v1::SessionRef* request, SessionState* response) {
+  return RunSessionOp(ctx, request->session_id(), response,
+                      [this](spec::SpecSession* s) { return engine_.Demote(s); });
+}
+
+grpc::ServerUnaryReactor* WorkerService::GetSessionState(
+    grpc::CallbackServerContext* ctx,
+    const specserve::worker::v1::SessionRef* request, SessionState* response) {
+  return RunSessionOp(ctx, request->session_id(), response,
+                      [](spec::SpecSession*) { return absl::OkStatus(); });
+}
+
+grpc::ServerUnaryReactor* WorkerService::Release(
+    grpc::CallbackServerContext* ctx,
+    const specserve::worker::v1::SessionRef* request,
+    specserve::worker::v1::ReleaseResponse*) {
+  return FinishUnary(ctx, ToGrpc(pool_.Release(request->session_id())));
+}
 
 }  // namespace specserve::worker

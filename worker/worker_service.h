@@ -1,29 +1,38 @@
 // The worker's gRPC service (specserve.worker.v1.Worker), callback API.
 //
-// Today it reports what the worker runs (GetWorkerInfo). The session RPCs
-// (admit, bursts, park/resume, rewind, demote) answer UNIMPLEMENTED with a
-// message until the speculative-session engine lands; they never fake a result.
+// Sessions live in the SessionPool; the SpecEngine runs admits, bursts,
+// flushes, rewinds and demotions on them; every model call goes through one
+// ModelExecutor (serialized, plain-decode steps of concurrent bursts batched).
+// RPCs that run the model do so on their own thread (reactions never block).
 #ifndef SPECSERVE_WORKER_WORKER_SERVICE_H_
 #define SPECSERVE_WORKER_WORKER_SERVICE_H_
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "proto/worker.grpc.pb.h"
-#include "worker/model_files/checkpoint.h"
+#include "worker/model/model.h"
+#include "worker/session_pool.h"
+#include "worker/spec/model_executor.h"
+#include "worker/spec/spec_engine.h"
 
 namespace specserve::worker {
 
 struct WorkerOptions {
   std::string device = "cpu";  // "cpu" or "cuda:N"
   uint32_t default_capacity = 4096;
+  SessionPoolOptions pool;
+  // Honour BurstRequest.inject_nan_at (tests of RELIABILITY.md row 8).
+  bool enable_fault_injection = false;
+  specserve::worker::v1::StepCosts costs;  // measured at start-up
 };
 
 class WorkerService final : public specserve::worker::v1::Worker::CallbackService {
  public:
-  // `checkpoint` is the loaded model; the service owns it.
-  WorkerService(WorkerOptions options,
-                std::unique_ptr<model_files::Checkpoint> checkpoint);
+  // `model` must outlive the service.
+  WorkerService(WorkerOptions options, model::Model* model);
 
   grpc::ServerUnaryReactor* GetWorkerInfo(
       grpc::CallbackServerContext* ctx,
@@ -66,9 +75,25 @@ class WorkerService final : public specserve::worker::v1::Worker::CallbackServic
       specserve::worker::v1::SessionState* response) override;
 
  private:
+  using SessionOp = std::function<absl::Status(spec::SpecSession*)>;
+  // Runs `op` on a leased session on its own thread, then answers with the
+  // session's state.
+  grpc::ServerUnaryReactor* RunSessionOp(
+      grpc::CallbackServerContext* ctx, const std::string& session_id,
+      specserve::worker::v1::SessionState* response, SessionOp op);
+  specserve::worker::v1::SessionState StateOf(const spec::SpecSession& s,
+                                              bool busy);
+  void RunBurst(grpc::CallbackServerContext* ctx,
+                specserve::worker::v1::BurstRequest request,
+                SessionPool::Lease lease, class BurstWriter* writer);
+
   const WorkerOptions options_;
-  const std::unique_ptr<model_files::Checkpoint> checkpoint_;
+  model::Model* const model_;
   const specserve::v1::ModelInfo model_info_;
+  spec::ModelExecutor executor_;
+  spec::SpecEngine engine_;
+  SessionPool pool_;
+  std::atomic<int> active_bursts_{0};
 };
 
 }  // namespace specserve::worker

@@ -1,8 +1,13 @@
 // The three sublayers of a decoder layer, on `rows` rows of the workspace:
 // each reads the normed input from ws.xn and adds its output to the residual
 // stream ws.h (the matmul's fused accumulate). Math: MODEL.md.
+// The rows may belong to several sessions (Model::Slice, DecodeBatch):
+// matmuls and norms run once over all rows (row-invariant, so each row is
+// bit-identical to a pass of its session alone); RoPE, attention, conv and
+// the delta rule run once per slice on that session's caches.
 #include <cmath>
 
+#include "glog/logging.h"
 #include "telemetry/status_macros.h"
 #include "worker/model/model.h"
 #include "worker/model/workspace.h"
@@ -12,8 +17,10 @@ namespace specserve::model {
 using kernels::DenseMatmul;
 using kernels::MatmulParams;
 
-absl::Status Model::FullAttentionBlock(const LayerWeights& w, KvCache* kv,
-                                       int start, int rows) {
+absl::Status Model::FullAttentionBlock(const LayerWeights& w,
+                                       absl::Span<KvCache* const> kvs,
+                                       absl::Span<const Slice> slices,
+                                       int rows) {
   const ModelConfig& c = config_;
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads,
                 hd = c.head_dim, kv_dim = nkv * hd;
@@ -21,10 +28,16 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w, KvCache* kv,
   Workspace& ws = *ws_;
   const AttentionWeights& a = w.attn;
   float* q = ws.q.f32();  // [rows][nh][2·hd]
-  float* k_rows = kv->k.f32() + start * kv_dim;
-  float* v_rows = kv->v.f32() + start * kv_dim;
+  // One session: K and V are projected straight into its cache rows. Several:
+  // into the workspace, each slice's rows copied to its cache after RoPE.
+  CHECK_EQ(slices.size(), kvs.size()) << "one cache per slice";
+  const bool direct = kvs.size() == 1;
+  CHECK(!direct || slices[0].row0 == 0) << "a lone slice starts at row 0";
+  float* k_rows =
+      direct ? kvs[0]->k.f32() + slices[0].start * kv_dim : ws.k.f32();
+  float* v_rows =
+      direct ? kvs[0]->v.f32() + slices[0].start * kv_dim : ws.v.f32();
   SS_RETURN_IF_ERROR(be.Matmul(DenseMatmul(rows, ws.xn.f32(), a.q_proj, q)));
-  // K and V are projected straight into their cache rows.
   SS_RETURN_IF_ERROR(
       be.Matmul(DenseMatmul(rows, ws.xn.f32(), a.k_proj, k_rows)));
   SS_RETURN_IF_ERROR(
@@ -48,51 +61,64 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w, KvCache* kv,
   kn.weight = a.k_norm.f32();
   SS_RETURN_IF_ERROR(be.RmsNorm(kn));
 
-  kernels::RopeParams rq;
-  rq.rows = rows;
-  rq.heads = nh;
-  rq.head_dim = hd;
-  rq.rotary_dim = c.rotary_dim();
-  rq.x = q;
-  rq.row_stride = nh * 2 * hd;
-  rq.head_stride = 2 * hd;
-  rq.first_position = start;
-  rq.inv_freq = weights_.rope_inv_freq.f32();
-  SS_RETURN_IF_ERROR(be.Rope(rq));
-  kernels::RopeParams rk = rq;
-  rk.heads = nkv;
-  rk.x = k_rows;
-  rk.row_stride = kv_dim;
-  rk.head_stride = hd;
-  SS_RETURN_IF_ERROR(be.Rope(rk));
+  const int64_t q_row = nh * 2 * hd;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const Slice& s = slices[i];
+    const KvCache& kv = *kvs[i];
+    kernels::RopeParams rq;
+    rq.rows = s.rows;
+    rq.heads = nh;
+    rq.head_dim = hd;
+    rq.rotary_dim = c.rotary_dim();
+    rq.x = q + s.row0 * q_row;
+    rq.row_stride = q_row;
+    rq.head_stride = 2 * hd;
+    rq.first_position = s.start;
+    rq.inv_freq = weights_.rope_inv_freq.f32();
+    SS_RETURN_IF_ERROR(be.Rope(rq));
+    kernels::RopeParams rk = rq;
+    rk.heads = nkv;
+    rk.x = k_rows + s.row0 * kv_dim;
+    rk.row_stride = kv_dim;
+    rk.head_stride = hd;
+    SS_RETURN_IF_ERROR(be.Rope(rk));
+    if (!direct) {
+      const size_t bytes = s.rows * kv_dim * sizeof(float);
+      SS_RETURN_IF_ERROR(be.CopyOnDevice(kv.k.f32() + s.start * kv_dim,
+                                         k_rows + s.row0 * kv_dim, bytes));
+      SS_RETURN_IF_ERROR(be.CopyOnDevice(kv.v.f32() + s.start * kv_dim,
+                                         v_rows + s.row0 * kv_dim, bytes));
+    }
 
-  kernels::AttentionParams at;
-  at.rows = rows;
-  at.num_heads = nh;
-  at.num_kv_heads = nkv;
-  at.head_dim = hd;
-  at.q = q;
-  at.q_row_stride = nh * 2 * hd;
-  at.q_head_stride = 2 * hd;
-  at.gate = q + hd;
-  at.gate_row_stride = nh * 2 * hd;
-  at.gate_head_stride = 2 * hd;
-  at.k_cache = kv->k.f32();
-  at.v_cache = kv->v.f32();
-  at.kv_row_stride = kv_dim;
-  at.capacity = static_cast<int64_t>(kv->k.bytes() / sizeof(float)) / kv_dim;
-  at.first_position = start;
-  at.out = ws.attn.f32();
-  at.out_row_stride = nh * hd;
-  at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  SS_RETURN_IF_ERROR(be.Attention(at));
+    kernels::AttentionParams at;
+    at.rows = s.rows;
+    at.num_heads = nh;
+    at.num_kv_heads = nkv;
+    at.head_dim = hd;
+    at.q = q + s.row0 * q_row;
+    at.q_row_stride = q_row;
+    at.q_head_stride = 2 * hd;
+    at.gate = q + s.row0 * q_row + hd;
+    at.gate_row_stride = q_row;
+    at.gate_head_stride = 2 * hd;
+    at.k_cache = kv.k.f32();
+    at.v_cache = kv.v.f32();
+    at.kv_row_stride = kv_dim;
+    at.capacity = static_cast<int64_t>(kv.k.bytes() / sizeof(float)) / kv_dim;
+    at.first_position = s.start;
+    at.out = ws.attn.f32() + s.row0 * nh * hd;
+    at.out_row_stride = nh * hd;
+    at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    SS_RETURN_IF_ERROR(be.Attention(at));
+  }
   return be.Matmul(DenseMatmul(rows, ws.attn.f32(), a.o_proj, ws.h.f32(),
                                /*accumulate=*/true));
 }
 
 absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
-                                         LinearCache* cache, Mode mode,
-                                         int rows) {
+                                         absl::Span<LinearCache* const> caches,
+                                         absl::Span<const Slice> slices,
+                                         Mode mode, int rows) {
   const ModelConfig& c = config_;
   const int64_t nk = c.linear_num_key_heads, nv = c.linear_num_value_heads,
                 dk = c.linear_key_head_dim, dv = c.linear_value_head_dim,
@@ -111,46 +137,53 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
   // Commit: states update in place. Verify: the committed state is only
   // read; the state after column t goes to capture slot t.
   const bool verify = mode == Mode::kVerify;
+  CHECK(!verify || slices.size() == 1) << "verify runs one session";
+  CHECK_EQ(slices.size(), caches.size()) << "one cache per slice";
   const int64_t conv_state = conv_dim * (kc - 1);
   const int64_t rec_state = nv * dk * dv;
 
-  kernels::Conv1dParams cv;
-  cv.rows = rows;
-  cv.channels = conv_dim;
-  cv.kernel = kc;
-  cv.x = ws.mixed.f32();
-  cv.x_stride = conv_dim;
-  cv.y = ws.conv_out.f32();
-  cv.y_stride = conv_dim;
-  cv.weight = l.conv.f32();
-  cv.state_in = cache->conv.f32();
-  cv.state_out = verify ? cache->conv_columns.f32() : cache->conv.f32();
-  cv.state_out_stride = verify ? conv_state : 0;
-  cv.silu = true;
-  SS_RETURN_IF_ERROR(be.Conv1d(cv));
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const Slice& s = slices[i];
+    LinearCache* cache = caches[i];
+    float* conv_out = ws.conv_out.f32() + s.row0 * conv_dim;
+    kernels::Conv1dParams cv;
+    cv.rows = s.rows;
+    cv.channels = conv_dim;
+    cv.kernel = kc;
+    cv.x = ws.mixed.f32() + s.row0 * conv_dim;
+    cv.x_stride = conv_dim;
+    cv.y = conv_out;
+    cv.y_stride = conv_dim;
+    cv.weight = l.conv.f32();
+    cv.state_in = cache->conv.f32();
+    cv.state_out = verify ? cache->conv_columns.f32() : cache->conv.f32();
+    cv.state_out_stride = verify ? conv_state : 0;
+    cv.silu = true;
+    SS_RETURN_IF_ERROR(be.Conv1d(cv));
 
-  kernels::GatedDeltaRuleParams g;
-  g.rows = rows;
-  g.num_k_heads = nk;
-  g.num_v_heads = nv;
-  g.k_head_dim = dk;
-  g.v_head_dim = dv;
-  g.q = ws.conv_out.f32();
-  g.k = ws.conv_out.f32() + key_dim;
-  g.v = ws.conv_out.f32() + 2 * key_dim;
-  g.qkv_stride = conv_dim;
-  g.a = ws.a.f32();
-  g.b = ws.b.f32();
-  g.ab_stride = nv;
-  g.a_log = l.a_log.f32();
-  g.dt_bias = l.dt_bias.f32();
-  g.state_in = cache->recurrent.f32();
-  g.state_out =
-      verify ? cache->recurrent_columns.f32() : cache->recurrent.f32();
-  g.state_out_stride = verify ? rec_state : 0;
-  g.out = ws.core.f32();
-  g.out_stride = value_dim;
-  SS_RETURN_IF_ERROR(be.GatedDeltaRule(g));
+    kernels::GatedDeltaRuleParams g;
+    g.rows = s.rows;
+    g.num_k_heads = nk;
+    g.num_v_heads = nv;
+    g.k_head_dim = dk;
+    g.v_head_dim = dv;
+    g.q = conv_out;
+    g.k = conv_out + key_dim;
+    g.v = conv_out + 2 * key_dim;
+    g.qkv_stride = conv_dim;
+    g.a = ws.a.f32() + s.row0 * nv;
+    g.b = ws.b.f32() + s.row0 * nv;
+    g.ab_stride = nv;
+    g.a_log = l.a_log.f32();
+    g.dt_bias = l.dt_bias.f32();
+    g.state_in = cache->recurrent.f32();
+    g.state_out =
+        verify ? cache->recurrent_columns.f32() : cache->recurrent.f32();
+    g.state_out_stride = verify ? rec_state : 0;
+    g.out = ws.core.f32() + s.row0 * value_dim;
+    g.out_stride = value_dim;
+    SS_RETURN_IF_ERROR(be.GatedDeltaRule(g));
+  }
 
   kernels::GatedRmsNormParams gn;
   gn.rows = rows * nv;

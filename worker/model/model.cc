@@ -62,6 +62,8 @@ absl::Status Model::EnsureWorkspace() {
   SS_RETURN_IF_ERROR(floats(&ws->core, c.value_dim()));
   SS_RETURN_IF_ERROR(floats(&ws->q, 2 * c.num_attention_heads * c.head_dim));
   SS_RETURN_IF_ERROR(floats(&ws->attn, c.num_attention_heads * c.head_dim));
+  SS_RETURN_IF_ERROR(floats(&ws->k, c.num_key_value_heads * c.head_dim));
+  SS_RETURN_IF_ERROR(floats(&ws->v, c.num_key_value_heads * c.head_dim));
   SS_RETURN_IF_ERROR(floats(&ws->mlp, 2 * c.intermediate_size));
   SS_RETURN_IF_ERROR(floats(&ws->mtp_cat, 2 * H));
   SS_RETURN_IF_ERROR(floats(&ws->mtp_in, H));
@@ -82,12 +84,30 @@ absl::Status Model::CheckTokens(absl::Span<const int32_t> tokens) const {
   return absl::OkStatus();
 }
 
-absl::Status Model::RunTrunk(ModelState* state,
+absl::Status Model::CheckResident(const ModelState& state) {
+  if (state.offloaded_) {
+    return absl::FailedPreconditionError("session caches are offloaded");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::RunTrunk(absl::Span<ModelState* const> states,
+                             absl::Span<const Slice> slices,
                              absl::Span<const int32_t> tokens, Mode mode) {
   const int rows = static_cast<int>(tokens.size());
   CHECK(rows >= 1 && rows <= kMaxRows) << "RunTrunk rows " << rows;
-  const int start = state->length_;
-  CHECK_LE(start + rows, state->capacity_) << "caller checks the capacity";
+  CHECK_EQ(states.size(), slices.size()) << "one slice per state";
+  CHECK(mode == Mode::kCommit || slices.size() == 1) << "verify of one state";
+  int next_row = 0;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const Slice& s = slices[i];
+    CHECK(s.row0 == next_row && s.rows >= 1) << "slices cover the rows";
+    CHECK(!states[i]->offloaded_) << "caller checks residency";
+    CHECK_LE(s.start + s.rows, states[i]->capacity_)
+        << "caller checks the capacity";
+    next_row += s.rows;
+  }
+  CHECK_EQ(next_row, rows) << "slices cover the rows";
   const ModelConfig& c = config_;
   kernels::Backend& be = *backend_;
   Workspace& ws = *ws_;
@@ -115,15 +135,21 @@ absl::Status Model::RunTrunk(ModelState* state,
   norm.eps = c.rms_norm_eps;
 
   size_t kv_i = 0, lin_i = 0;
+  std::vector<KvCache*> kvs(states.size());
+  std::vector<LinearCache*> linear(states.size());
   for (const LayerWeights& layer : weights_.layers) {
     norm.weight = layer.input_norm.f32();
     SS_RETURN_IF_ERROR(be.RmsNorm(norm));
     if (layer.type == LayerType::kFullAttention) {
-      SS_RETURN_IF_ERROR(
-          FullAttentionBlock(layer, &state->kv_[kv_i++], start, rows));
+      for (size_t i = 0; i < states.size(); ++i) kvs[i] = &states[i]->kv_[kv_i];
+      ++kv_i;
+      SS_RETURN_IF_ERROR(FullAttentionBlock(layer, kvs, slices, rows));
     } else {
+      for (size_t i = 0; i < states.size(); ++i)
+        linear[i] = &states[i]->linear_[lin_i];
+      ++lin_i;
       SS_RETURN_IF_ERROR(
-          LinearAttentionBlock(layer, &state->linear_[lin_i++], mode, rows));
+          LinearAttentionBlock(layer, linear, slices, mode, rows));
     }
     norm.weight = layer.post_attention_norm.f32();
     SS_RETURN_IF_ERROR(be.RmsNorm(norm));
@@ -173,6 +199,7 @@ void ClearResult(int first_position, ForwardResult* out) {
 
 absl::Status Model::Prefill(ModelState* state, absl::Span<const int32_t> tokens,
                             const PrefillOptions& options, ForwardResult* out) {
+  SS_RETURN_IF_ERROR(CheckResident(*state));
   if (tokens.empty()) return absl::InvalidArgumentError("prefill: no tokens");
   if (state->verified_columns_ != 0) {
     return absl::FailedPreconditionError(
@@ -188,7 +215,10 @@ absl::Status Model::Prefill(ModelState* state, absl::Span<const int32_t> tokens,
   ClearResult(options.all_rows ? state->length_ : state->length_ + n - 1, out);
   for (int i = 0; i < n; i += kMaxRows) {
     const int rows = std::min(kMaxRows, n - i);
-    SS_RETURN_IF_ERROR(RunTrunk(state, tokens.subspan(i, rows), Mode::kCommit));
+    const Slice slice{0, rows, state->length_};
+    SS_RETURN_IF_ERROR(RunTrunk(absl::MakeConstSpan(&state, 1),
+                                absl::MakeConstSpan(&slice, 1),
+                                tokens.subspan(i, rows), Mode::kCommit));
     state->length_ += rows;
     if (options.all_rows) {
       SS_RETURN_IF_ERROR(EmitRows(0, rows, out));
@@ -206,6 +236,11 @@ absl::Status Model::Decode(ModelState* state, int32_t token,
 
 absl::Status Model::Verify(ModelState* state, absl::Span<const int32_t> tokens,
                            ForwardResult* out) {
+  SS_RETURN_IF_ERROR(CheckResident(*state));
+  if (state->draft_freed_) {
+    return absl::FailedPreconditionError(
+        "verify: the draft state was freed (FreeDraftState)");
+  }
   const int n = static_cast<int>(tokens.size());
   if (n < 1 || n > state->max_verify_columns_) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -221,7 +256,10 @@ absl::Status Model::Verify(ModelState* state, absl::Span<const int32_t> tokens,
                      " columns exceed capacity ", state->capacity_));
   }
   ClearResult(state->length_, out);
-  SS_RETURN_IF_ERROR(RunTrunk(state, tokens, Mode::kVerify));
+  const Slice slice{0, n, state->length_};
+  SS_RETURN_IF_ERROR(RunTrunk(absl::MakeConstSpan(&state, 1),
+                              absl::MakeConstSpan(&slice, 1), tokens,
+                              Mode::kVerify));
   state->verified_columns_ = n;
   return EmitRows(0, n, out);
 }

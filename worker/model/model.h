@@ -12,11 +12,19 @@
 //   // speculative round:
 //   SS_RETURN_IF_ERROR(model->Verify(state.get(), {pending, d1, d2, d3}, &r));
 //   SS_RETURN_IF_ERROR(model->CommitVerified(state.get(), accepted_column));
+//   // one token for each of several sessions, matmuls batched:
+//   SS_RETURN_IF_ERROR(model->DecodeBatch({s1, s2, s3}, {t1, t2, t3}, &r));
+//   // session pool: free the backend memory, keep the rows on the host:
+//   SS_ASSIGN_OR_RETURN(auto snap, model->Offload(state.get()));
+//   SS_RETURN_IF_ERROR(model->Restore(state.get(), *snap));
 //
 // Exactness (DESIGN.md §3, §6): every kernel is row-invariant, so
 //  - Verify column j's logits, hidden, recurrent and conv state are
 //    bit-identical to Decode of the same tokens one at a time;
-//  - Prefill (any chunking) is bit-identical to token-by-token Decode.
+//  - Prefill (any chunking) is bit-identical to token-by-token Decode;
+//  - DecodeBatch row i is bit-identical to Decode of session i alone;
+//  - a state after Offload + Restore behaves bit-identically to one never
+//    offloaded.
 // Notation: H hidden, V vocab, I intermediate; nh/nkv/hd attention heads,
 // kv heads, head dim; nk/nv/dk/dv linear key/value heads and dims; Kc conv
 // kernel; key_dim = nk·dk, value_dim = nv·dv, conv_dim = 2·key_dim+value_dim;
@@ -128,7 +136,9 @@ struct StateOptions {
 // One session's caches (create with Model::NewState). Invariant between calls:
 // the trunk caches hold exactly rows [0, length) (attention KV rows, and the
 // recurrent/conv state after row length−1); the MTP KV holds rows [0,
-// mtp_length).
+// mtp_length). While offloaded (Model::Offload) it holds no backend memory
+// and every forward call on it fails with FAILED_PRECONDITION; length and
+// mtp_length keep their values.
 class ModelState {
  public:
   int capacity() const { return capacity_; }
@@ -139,6 +149,11 @@ class ModelState {
   int mtp_length() const { return mtp_length_; }
   // Columns of the last Verify not yet committed (0 = none pending).
   int verified_columns() const { return verified_columns_; }
+  // The caches live in host memory (Model::Offload) until Model::Restore.
+  bool offloaded() const { return offloaded_; }
+  // The MTP KV and verify capture buffers exist (false after
+  // Model::FreeDraftState: only Prefill/Decode/DecodeBatch remain).
+  bool has_draft_state() const { return !draft_freed_; }
 
  private:
   friend class Model;
@@ -148,6 +163,8 @@ class ModelState {
   int length_ = 0;
   int mtp_length_ = 0;
   int verified_columns_ = 0;
+  bool offloaded_ = false;
+  bool draft_freed_ = false;
   std::vector<KvCache> kv_;          // one per full-attention layer, in order
   std::vector<LinearCache> linear_;  // one per linear-attention layer
   KvCache mtp_kv_;                   // the MTP layer's cache (when has_mtp)
@@ -162,6 +179,27 @@ struct TrunkCheckpoint {
   int mtp_length = 0;             // valid MTP rows when saved
   std::vector<Buffer> recurrent;  // per linear layer [nv][dk][dv]
   std::vector<Buffer> conv;       // per linear layer [conv_dim][Kc−1]
+
+  // Backend bytes the copies hold.
+  uint64_t bytes() const;
+};
+
+// Host copy of a session's live rows (Model::Offload), plain memory: what
+// Model::Restore needs to rebuild the state. Shapes in the notation above;
+// kv_dim = nkv·hd.
+struct HostStateSnapshot {
+  int length = 0;      // committed trunk rows
+  int mtp_length = 0;  // valid MTP rows (0 without draft state)
+  // Per full-attention layer, rows [0, length): [length][kv_dim].
+  std::vector<std::vector<float>> k;
+  std::vector<std::vector<float>> v;
+  std::vector<std::vector<float>> recurrent;  // per linear layer [nv][dk][dv]
+  std::vector<std::vector<float>> conv;  // per linear layer [conv_dim][Kc−1]
+  std::vector<float> mtp_k;              // [mtp_length][kv_dim]
+  std::vector<float> mtp_v;              // [mtp_length][kv_dim]
+
+  // Host bytes held.
+  uint64_t bytes() const;
 };
 
 // ---------------------------------------------------------------- results
@@ -169,7 +207,9 @@ struct TrunkCheckpoint {
 // Host copies of a pass's outputs, row-major.
 struct ForwardResult {
   int rows = 0;
-  int first_position = 0;       // position of row 0
+  // Position of row 0 (rows follow on). −1 for DecodeBatch, whose row i is
+  // session i's token at that session's own position.
+  int first_position = 0;
   std::vector<float> logits;    // [rows][V]
   std::vector<float> hidden;    // [rows][H]: final-norm hidden (lm_head input)
   std::vector<int32_t> argmax;  // [rows]: greedy token of each row
@@ -210,7 +250,8 @@ class Model {
 
   absl::StatusOr<std::unique_ptr<ModelState>> NewState(
       const StateOptions& options) const;
-  // Empties the caches (length 0, zero state) for a new sequence.
+  // Empties the caches (length 0, zero state) for a new sequence. A freed
+  // draft state (FreeDraftState) stays freed.
   absl::Status Reset(ModelState* state) const;
 
   // ---- Trunk.
@@ -221,6 +262,17 @@ class Model {
                        const PrefillOptions& options, ForwardResult* out);
   // Prefill of one token; `out` gets its logits, hidden and argmax.
   absl::Status Decode(ModelState* state, int32_t token, ForwardResult* out);
+  // Decode of tokens[i] on states[i] for B = states.size() <= kMaxRows
+  // distinct sessions, each at its own length: the matmuls run once over
+  // all B rows, attention / conv / the delta rule per session on its own
+  // caches. `out` row i (rows = B, first_position = −1) and session i's
+  // resulting caches are bit-identical to Decode(states[i], tokens[i])
+  // alone. All-or-nothing checks before anything runs: INVALID_ARGUMENT
+  // (sizes, duplicates, null, ids), FAILED_PRECONDITION (a pending Verify,
+  // offloaded caches), OUT_OF_RANGE (a session at capacity).
+  absl::Status DecodeBatch(absl::Span<ModelState* const> states,
+                           absl::Span<const int32_t> tokens,
+                           ForwardResult* out);
   // Runs T <= max_verify_columns tokens at [length, length+T) without
   // committing: KV rows are written, recurrent/conv states are captured
   // after every column; `out` gets every column's outputs. Column j is
@@ -271,25 +323,68 @@ class Model {
   // chain's draft rows before refilling them from true trunk hiddens.
   absl::Status TruncateMtp(ModelState* state, int rows) const;
 
+  // ---- Memory (the worker's session pool).
+  // Backend bytes `state` holds: KV, recurrent/conv states, verify
+  // captures, MTP KV. 0 while offloaded.
+  uint64_t StateBytes(const ModelState& state) const;
+  // Copies the live rows (trunk KV [0, length), recurrent + conv states,
+  // MTP KV [0, mtp_length)) to host memory and frees every backend buffer
+  // of `state`. FAILED_PRECONDITION when already offloaded or a Verify is
+  // pending. On error the state is unchanged.
+  absl::StatusOr<std::unique_ptr<HostStateSnapshot>> Offload(
+      ModelState* state) const;
+  // Makes `state` hold `snap`: reallocates the buffers of an offloaded state
+  // (same capacity and options; a resident one with no pending Verify is
+  // overwritten in place) and copies the rows back. Afterwards the state
+  // behaves bit-identically to one never offloaded. INVALID_ARGUMENT if the
+  // snapshot's shapes do not fit; on error an offloaded state stays
+  // offloaded. MTP rows are dropped when the state has no draft state.
+  absl::Status Restore(ModelState* state, const HostStateSnapshot& snap) const;
+  // One-way release of the MTP KV and verify capture buffers (demotion to
+  // batched decode): afterwards Verify, MtpForward and MtpDraft fail with
+  // FAILED_PRECONDITION, mtp_length is 0 and StateBytes drops. Idempotent;
+  // also allowed while offloaded (Restore then skips those buffers).
+  // FAILED_PRECONDITION while a Verify is pending.
+  absl::Status FreeDraftState(ModelState* state) const;
+
  private:
   enum class Mode { kCommit, kVerify };
   struct Workspace;
+  // Workspace rows [row0, row0+rows) of a pass belong to one session and sit
+  // at positions [start, start+rows) of its caches.
+  struct Slice {
+    int row0 = 0;
+    int rows = 0;
+    int start = 0;
+  };
 
   Model() = default;
   absl::Status LoadWeights();
   absl::Status EnsureWorkspace();
   absl::Status CheckTokens(absl::Span<const int32_t> tokens) const;
-  // Trunk pass over T <= kMaxRows tokens at [state->length, +T). Leaves the
-  // final-norm hidden of every row in the workspace.
-  absl::Status RunTrunk(ModelState* state, absl::Span<const int32_t> tokens,
-                        Mode mode);
+  // FAILED_PRECONDITION when `state`'s caches are offloaded.
+  static absl::Status CheckResident(const ModelState& state);
+  // Allocates every cache buffer of an empty `state` (per its capacity,
+  // max_verify_columns and draft_freed_); zero-filled.
+  absl::Status AllocateCaches(ModelState* state) const;
+  // Trunk pass over T <= kMaxRows tokens: slices[i] (covering the rows in
+  // order) runs on states[i] at slices[i].start. Leaves the final-norm
+  // hidden of every row in the workspace. kVerify takes one slice.
+  absl::Status RunTrunk(absl::Span<ModelState* const> states,
+                        absl::Span<const Slice> slices,
+                        absl::Span<const int32_t> tokens, Mode mode);
   // Copies rows [row0, row0+n) of the workspace's hidden out, with logits
   // and argmax, appending to `out`.
   absl::Status EmitRows(int row0, int n, ForwardResult* out);
-  absl::Status FullAttentionBlock(const LayerWeights& w, KvCache* kv, int start,
-                                  int rows);
-  absl::Status LinearAttentionBlock(const LayerWeights& w, LinearCache* cache,
-                                    Mode mode, int rows);
+  // The blocks batch their matmuls over all `rows`; the cache ops run per
+  // slice on kvs[i] / caches[i].
+  absl::Status FullAttentionBlock(const LayerWeights& w,
+                                  absl::Span<KvCache* const> kvs,
+                                  absl::Span<const Slice> slices, int rows);
+  absl::Status LinearAttentionBlock(const LayerWeights& w,
+                                    absl::Span<LinearCache* const> caches,
+                                    absl::Span<const Slice> slices, Mode mode,
+                                    int rows);
   absl::Status MlpBlock(const LayerWeights& w, int rows);
 
   ModelConfig config_;

@@ -16,6 +16,11 @@ absl::Status Model::MtpForward(ModelState* state,
   if (!weights_.has_mtp) {
     return absl::FailedPreconditionError("the checkpoint has no MTP head");
   }
+  SS_RETURN_IF_ERROR(CheckResident(*state));
+  if (state->draft_freed_) {
+    return absl::FailedPreconditionError(
+        "mtp: the draft state was freed (FreeDraftState)");
+  }
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size;
   const int n = static_cast<int>(next_tokens.size());
@@ -87,8 +92,11 @@ absl::Status Model::MtpForward(ModelState* state,
     norm.y_stride = H;
     norm.weight = m.layer.input_norm.f32();
     SS_RETURN_IF_ERROR(be.RmsNorm(norm));
-    SS_RETURN_IF_ERROR(
-        FullAttentionBlock(m.layer, &state->mtp_kv_, start, rows));
+    KvCache* kv = &state->mtp_kv_;
+    const Slice slice{0, rows, start};
+    SS_RETURN_IF_ERROR(FullAttentionBlock(m.layer, absl::MakeConstSpan(&kv, 1),
+                                          absl::MakeConstSpan(&slice, 1),
+                                          rows));
     norm.weight = m.layer.post_attention_norm.f32();
     SS_RETURN_IF_ERROR(be.RmsNorm(norm));
     SS_RETURN_IF_ERROR(MlpBlock(m.layer, rows));

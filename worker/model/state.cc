@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 #include "telemetry/status_macros.h"
 #include "worker/model/model.h"
 
@@ -10,7 +11,6 @@ namespace specserve::model {
 
 absl::StatusOr<std::unique_ptr<ModelState>> Model::NewState(
     const StateOptions& options) const {
-  const ModelConfig& c = config_;
   if (options.capacity < 1 || options.max_verify_columns < 1 ||
       options.max_verify_columns > kMaxRows) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -20,14 +20,23 @@ absl::StatusOr<std::unique_ptr<ModelState>> Model::NewState(
   std::unique_ptr<ModelState> s(new ModelState());
   s->capacity_ = options.capacity;
   s->max_verify_columns_ = options.max_verify_columns;
+  SS_RETURN_IF_ERROR(AllocateCaches(s.get()));
+  return s;
+}
+
+absl::Status Model::AllocateCaches(ModelState* s) const {
+  CHECK(s->kv_.empty() && s->linear_.empty() && s->mtp_kv_.k.data() == nullptr)
+      << "AllocateCaches on a state that holds buffers";
+  const ModelConfig& c = config_;
   kernels::Backend& be = *backend_;
-  const size_t kv_floats = static_cast<size_t>(options.capacity) *
-                           c.num_key_value_heads * c.head_dim;
+  const bool draft = !s->draft_freed_;
+  const size_t kv_floats =
+      static_cast<size_t>(s->capacity_) * c.num_key_value_heads * c.head_dim;
   const size_t rec = static_cast<size_t>(c.linear_num_value_heads) *
                      c.linear_key_head_dim * c.linear_value_head_dim;
   const size_t conv =
       static_cast<size_t>(c.conv_dim()) * (c.linear_conv_kernel_dim - 1);
-  const size_t cols = options.max_verify_columns;
+  const size_t cols = s->max_verify_columns_;
   for (LayerType t : c.layer_types) {
     if (t == LayerType::kFullAttention) {
       KvCache kv;
@@ -38,19 +47,23 @@ absl::StatusOr<std::unique_ptr<ModelState>> Model::NewState(
       LinearCache lc;
       SS_ASSIGN_OR_RETURN(lc.recurrent, be.AllocateFloats(rec));
       SS_ASSIGN_OR_RETURN(lc.conv, be.AllocateFloats(conv));
-      SS_ASSIGN_OR_RETURN(lc.recurrent_columns, be.AllocateFloats(cols * rec));
-      SS_ASSIGN_OR_RETURN(lc.conv_columns, be.AllocateFloats(cols * conv));
+      if (draft) {
+        SS_ASSIGN_OR_RETURN(lc.recurrent_columns,
+                            be.AllocateFloats(cols * rec));
+        SS_ASSIGN_OR_RETURN(lc.conv_columns, be.AllocateFloats(cols * conv));
+      }
       s->linear_.push_back(std::move(lc));
     }
   }
-  if (weights_.has_mtp) {
+  if (weights_.has_mtp && draft) {
     SS_ASSIGN_OR_RETURN(s->mtp_kv_.k, be.AllocateFloats(kv_floats));
     SS_ASSIGN_OR_RETURN(s->mtp_kv_.v, be.AllocateFloats(kv_floats));
   }
-  return s;
+  return absl::OkStatus();
 }
 
 absl::Status Model::Reset(ModelState* state) const {
+  SS_RETURN_IF_ERROR(CheckResident(*state));
   for (LinearCache& lc : state->linear_) {
     SS_RETURN_IF_ERROR(
         backend_->Zero(lc.recurrent.data(), lc.recurrent.bytes()));
@@ -64,6 +77,7 @@ absl::Status Model::Reset(ModelState* state) const {
 }
 
 absl::Status Model::CommitVerified(ModelState* state, int column) {
+  SS_RETURN_IF_ERROR(CheckResident(*state));
   if (column < 0 || column >= state->verified_columns_) {
     return absl::InvalidArgumentError(
         absl::StrCat("commit: column ", column, " of ",
@@ -93,6 +107,7 @@ void Model::DiscardVerified(ModelState* state) const {
 absl::Status Model::ReadLinearState(const ModelState& state, int index,
                                     int column, std::vector<float>* recurrent,
                                     std::vector<float>* conv) const {
+  SS_RETURN_IF_ERROR(CheckResident(state));
   if (index < 0 || index >= static_cast<int>(state.linear_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("no linear layer ", index));
   }
@@ -118,6 +133,7 @@ absl::Status Model::ReadLinearState(const ModelState& state, int index,
 
 absl::StatusOr<std::unique_ptr<TrunkCheckpoint>> Model::SaveCheckpoint(
     const ModelState& state) const {
+  SS_RETURN_IF_ERROR(CheckResident(state));
   if (state.verified_columns_ != 0) {
     return absl::FailedPreconditionError("checkpoint: a verify is pending");
   }
@@ -140,6 +156,7 @@ absl::StatusOr<std::unique_ptr<TrunkCheckpoint>> Model::SaveCheckpoint(
 
 absl::Status Model::RestoreCheckpoint(ModelState* state,
                                       const TrunkCheckpoint& cp) const {
+  SS_RETURN_IF_ERROR(CheckResident(*state));
   if (cp.recurrent.size() != state->linear_.size() ||
       cp.conv.size() != state->linear_.size() || cp.length > state->capacity_) {
     return absl::InvalidArgumentError("checkpoint does not fit this state");
@@ -159,6 +176,7 @@ absl::Status Model::RestoreCheckpoint(ModelState* state,
 }
 
 absl::Status Model::TruncateMtp(ModelState* state, int rows) const {
+  SS_RETURN_IF_ERROR(CheckResident(*state));
   if (rows < 0) return absl::InvalidArgumentError("mtp: negative row count");
   state->mtp_length_ = std::min(state->mtp_length_, rows);
   return absl::OkStatus();

@@ -22,6 +22,9 @@ struct Model::Workspace {
   Buffer core;      // [R][value_dim] delta-rule output, gated-normed in place
   Buffer q;         // [R][nh][2·hd] per head [query | gate]
   Buffer attn;      // [R][nh·hd] gated attention output
+  Buffer k;         // [R][nkv·hd] keys of a batch, before each row's copy
+  Buffer v;         // [R][nkv·hd] values, likewise (one-session passes
+                    // project straight into the cache instead)
   Buffer mlp;       // [R][2·I] [gate | up], activation in the gate half
   Buffer mtp_cat;   // [R][2·H] [norm_emb(e) | norm_hid(h)]
   Buffer mtp_in;    // [R][H] trunk hiddens given to the MTP head

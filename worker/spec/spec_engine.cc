@@ -48,14 +48,16 @@ absl::StatusOr<std::unique_ptr<SpecSession>> SpecEngine::Admit(
   auto s = std::make_unique<SpecSession>(id, std::move(caches),
                                          model_->has_mtp());
   if (!history.empty()) {
-    SS_RETURN_IF_ERROR(Append(s.get(), history));
-    SS_RETURN_IF_ERROR(SaveCheckpoint(s.get()));
+    SS_RETURN_IF_ERROR(executor_->Exclusive([&] {
+      SS_RETURN_IF_ERROR(AppendLocked(s.get(), history));
+      return SaveCheckpointLocked(s.get());
+    }));
   }
   s->CheckInvariants();
   return s;
 }
 
-absl::Status SpecEngine::FillMtp(SpecSession* s, int first_row,
+absl::Status SpecEngine::FillMtpLocked(SpecSession* s, int first_row,
                                  absl::Span<const float> hiddens,
                                  absl::Span<const int32_t> next_tokens) {
   if (!s->can_draft() || next_tokens.empty()) return absl::OkStatus();
@@ -63,8 +65,8 @@ absl::Status SpecEngine::FillMtp(SpecSession* s, int first_row,
                             nullptr);
 }
 
-absl::Status SpecEngine::Append(SpecSession* s,
-                                absl::Span<const int32_t> tokens) {
+absl::Status SpecEngine::AppendLocked(SpecSession* s,
+                                      absl::Span<const int32_t> tokens) {
   const int old_len = s->committed_len();
   const int H = model_->config().hidden_size;
   model::PrefillOptions options;
@@ -90,7 +92,7 @@ absl::Status SpecEngine::Append(SpecSession* s,
                    r.hidden.begin() + static_cast<size_t>(last) * H);
     next_tokens.assign(tokens.begin(), tokens.end());
     if (old_len == 0) next_tokens.erase(next_tokens.begin());
-    SS_RETURN_IF_ERROR(FillMtp(s, first_row, hiddens, next_tokens));
+    SS_RETURN_IF_ERROR(FillMtpLocked(s, first_row, hiddens, next_tokens));
   }
   s->committed.insert(s->committed.end(), tokens.begin(), tokens.end());
   const int V = model_->config().vocab_size;
@@ -103,7 +105,7 @@ absl::Status SpecEngine::Append(SpecSession* s,
   return absl::OkStatus();
 }
 
-absl::Status SpecEngine::SaveCheckpoint(SpecSession* s) {
+absl::Status SpecEngine::SaveCheckpointLocked(SpecSession* s) {
   if (s->mode() == DecodeMode::kBatched) return absl::OkStatus();
   auto c = std::make_unique<TurnCheckpoint>();
   c->pos = s->committed_len();
@@ -114,20 +116,28 @@ absl::Status SpecEngine::SaveCheckpoint(SpecSession* s) {
   return absl::OkStatus();
 }
 
-absl::Status SpecEngine::Flush(SpecSession* s) {
-  if (!s->has_pending()) return absl::OkStatus();
-  const int32_t tok = *s->pending_tok;
+absl::Status SpecEngine::CommitOne(SpecSession* s, int32_t tok,
+                                   model::ForwardResult* out) {
   const int old_len = s->committed_len();
-  model::ForwardResult r;
-  SS_RETURN_IF_ERROR(model_->Decode(s->caches(), tok, &r));
+  SS_RETURN_IF_ERROR(executor_->Decode(s->caches(), tok, out));
   ++trunk_passes_;
   if (s->can_draft() && old_len > 0) {
-    SS_RETURN_IF_ERROR(FillMtp(s, old_len - 1, s->last_hidden(), {tok}));
+    // MTP row old_len−1 pairs the previous last hidden with `tok`.
+    SS_RETURN_IF_ERROR(executor_->Exclusive([&] {
+      return FillMtpLocked(s, old_len - 1, s->last_hidden(), {tok});
+    }));
   }
   s->committed.push_back(tok);
+  s->last_hidden() = out->hidden;
+  s->last_logits() = out->logits;
+  return absl::OkStatus();
+}
+
+absl::Status SpecEngine::Flush(SpecSession* s) {
+  if (!s->has_pending()) return absl::OkStatus();
+  model::ForwardResult r;
+  SS_RETURN_IF_ERROR(CommitOne(s, *s->pending_tok, &r));
   s->pending_tok.reset();
-  s->last_hidden() = r.hidden;
-  s->last_logits() = r.logits;
   s->next_pred = r.argmax[0];
   return absl::OkStatus();
 }
@@ -142,7 +152,8 @@ absl::Status SpecEngine::Rewind(SpecSession* s) {
     return absl::FailedPreconditionError(absl::StrCat(
         "session ", s->id(), ": the checkpoint's rows are no longer resident"));
   }
-  SS_RETURN_IF_ERROR(model_->RestoreCheckpoint(s->caches(), *c->trunk));
+  SS_RETURN_IF_ERROR(executor_->Exclusive(
+      [&] { return model_->RestoreCheckpoint(s->caches(), *c->trunk); }));
   s->committed.resize(c->pos);
   s->pending_tok.reset();
   s->last_hidden() = c->last_hidden;
@@ -159,46 +170,34 @@ absl::Status SpecEngine::Demote(SpecSession* s) {
         "session ", s->id(), " has no prediction to hand over (no turn yet)"));
   }
   s->MarkDemoted();
-  return absl::OkStatus();
+  // The batched path never drafts: free the MTP KV and verify captures.
+  return executor_->Exclusive(
+      [&] { return model_->FreeDraftState(s->caches()); });
 }
 
-bool SpecEngine::Injects(const BurstParams& p, int columns) const {
-  // The next `columns` produced tokens are numbers produced_in_burst_+1 ..
-  // produced_in_burst_+columns of this burst.
-  return p.inject_nan_at > produced_in_burst_ &&
-         p.inject_nan_at <= produced_in_burst_ + columns;
-}
-
-absl::StatusOr<int32_t> SpecEngine::Choose(SpecSession* s, const BurstParams& p,
+absl::StatusOr<int32_t> SpecEngine::Choose(SpecSession* s, const BurstCtx& b,
                                            const float* logits) {
+  const BurstParams& p = b.params;
   const int V = model_->config().vocab_size;
-  if (Injects(p, 1) || !AllFinite(logits, V)) return NonFinite(s->id());
+  if (b.Injects(1) || !AllFinite(logits, V)) return NonFinite(s->id());
   if (p.sampling.greedy()) return ArgmaxFirst(logits, V);
   std::vector<float> probs;
   SS_RETURN_IF_ERROR(FilteredProbs(logits, V, p.sampling, &probs));
   return DrawToken(probs, p.seed, &s->counters);
 }
 
-absl::Status SpecEngine::PlainStep(SpecSession* s, const BurstParams& p,
+absl::Status SpecEngine::PlainStep(SpecSession* s, const BurstCtx& b,
                                    int32_t* next_token) {
-  const int32_t tok = *s->pending_tok;
-  const int old_len = s->committed_len();
   model::ForwardResult r;
-  SS_RETURN_IF_ERROR(model_->Decode(s->caches(), tok, &r));
-  ++trunk_passes_;
-  if (s->can_draft() && old_len > 0) {
-    SS_RETURN_IF_ERROR(FillMtp(s, old_len - 1, s->last_hidden(), {tok}));
-  }
-  s->committed.push_back(tok);
-  s->last_hidden() = r.hidden;
-  s->last_logits() = r.logits;
-  SS_ASSIGN_OR_RETURN(*next_token, Choose(s, p, r.logits.data()));
+  SS_RETURN_IF_ERROR(CommitOne(s, *s->pending_tok, &r));
+  SS_ASSIGN_OR_RETURN(*next_token, Choose(s, b, r.logits.data()));
   s->pending_tok = *next_token;
   return absl::OkStatus();
 }
 
-absl::Status SpecEngine::Round(SpecSession* s, const BurstParams& p, int k,
-                               std::vector<int32_t>* emitted) {
+absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
+                                     std::vector<int32_t>* emitted) {
+  const BurstParams& p = b.params;
   const int V = model_->config().vocab_size;
   const int H = model_->config().hidden_size;
   const int32_t x = *s->pending_tok;
@@ -233,7 +232,7 @@ absl::Status SpecEngine::Round(SpecSession* s, const BurstParams& p, int k,
   model::ForwardResult v;
   SS_RETURN_IF_ERROR(model_->Verify(s->caches(), columns, &v));
   ++trunk_passes_;
-  if (Injects(p, k + 1) || !AllFinite(v.logits.data(), (k + 1) * V)) {
+  if (b.Injects(k + 1) || !AllFinite(v.logits.data(), (k + 1) * V)) {
     model_->DiscardVerified(s->caches());
     return NonFinite(s->id());
   }
@@ -258,7 +257,7 @@ absl::Status SpecEngine::Round(SpecSession* s, const BurstParams& p, int k,
                             v.hidden.begin() + static_cast<size_t>(n) * H);
   std::vector<int32_t> next(drafts.begin(), drafts.begin() + n);
   SS_RETURN_IF_ERROR(model_->TruncateMtp(s->caches(), L));
-  SS_RETURN_IF_ERROR(FillMtp(s, L, true_h, next));
+  SS_RETURN_IF_ERROR(FillMtpLocked(s, L, true_h, next));
 
   s->committed.insert(s->committed.end(), columns.begin(),
                       columns.begin() + n + 1);
@@ -278,7 +277,7 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(SpecSession* s,
                                                  const EmitFn& emit) {
   s->CheckInvariants();
   const SpecTelemetry before = s->telem;
-  produced_in_burst_ = 0;
+  BurstCtx b{p};
   BurstResult result;
   if (p.rewind) SS_RETURN_IF_ERROR(Rewind(s));
   // A new turn, or a sampled one, starts from a flushed session.
@@ -292,8 +291,10 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(SpecSession* s,
           p.suffix.size(), " new tokens exceed the capacity of ", capacity,
           " rows"));
     }
-    SS_RETURN_IF_ERROR(Append(s, p.suffix));
-    SS_RETURN_IF_ERROR(SaveCheckpoint(s));
+    SS_RETURN_IF_ERROR(executor_->Exclusive([&] {
+      SS_RETURN_IF_ERROR(AppendLocked(s, p.suffix));
+      return SaveCheckpointLocked(s);
+    }));
   }
   if (s->committed.empty()) {
     return absl::InvalidArgumentError(
@@ -309,7 +310,7 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(SpecSession* s,
   };
   auto deliver = [&](absl::Span<const int32_t> tokens) {
     result.produced += static_cast<int>(tokens.size());
-    produced_in_burst_ = result.produced;
+    b.produced = result.produced;
     bool keep_going = emit(tokens);
     bool stop = false;
     for (int32_t t : tokens) stop = stop || IsStop(p, t);
@@ -323,10 +324,10 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(SpecSession* s,
     if (p.max_new <= 0) return finish(BurstEnd::kMaxNew);
     int32_t first;
     if (p.sampling.greedy()) {
-      if (Injects(p, 1)) return NonFinite(s->id());
+      if (b.Injects(1)) return NonFinite(s->id());
       first = *s->next_pred;
     } else {
-      SS_ASSIGN_OR_RETURN(first, Choose(s, p, s->last_logits().data()));
+      SS_ASSIGN_OR_RETURN(first, Choose(s, b, s->last_logits().data()));
     }
     s->next_pred.reset();
     s->pending_tok = first;
@@ -345,10 +346,11 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(SpecSession* s,
                                  : 0;
     std::vector<int32_t> emitted;
     if (k > 0) {
-      SS_RETURN_IF_ERROR(Round(s, p, k, &emitted));
+      SS_RETURN_IF_ERROR(executor_->Exclusive(
+          [&] { return RoundLocked(s, b, k, &emitted); }));
     } else {
       int32_t next;
-      SS_RETURN_IF_ERROR(PlainStep(s, p, &next));
+      SS_RETURN_IF_ERROR(PlainStep(s, b, &next));
       emitted = {next};
     }
     auto [go, stop] = deliver(emitted);

@@ -6,11 +6,14 @@
 // client saw is ever lost. Rounds end at round boundaries only: max_new may be
 // overshot by up to k (reported), a stop token ends the burst after its round.
 //
-// Thread safety: one engine call at a time per session; calls on different
-// sessions must be serialized by the caller too (they share the Model).
+// Thread safety: one engine call at a time per session (the caller's session
+// lease guarantees it); calls on different sessions may run concurrently:
+// every model call goes through the ModelExecutor, which serializes them and
+// batches concurrent plain-decode steps.
 #ifndef SPECSERVE_WORKER_SPEC_SPEC_ENGINE_H_
 #define SPECSERVE_WORKER_SPEC_SPEC_ENGINE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -20,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "worker/model/model.h"
+#include "worker/spec/model_executor.h"
 #include "worker/spec/sampling.h"
 #include "worker/spec/spec_session.h"
 
@@ -55,7 +59,8 @@ using EmitFn = std::function<bool(absl::Span<const int32_t>)>;
 
 class SpecEngine {
  public:
-  explicit SpecEngine(model::Model* model) : model_(model) {}
+  explicit SpecEngine(ModelExecutor* executor)
+      : executor_(executor), model_(executor->model()) {}
 
   // A new session with caches for `capacity` rows, prefilled with `history`
   // (may be empty). OUT_OF_RANGE when history does not fit.
@@ -74,36 +79,49 @@ class SpecEngine {
 
   // Trunk passes (prefill, decode, verify) run so far: lets tests check that
   // continuation bursts run no solo passes.
-  int64_t trunk_passes() const { return trunk_passes_; }
+  int64_t trunk_passes() const { return trunk_passes_.load(); }
 
   model::Model* model() const { return model_; }
 
  private:
+  // Per-burst bookkeeping (bursts of different sessions run concurrently).
+  struct BurstCtx {
+    const BurstParams& params;
+    int produced = 0;  // tokens emitted so far in this burst
+    // Whether fault injection poisons one of the next `columns` tokens.
+    bool Injects(int columns) const {
+      return params.inject_nan_at > produced &&
+             params.inject_nan_at <= produced + columns;
+    }
+  };
+
   // Appends `tokens` to the caches (prefill), refreshing MTP rows and the
-  // last hidden/logits; sets next_pred.
-  absl::Status Append(SpecSession* s, absl::Span<const int32_t> tokens);
-  // MTP rows [first_row, first_row + n) from true trunk hiddens.
-  absl::Status FillMtp(SpecSession* s, int first_row,
-                       absl::Span<const float> hiddens,
-                       absl::Span<const int32_t> next_tokens);
-  // Picks the token after logits row `logits` (greedy or sampled).
-  absl::StatusOr<int32_t> Choose(SpecSession* s, const BurstParams& p,
+  // last hidden/logits; sets next_pred. Requires the model lock.
+  absl::Status AppendLocked(SpecSession* s, absl::Span<const int32_t> tokens);
+  // MTP rows [first_row, first_row + n) from true trunk hiddens. Requires
+  // the model lock.
+  absl::Status FillMtpLocked(SpecSession* s, int first_row,
+                             absl::Span<const float> hiddens,
+                             absl::Span<const int32_t> next_tokens);
+  // Commits `tok` with one (batched) decode step and refreshes the MTP row
+  // before it; `out` gets the step's outputs.
+  absl::Status CommitOne(SpecSession* s, int32_t tok,
+                         model::ForwardResult* out);
+  // Picks the token after `logits` (greedy or sampled).
+  absl::StatusOr<int32_t> Choose(SpecSession* s, const BurstCtx& b,
                                  const float* logits);
   // One plain step: commits the pending token, picks the next.
-  absl::Status PlainStep(SpecSession* s, const BurstParams& p,
+  absl::Status PlainStep(SpecSession* s, const BurstCtx& b,
                          int32_t* next_token);
   // One speculative round with draft depth k: emits accepted drafts and the
-  // bonus into `emitted`.
-  absl::Status Round(SpecSession* s, const BurstParams& p, int k,
-                     std::vector<int32_t>* emitted);
-  absl::Status SaveCheckpoint(SpecSession* s);
-  // Whether fault injection poisons one of the next `columns` tokens.
-  bool Injects(const BurstParams& p, int columns) const;
+  // bonus into `emitted`. Requires the model lock.
+  absl::Status RoundLocked(SpecSession* s, const BurstCtx& b, int k,
+                           std::vector<int32_t>* emitted);
+  absl::Status SaveCheckpointLocked(SpecSession* s);
 
+  ModelExecutor* const executor_;
   model::Model* const model_;
-  int64_t trunk_passes_ = 0;
-  // Produced-token index of the current burst (for fault injection).
-  int produced_in_burst_ = 0;
+  std::atomic<int64_t> trunk_passes_{0};
 };
 
 }  // namespace specserve::spec

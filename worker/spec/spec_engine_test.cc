@@ -110,7 +110,8 @@ class SpecEngineTest : public ::testing::TestWithParam<std::string> {
 // Greedy speculative bursts == plain greedy, over random multi-turn scripts.
 TEST_P(SpecEngineTest, GreedySpecEqualsPlainAcrossScripts) {
   constexpr int kCapacity = 512;
-  SpecEngine engine(model_.get());
+  ModelExecutor executor(model_.get());
+  SpecEngine engine(&executor);
   std::mt19937 rng(11);
   for (int k = 1; k <= 6; ++k) {
     for (int burst : {1, 2, 5, 32}) {
@@ -176,7 +177,8 @@ TEST_P(SpecEngineTest, GreedySpecEqualsPlainAcrossScripts) {
 // Never write past capacity: with the capacity exactly at the edge, every k
 // ends CONTEXT_FULL with every emitted token committable.
 TEST_P(SpecEngineTest, CapacityEdgeForEveryK) {
-  SpecEngine engine(model_.get());
+  ModelExecutor executor(model_.get());
+  SpecEngine engine(&executor);
   std::mt19937 rng(5);
   for (int k = 0; k <= 6; ++k) {
     for (int slack = 0; slack <= 9; ++slack) {
@@ -204,7 +206,8 @@ TEST_P(SpecEngineTest, CapacityEdgeForEveryK) {
 // A continuation burst after a round runs one trunk pass per round: the
 // carried pending token rides in verify column 0 (no solo passes).
 TEST_P(SpecEngineTest, ContinuationRunsNoSoloPass) {
-  SpecEngine engine(model_.get());
+  ModelExecutor executor(model_.get());
+  SpecEngine engine(&executor);
   std::mt19937 rng(9);
   auto s = engine.Admit("c", 256, RandomTokens(&rng, 8, vocab_)).value();
   BurstParams p;
@@ -221,7 +224,8 @@ TEST_P(SpecEngineTest, ContinuationRunsNoSoloPass) {
 }
 
 TEST_P(SpecEngineTest, SampledSameSeedSameOutput) {
-  SpecEngine engine(model_.get());
+  ModelExecutor executor(model_.get());
+  SpecEngine engine(&executor);
   std::mt19937 rng(21);
   const std::vector<int32_t> prompt = RandomTokens(&rng, 7, vocab_);
   std::vector<std::vector<int32_t>> runs;
@@ -250,7 +254,8 @@ double ChiSquareCritical01(int dof) {
 // Two-sample chi-square on the first three tokens: speculative sampling and
 // plain sampling draw from the same distribution.
 TEST_P(SpecEngineTest, SampledDistributionMatchesPlain) {
-  SpecEngine engine(model_.get());
+  ModelExecutor executor(model_.get());
+  SpecEngine engine(&executor);
   std::mt19937 rng(33);
   const std::vector<int32_t> prompt = RandomTokens(&rng, 5, vocab_);
   // SPEC_CHI_SEEDS overrides the count for longer runs by hand.
@@ -304,7 +309,8 @@ TEST_P(SpecEngineTest, SampledDistributionMatchesPlain) {
 }
 
 TEST_P(SpecEngineTest, TelemetryDeltasSumToTotals) {
-  SpecEngine engine(model_.get());
+  ModelExecutor executor(model_.get());
+  SpecEngine engine(&executor);
   std::mt19937 rng(4);
   auto s = engine.Admit("t", 256, RandomTokens(&rng, 6, vocab_)).value();
   SpecTelemetry sum;
@@ -325,7 +331,8 @@ TEST_P(SpecEngineTest, TelemetryDeltasSumToTotals) {
 }
 
 TEST_P(SpecEngineTest, NanLogitsFailTheBurst) {
-  SpecEngine engine(model_.get());
+  ModelExecutor executor(model_.get());
+  SpecEngine engine(&executor);
   std::mt19937 rng(8);
   for (int at : {1, 2, 5}) {
     auto s = engine.Admit("n", 256, RandomTokens(&rng, 6, vocab_)).value();

@@ -1,0 +1,552 @@
+#include "scheduler/generate_call.h"
+
+#include <algorithm>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "scheduler/burst_client.h"
+#include "scheduler/output_stream.h"
+#include "scheduler/placement.h"
+#include "telemetry/grpc_reactors.h"
+#include "telemetry/status_macros.h"
+
+namespace specserve::scheduler {
+namespace {
+
+using specserve::v1::FinishReason;
+using specserve::v1::GenerateEvent;
+using specserve::v1::GenerateRequest;
+using specserve::worker::v1::BurstSummary;
+
+uint64_t RandomU64() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng() | 1;  // never 0, which means "unset"
+}
+
+std::string NewRequestId() {
+  return absl::StrCat("req_", absl::Hex(RandomU64(), absl::kZeroPad16));
+}
+
+// Everything one request carries between its steps.
+class Call {
+ public:
+  Call(SchedulerContext* ctx, const GenerateRequest& request,
+       absl::Time deadline, GenerateWriter* out)
+      : ctx_(ctx), req_(request), deadline_(deadline), out_(out) {}
+
+  void Run(AdmissionTicket ticket);
+
+ private:
+  bool Cancelled() const {
+    return (cancel_ != nullptr && cancel_->load()) || out_->cancelled();
+  }
+  absl::Status WaitForSlot(AdmissionTicket* ticket);
+  absl::Status Tokenize();
+  absl::Status OpenSession();
+  // Makes the session resident on an available worker (rebuilding it by
+  // prefill when it is NEW or LOST there).
+  absl::Status EnsureResident();
+  absl::Status AdmitOn(int worker, const std::vector<uint32_t>& history);
+  // The spec gate for the next burst: returns the draft depth (0 = plain).
+  uint32_t Gate();
+  absl::Status RunBursts();
+  // Worker-side copy no longer trusted: release it, mark the session LOST.
+  void DropWorkerCopy(const std::string& why);
+  void Park();
+  void SendFinal();
+  grpc::Status Fail(const absl::Status& s);
+
+  SchedulerContext* const ctx_;
+  const GenerateRequest& req_;
+  Limits limits_;
+  std::vector<uint32_t> eos_;
+  const absl::Time deadline_;
+  GenerateWriter* const out_;
+
+  std::string request_id_;
+  RequestRegistry::CancelFlag cancel_;
+  absl::Time start_ = absl::Now();
+  std::optional<absl::Time> last_token_time_;
+
+  std::vector<uint32_t> input_;  // this turn's new tokens
+  bool input_was_text_ = false;
+  bool one_shot_ = false;
+  SessionLease lease_;
+  bool rewind_ = false;
+  // History the worker copy must hold before this turn's suffix.
+  std::vector<uint32_t> base_;
+  int worker_ = -1;
+  bool worker_has_base_ = false;  // the worker copy already holds base_
+  uint64_t seed_ = 0;
+  uint32_t max_tokens_ = 0;
+
+  std::unique_ptr<OutputStream> output_;
+  uint32_t produced_ = 0;  // tokens committed by this request's bursts
+  uint32_t cached_ = 0;
+  bool suffix_recorded_ = false;
+  FinishReason finish_ = specserve::v1::FINISH_REASON_UNSPECIFIED;
+  specserve::v1::SpecStats spec_stats_;
+  SessionTelemetryTotals spec_totals_;
+};
+
+void Call::Run(AdmissionTicket ticket) {
+  request_id_ = req_.request_id().empty() ? NewRequestId() : req_.request_id();
+  cancel_ = ctx_->requests->Register(request_id_);
+  if (cancel_ == nullptr) {
+    out_->Finish(grpc::Status(
+        grpc::StatusCode::ALREADY_EXISTS,
+        absl::StrCat("request_id ", request_id_, " is already running")));
+    return;
+  }
+  absl::Status s = WaitForSlot(&ticket);
+  if (s.ok() && !ctx_->CurrentLimits(&limits_)) {
+    s = absl::UnavailableError("no worker has reported its model yet");
+  }
+  eos_ = ctx_->EosIds();
+  if (s.ok()) s = Tokenize();
+  if (s.ok()) s = OpenSession();
+  if (s.ok()) s = RunBursts();
+  if (!s.ok()) {
+    out_->Finish(Fail(s));
+  } else {
+    SendFinal();
+    out_->Finish(grpc::Status::OK);
+  }
+  if (lease_.valid()) {
+    // Parks a kept session (or frees a one-shot one); failed paths already
+    // dropped the worker copy (worker_ < 0).
+    Park();
+    if (one_shot_ && lease_.valid()) {
+      const std::string id = lease_.id();
+      lease_.Release();
+      ctx_->sessions->Close(id, "").IgnoreError();
+    }
+    if (lease_.valid()) lease_.Release();
+  }
+  ctx_->requests->Unregister(request_id_);
+  ctx_->metrics->num_requests_running()->Add(-1);
+  ctx_->metrics->e2e_request_latency()->Observe(
+      absl::ToDoubleSeconds(absl::Now() - start_));
+}
+
+grpc::Status Call::Fail(const absl::Status& s) {
+  ctx_->metrics->requests_rejected(s.code())->Increment();
+  return telemetry::ToGrpc(s);
+}
+
+absl::Status Call::WaitForSlot(AdmissionTicket* ticket) {
+  ctx_->metrics->num_requests_waiting()->Add(1);
+  absl::Status s = ticket->Wait(deadline_, [this] { return out_->cancelled(); });
+  ctx_->metrics->num_requests_waiting()->Add(-1);
+  ctx_->metrics->num_requests_running()->Add(1);
+  ctx_->metrics->request_queue_time()->Observe(
+      absl::ToDoubleSeconds(absl::Now() - start_));
+  return s;
+}
+
+absl::Status Call::Tokenize() {
+  if (req_.has_token_ids()) {
+    input_.assign(req_.token_ids().ids().begin(), req_.token_ids().ids().end());
+  } else {
+    if (ctx_->tokenizer == nullptr) {
+      return absl::FailedPreconditionError(
+          "this model directory has no tokenizer.json: send token_ids "
+          "instead of text");
+    }
+    input_ = ctx_->tokenizer->Encode(req_.text(), /*parse_special=*/true);
+    input_was_text_ = true;
+  }
+  ctx_->metrics->prompt_tokens()->Increment(input_.size());
+  ctx_->metrics->request_prompt_tokens()->Observe(input_.size());
+  return absl::OkStatus();
+}
+
+absl::Status Call::OpenSession() {
+  one_shot_ = !req_.has_session();
+  max_tokens_ = req_.stopping().max_tokens();
+  const uint32_t k_room = limits_.max_k + 2;
+  if (one_shot_ || req_.session().session_id().empty()) {
+    uint32_t capacity = one_shot_ ? 0 : req_.session().capacity();
+    if (one_shot_) {
+      SS_RETURN_IF_ERROR(
+          ValidatePromptLength(input_.size(), max_tokens_, limits_));
+      // Room for the prompt, max_tokens and a last round's overshoot.
+      capacity = max_tokens_ == 0
+                     ? limits_.max_context
+                     : std::min<uint64_t>(limits_.max_context,
+                                          input_.size() + max_tokens_ + k_room);
+    }
+    SS_ASSIGN_OR_RETURN(lease_, ctx_->sessions->OpenAndAcquire(capacity, ""));
+  } else {
+    SS_ASSIGN_OR_RETURN(lease_,
+                        ctx_->sessions->Acquire(req_.session().session_id(), ""));
+  }
+  ctx_->requests->SetSession(request_id_, lease_.id());
+  const SessionSnapshot snap = lease_.Snapshot();
+  std::vector<uint32_t> history = lease_.History();
+  rewind_ = !one_shot_ && req_.session().mode() == specserve::v1::SessionTurn::REWIND;
+  if (rewind_) {
+    if (!snap.rewind_pos) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session ", lease_.id(), " has no prompt checkpoint to rewind to"));
+    }
+    history.resize(*snap.rewind_pos);
+  }
+  base_ = std::move(history);
+  if (base_.empty() && input_.empty()) {
+    return absl::InvalidArgumentError(
+        "empty input on a session with no history: nothing to continue from");
+  }
+  SS_RETURN_IF_ERROR(ValidateSessionTurn(base_.size(), input_.size(),
+                                         max_tokens_, snap.capacity));
+  seed_ = req_.sampling().seed() != 0 ? req_.sampling().seed() : RandomU64();
+
+  std::set<uint32_t> stop_ids(req_.stopping().stop_token_ids().begin(),
+                              req_.stopping().stop_token_ids().end());
+  if (!req_.stopping().ignore_eos()) {
+    stop_ids.insert(eos_.begin(), eos_.end());
+  }
+  const bool want_text = req_.response().text() || input_was_text_;
+  const bool want_ids = req_.response().ids() || !input_was_text_;
+  std::vector<std::string> stops(req_.stopping().stop().begin(),
+                                 req_.stopping().stop().end());
+  output_ = std::make_unique<OutputStream>(ctx_->tokenizer, want_text,
+                                           want_ids, stop_ids, stops);
+  return absl::OkStatus();
+}
+
+absl::Status Call::AdmitOn(int worker, const std::vector<uint32_t>& history) {
+  specserve::worker::v1::AdmitRequest admit;
+  admit.set_session_id(lease_.id());
+  admit.set_capacity(lease_.Snapshot().capacity);
+  admit.mutable_history()->Add(history.begin(), history.end());
+  admit.set_speculative(true);
+  grpc::ClientContext c;
+  c.set_deadline(absl::ToChronoTime(
+      std::min(deadline_, absl::Now() + ctx_->options.worker_call_timeout)));
+  specserve::worker::v1::SessionState state;
+  grpc::Status s = ctx_->workers->stub(worker)->Admit(&c, admit, &state);
+  if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+    // A stale copy from before a lost burst: replace it.
+    grpc::ClientContext r;
+    specserve::worker::v1::SessionRef ref;
+    ref.set_session_id(lease_.id());
+    specserve::worker::v1::ReleaseResponse rr;
+    ctx_->workers->stub(worker)->Release(&r, ref, &rr);
+    grpc::ClientContext c2;
+    s = ctx_->workers->stub(worker)->Admit(&c2, admit, &state);
+  }
+  if (!s.ok()) {
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      ctx_->workers->MarkUnavailable(worker, s.error_message());
+    }
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("admitting session on worker ",
+                                     ctx_->workers->address(worker), ": ",
+                                     s.error_message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Call::EnsureResident() {
+  const SessionSnapshot snap = lease_.Snapshot();
+  const bool has_copy = snap.worker >= 0 &&
+                        (snap.residency == specserve::v1::PARKED ||
+                         snap.residency == specserve::v1::ACTIVE ||
+                         snap.residency == specserve::v1::OFFLOADED);
+  if (has_copy && ctx_->workers->Available(snap.worker)) {
+    worker_ = snap.worker;
+    worker_has_base_ = true;
+    return absl::OkStatus();
+  }
+  std::vector<WorkerLoad> loads;
+  for (int i = 0; i < ctx_->workers->size(); ++i) {
+    loads.push_back(WorkerLoad::FromInfo(ctx_->workers->Available(i),
+                                         ctx_->workers->Info(i)));
+  }
+  SS_ASSIGN_OR_RETURN(Placement p,
+                      PlaceSession(has_copy ? specserve::v1::LOST : snap.residency,
+                                   snap.worker, loads));
+  worker_ = p.worker;
+  // A new or lost session gets exactly the history it must continue from
+  // (for a rewind, the history up to the checkpoint).
+  SS_RETURN_IF_ERROR(AdmitOn(worker_, base_));
+  worker_has_base_ = true;
+  rewind_ = false;  // the rebuilt copy already ends at the checkpoint
+  if (snap.residency == specserve::v1::LOST || has_copy) {
+    LOG(INFO) << "session " << lease_.id() << " rebuilt on worker "
+              << ctx_->workers->address(worker_) << " from " << base_.size()
+              << " tokens of history";
+  }
+  lease_.SetResidency(specserve::v1::ACTIVE,
+                      snap.mode == specserve::v1::BATCHED
+                          ? specserve::v1::BATCHED
+                          : specserve::v1::SPECULATIVE,
+                      worker_);
+  return absl::OkStatus();
+}
+
+uint32_t Call::Gate() {
+  const SessionSnapshot snap = lease_.Snapshot();
+  const specserve::worker::v1::WorkerInfo info = ctx_->workers->Info(worker_);
+  SpecGateInputs in;
+  in.speculation_requested = req_.speculation().enable();
+  in.draft_available = info.model().has_mtp();
+  in.drafted = snap.telemetry.drafted;
+  in.accepted = snap.telemetry.accepted;
+  in.k = req_.speculation().k() > 0 ? req_.speculation().k()
+                                    : ctx_->options.default_k;
+  std::vector<double> decode(info.costs().decode_seconds_by_batch().begin(),
+                             info.costs().decode_seconds_by_batch().end());
+  std::vector<double> verify(info.costs().verify_seconds_by_columns().begin(),
+                             info.costs().verify_seconds_by_columns().end());
+  in.decode_seconds_by_batch = decode;
+  in.verify_seconds_by_columns = verify;
+  in.batch_size = std::max(
+      1, ctx_->sessions->CountOnWorker(worker_, specserve::v1::ACTIVE));
+  in.current_mode = snap.mode;
+  in.state = snap.gate_state;
+  const SpecGateDecision d = DecideSpec(in, ctx_->options.gate);
+  lease_.SetGateDecision(d);
+  ctx_->metrics->gate_decisions(d.mode)->Increment();
+  if (d.mode == specserve::v1::SPECULATIVE) return in.k;
+  if (snap.mode == specserve::v1::SPECULATIVE && !lease_.History().empty() &&
+      in.speculation_requested) {
+    // One-way demotion: the worker flushes and drops the draft state.
+    grpc::ClientContext c;
+    c.set_deadline(absl::ToChronoTime(absl::Now() + ctx_->options.worker_call_timeout));
+    specserve::worker::v1::SessionRef ref;
+    ref.set_session_id(lease_.id());
+    specserve::worker::v1::SessionState state;
+    if (ctx_->workers->stub(worker_)->Demote(&c, ref, &state).ok()) {
+      lease_.SetResidency(specserve::v1::ACTIVE, specserve::v1::BATCHED,
+                          worker_);
+      spec_stats_.set_demoted(true);
+    }
+  }
+  return 0;
+}
+
+void Call::DropWorkerCopy(const std::string& why) {
+  LOG(INFO) << "session " << lease_.id() << ": " << why
+            << "; marked LOST (rebuilt from history on its next turn)";
+  if (worker_ >= 0 && ctx_->workers->Available(worker_)) {
+    grpc::ClientContext c;
+    c.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    specserve::worker::v1::SessionRef ref;
+    ref.set_session_id(lease_.id());
+    specserve::worker::v1::ReleaseResponse rr;
+    ctx_->workers->stub(worker_)->Release(&c, ref, &rr);
+  }
+  lease_.SetResidency(specserve::v1::LOST, lease_.Snapshot().mode, -1);
+  worker_ = -1;
+}
+
+absl::Status Call::RunBursts() {
+  SS_RETURN_IF_ERROR(EnsureResident());
+  uint32_t k = Gate();
+  bool first = true;
+  int rebuilds = 0;
+  while (true) {
+    if (Cancelled()) {
+      finish_ = specserve::v1::CANCELLED;
+      return absl::OkStatus();
+    }
+    specserve::worker::v1::BurstRequest b;
+    b.set_session_id(lease_.id());
+    if (first) {
+      b.mutable_suffix()->Add(input_.begin(), input_.end());
+      b.set_rewind(rewind_);
+    }
+    uint32_t want = ctx_->options.burst_tokens;
+    if (max_tokens_ > 0) want = std::min(want, max_tokens_ - produced_);
+    b.set_max_new(want);
+    *b.mutable_sampling() = req_.sampling();
+    b.mutable_sampling()->set_seed(seed_);
+    b.set_k(k);
+    for (uint32_t id : req_.stopping().stop_token_ids()) b.add_stop_token_ids(id);
+    if (!req_.stopping().ignore_eos()) {
+      for (uint32_t id : eos_) b.add_stop_token_ids(id);
+    }
+    absl::Status feed_status;
+    uint32_t tokens_this_burst = 0;
+    BurstWatch watch;
+    watch.client_cancelled = [this] { return Cancelled(); };
+    const int w = worker_;
+    watch.worker_available = [this, w] { return ctx_->workers->Available(w); };
+    watch.deadline = deadline_;
+    BurstOutcome o = RunBurstOnWorker(
+        ctx_->workers->stub(worker_), b, watch,
+        [&](absl::Span<const uint32_t> tokens) {
+          if (first && !suffix_recorded_) {
+            // The worker has appended the suffix: record the turn.
+            if (rewind_) lease_.TruncateTo(base_.size()).IgnoreError();
+            lease_.AppendCommitted(input_).IgnoreError();
+            lease_.SetRewindPos(base_.size() + input_.size()).IgnoreError();
+            suffix_recorded_ = true;
+          }
+          lease_.AppendCommitted(tokens).IgnoreError();
+          tokens_this_burst += tokens.size();
+          produced_ += tokens.size();
+          ctx_->metrics->generation_tokens()->Increment(tokens.size());
+          const absl::Time now = absl::Now();
+          if (!last_token_time_) {
+            ctx_->metrics->time_to_first_token()->Observe(
+                absl::ToDoubleSeconds(now - start_));
+          } else {
+            ctx_->metrics->ObserveInterTokenLatency(
+                absl::ToDoubleSeconds(now - *last_token_time_) / tokens.size());
+          }
+          last_token_time_ = now;
+          auto delta = output_->Feed(
+              std::vector<uint32_t>(tokens.begin(), tokens.end()));
+          if (!delta.ok()) {
+            feed_status = delta.status();
+            return false;
+          }
+          if (delta->ids_size() > 0 || !delta->text().empty()) {
+            GenerateEvent e;
+            *e.mutable_delta() = std::move(*delta);
+            out_->Write(std::move(e));
+          }
+          return true;
+        });
+    if (!feed_status.ok()) {
+      DropWorkerCopy("output could not be decoded");
+      return feed_status;
+    }
+    if (!o.status.ok() || !o.summary) {
+      if (o.cancelled_by == BurstOutcome::CancelledBy::kClient) {
+        DropWorkerCopy("burst cancelled by the client");
+        finish_ = specserve::v1::CANCELLED;
+        return absl::OkStatus();
+      }
+      const grpc::StatusCode code = o.cancelled_by ==
+              BurstOutcome::CancelledBy::kWorkerDown
+          ? grpc::StatusCode::UNAVAILABLE
+          : o.status.error_code();
+      if (code == grpc::StatusCode::NOT_FOUND && tokens_this_burst == 0 &&
+          rebuilds++ == 0) {
+        // The worker restarted or evicted the session: rebuild and retry.
+        lease_.SetResidency(specserve::v1::LOST, lease_.Snapshot().mode, -1);
+        SS_RETURN_IF_ERROR(EnsureResident());
+        continue;
+      }
+      const std::string address = ctx_->workers->address(w);
+      if (code == grpc::StatusCode::UNAVAILABLE) {
+        ctx_->workers->MarkUnavailable(w, "burst failed: " + o.status.error_message());
+      }
+      DropWorkerCopy(absl::StrCat("burst failed on worker ", address, ": ",
+                                  o.status.error_message()));
+      if (code == grpc::StatusCode::UNAVAILABLE) {
+        return absl::UnavailableError(absl::StrCat(
+            "worker ", address,
+            " failed during the request; the session keeps everything sent "
+            "so far and is rebuilt on its next turn"));
+      }
+      return absl::Status(static_cast<absl::StatusCode>(code),
+                          o.status.error_message());
+    }
+    const BurstSummary& sum = *o.summary;
+    if (first) cached_ = sum.cached_tokens();
+    first = false;
+    lease_.AddTelemetry(sum.telemetry_delta());
+    spec_totals_.Add(sum.telemetry_delta());
+    ctx_->metrics->RecordSpecTelemetry(sum.telemetry_delta());
+    if (output_->stopped() ||
+        sum.end() == specserve::worker::v1::STOP_TOKEN) {
+      finish_ = specserve::v1::STOP;
+      return absl::OkStatus();
+    }
+    if (sum.end() == specserve::worker::v1::CAPACITY) {
+      finish_ = specserve::v1::CONTEXT_FULL;
+      return absl::OkStatus();
+    }
+    if (max_tokens_ > 0 && produced_ >= max_tokens_) {
+      finish_ = specserve::v1::LENGTH;
+      return absl::OkStatus();
+    }
+    if (k > 0) k = Gate();  // concurrency may have changed
+  }
+}
+
+void Call::Park() {
+  if (worker_ < 0) return;
+  if (one_shot_) {
+    grpc::ClientContext c;
+    c.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    specserve::worker::v1::SessionRef ref;
+    ref.set_session_id(lease_.id());
+    specserve::worker::v1::ReleaseResponse rr;
+    ctx_->workers->stub(worker_)->Release(&c, ref, &rr);
+    const std::string id = lease_.id();
+    lease_.Release();
+    ctx_->sessions->Close(id, "").IgnoreError();
+    return;
+  }
+  grpc::ClientContext c;
+  c.set_deadline(absl::ToChronoTime(absl::Now() + ctx_->options.worker_call_timeout));
+  specserve::worker::v1::SessionRef ref;
+  ref.set_session_id(lease_.id());
+  specserve::worker::v1::SessionState state;
+  grpc::Status s = ctx_->workers->stub(worker_)->Park(&c, ref, &state);
+  if (!s.ok()) {
+    DropWorkerCopy("park failed: " + s.error_message());
+    return;
+  }
+  lease_.SetResidency(state.residency() == specserve::worker::v1::OFFLOADED
+                          ? specserve::v1::OFFLOADED
+                          : specserve::v1::PARKED,
+                      state.mode(), worker_);
+}
+
+void Call::SendFinal() {
+  GenerateEvent tail;
+  *tail.mutable_delta() = output_->Finish();
+  if (tail.delta().ids_size() > 0 || !tail.delta().text().empty()) {
+    out_->Write(std::move(tail));
+  }
+  GenerateEvent e;
+  auto* f = e.mutable_final();
+  f->set_finish_reason(finish_);
+  auto* u = f->mutable_usage();
+  u->set_prompt_tokens(input_.size());
+  u->set_completion_tokens(output_->shown_tokens());
+  u->set_cached_prompt_tokens(cached_);
+  u->set_overshoot_tokens(max_tokens_ > 0 && produced_ > max_tokens_
+                              ? produced_ - max_tokens_
+                              : 0);
+  if (req_.response().spec_stats()) {
+    const specserve::v1::SessionTelemetry t = spec_totals_.ToProto();
+    auto* st = f->mutable_spec_stats();
+    st->set_rounds(t.rounds());
+    st->set_drafted(t.drafted());
+    st->set_accepted(t.accepted());
+    *st->mutable_drafted_per_position() = t.drafted_per_position();
+    *st->mutable_accepted_per_position() = t.accepted_per_position();
+    st->set_demoted(spec_stats_.demoted());
+  }
+  if (!one_shot_) f->set_session_id(lease_.id());
+  f->set_request_id(request_id_);
+  f->set_seed(seed_);
+  out_->Write(std::move(e));
+  ctx_->metrics->request_success(finish_)->Increment();
+  ctx_->metrics->request_generation_tokens()->Observe(output_->shown_tokens());
+}
+
+}  // namespace
+
+void RunGenerateCall(SchedulerContext* ctx, const GenerateRequest& request,
+                     absl::Time deadline, AdmissionTicket ticket,
+                     GenerateWriter* out) {
+  Call call(ctx, request, deadline, out);
+  call.Run(std::move(ticket));
+}
+
+}  // namespace specserve::scheduler

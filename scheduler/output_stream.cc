@@ -1,0 +1,62 @@
+#include "scheduler/output_stream.h"
+
+#include <utility>
+
+#include "telemetry/status_macros.h"
+
+namespace specserve::scheduler {
+
+OutputStream::OutputStream(const tokenizer::Tokenizer* tokenizer,
+                           bool want_text, bool want_ids,
+                           std::set<uint32_t> stop_ids,
+                           const std::vector<std::string>& stop_strings)
+    : want_text_(want_text && tokenizer != nullptr),
+      want_ids_(want_ids),
+      stop_ids_(std::move(stop_ids)),
+      stops_(stop_strings) {
+  if (want_text_) {
+    detok_ = std::make_unique<tokenizer::StreamingDetokenizer>(
+        tokenizer, /*skip_special=*/true);
+  }
+}
+
+absl::StatusOr<specserve::v1::TokenDelta> OutputStream::Feed(
+    const std::vector<uint32_t>& tokens) {
+  specserve::v1::TokenDelta delta;
+  for (uint32_t t : tokens) {
+    if (stopped_) break;
+    if (stop_ids_.count(t)) {
+      stopped_ = true;
+      break;
+    }
+    if (want_ids_) delta.add_ids(t);
+    ++shown_;
+    if (want_text_) {
+      SS_ASSIGN_OR_RETURN(std::string piece, detok_->Feed(t));
+      if (!stops_.empty()) {
+        StopStringMatcher::Result r = stops_.Feed(piece);
+        delta.mutable_text()->append(r.emit);
+        if (r.stopped) stopped_ = true;
+      } else {
+        delta.mutable_text()->append(piece);
+      }
+    }
+  }
+  return delta;
+}
+
+specserve::v1::TokenDelta OutputStream::Finish() {
+  specserve::v1::TokenDelta delta;
+  if (!want_text_ || stopped_) return delta;
+  std::string tail = detok_->Finish();
+  if (!stops_.empty()) {
+    StopStringMatcher::Result r = stops_.Feed(tail);
+    delta.mutable_text()->append(r.emit);
+    if (!r.stopped) delta.mutable_text()->append(stops_.Flush());
+  } else {
+    delta.mutable_text()->append(tail);
+  }
+  return delta;
+}
+
+}  // namespace specserve::scheduler

@@ -1,0 +1,50 @@
+// What the client sees of a request's committed tokens: stop tokens end the
+// output (and are not shown), stop strings cut the text, text is streamed as
+// complete UTF-8 only. Tokens past a stop are still committed in the session
+// (the worker stops at round boundaries) but never shown.
+#ifndef SPECSERVE_SCHEDULER_OUTPUT_STREAM_H_
+#define SPECSERVE_SCHEDULER_OUTPUT_STREAM_H_
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/specserve.pb.h"
+#include "scheduler/stop_strings.h"
+#include "scheduler/tokenizer/streaming_detokenizer.h"
+#include "scheduler/tokenizer/tokenizer.h"
+
+namespace specserve::scheduler {
+
+class OutputStream {
+ public:
+  // `tokenizer` may be null when `want_text` is false.
+  OutputStream(const tokenizer::Tokenizer* tokenizer, bool want_text,
+               bool want_ids, std::set<uint32_t> stop_ids,
+               const std::vector<std::string>& stop_strings);
+
+  // Feeds newly committed tokens; returns the delta to send (possibly empty).
+  absl::StatusOr<specserve::v1::TokenDelta> Feed(
+      const std::vector<uint32_t>& tokens);
+  // The held-back text at the end of a request that did not stop.
+  specserve::v1::TokenDelta Finish();
+
+  bool stopped() const { return stopped_; }
+  // Tokens shown to the client (the completion).
+  uint32_t shown_tokens() const { return shown_; }
+
+ private:
+  const bool want_text_;
+  const bool want_ids_;
+  const std::set<uint32_t> stop_ids_;
+  std::unique_ptr<tokenizer::StreamingDetokenizer> detok_;
+  StopStringMatcher stops_;
+  bool stopped_ = false;
+  uint32_t shown_ = 0;
+};
+
+}  // namespace specserve::scheduler
+
+#endif  // SPECSERVE_SCHEDULER_OUTPUT_STREAM_H_

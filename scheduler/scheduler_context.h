@@ -1,0 +1,79 @@
+// What every public service of the scheduler shares: options, the worker
+// pool, the session table, admission, the tokenizer, metrics and the request
+// registry. Owned by main(); services hold a pointer.
+#ifndef SPECSERVE_SCHEDULER_SCHEDULER_CONTEXT_H_
+#define SPECSERVE_SCHEDULER_SCHEDULER_CONTEXT_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "scheduler/admission.h"
+#include "scheduler/request_registry.h"
+#include "scheduler/request_validation.h"
+#include "scheduler/session_table.h"
+#include "scheduler/spec_gate.h"
+#include "scheduler/tokenizer/tokenizer.h"
+#include "scheduler/worker_pool.h"
+#include "telemetry/scheduler_metrics.h"
+
+namespace specserve::scheduler {
+
+struct SchedulerOptions {
+  // Tokens per burst (a round may overshoot).
+  uint32_t burst_tokens = 32;
+  // Draft depth when a request asks for speculation without a k.
+  uint32_t default_k = 3;
+  SpecGateConfig gate;
+  // Seconds a worker call may take beyond the client's deadline: none.
+  // Admin calls to workers (admit, park, release) get this timeout.
+  absl::Duration worker_call_timeout = absl::Seconds(60);
+  // Sessions idle this long are closed.
+  absl::Duration session_idle_ttl = absl::Hours(1);
+};
+
+struct SchedulerContext {
+  SchedulerOptions options;
+  // Request limits; vocab_size and max_context come from the workers' model
+  // (CurrentLimits()).
+  Limits limits;
+  WorkerPool* workers = nullptr;
+  SessionTable* sessions = nullptr;
+  AdmissionController* admission = nullptr;
+  // Null when the model directory has no tokenizer.json (ids only).
+  const tokenizer::Tokenizer* tokenizer = nullptr;
+  telemetry::SchedulerMetrics* metrics = nullptr;
+  RequestRegistry* requests = nullptr;
+  // `limits` with the model's vocabulary and context filled in from the
+  // first available worker; false when no worker has reported a model.
+  bool CurrentLimits(Limits* out) const {
+    *out = limits;
+    for (int i = 0; i < workers->size(); ++i) {
+      if (!workers->Available(i)) continue;
+      const auto info = workers->Info(i);
+      if (!info.has_model()) continue;
+      out->vocab_size = info.model().vocab_size();
+      out->max_context = info.model().max_context();
+      return true;
+    }
+    return false;
+  }
+  // EOS ids: the tokenizer's, else the model config's.
+  std::vector<uint32_t> EosIds() const {
+    if (tokenizer != nullptr && !tokenizer->eos_token_ids().empty()) {
+      return tokenizer->eos_token_ids();
+    }
+    for (int i = 0; i < workers->size(); ++i) {
+      const auto info = workers->Info(i);
+      if (info.has_model()) {
+        return {info.model().eos_token_ids().begin(),
+                info.model().eos_token_ids().end()};
+      }
+    }
+    return {};
+  }
+};
+
+}  // namespace specserve::scheduler
+
+#endif  // SPECSERVE_SCHEDULER_SCHEDULER_CONTEXT_H_

@@ -1,0 +1,200 @@
+#include "worker/session_pool.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace specserve::worker {
+
+SessionPool::SessionPool(SessionPoolOptions options,
+                         spec::ModelExecutor* executor)
+    : options_(options), executor_(executor) {}
+
+uint64_t SessionPool::BytesOf(const spec::SpecSession& s) const {
+  uint64_t bytes = executor_->model()->StateBytes(*s.caches());
+  const spec::TurnCheckpoint* c =
+      const_cast<spec::SpecSession&>(s).checkpoint();
+  if (c != nullptr && c->trunk != nullptr) bytes += c->trunk->bytes();
+  return bytes;
+}
+
+void SessionPool::TouchLocked(const std::string& id, Entry* e) {
+  UnlinkLocked(e);
+  e->lru_pos = lru_.insert(lru_.end(), id);
+  e->in_lru = true;
+}
+
+void SessionPool::UnlinkLocked(Entry* e) {
+  if (e->in_lru) lru_.erase(e->lru_pos);
+  e->in_lru = false;
+}
+
+absl::StatusOr<SessionPool::Lease> SessionPool::Insert(
+    std::unique_ptr<spec::SpecSession> session) {
+  const std::string id = session->id();
+  absl::MutexLock lock(&mu_);
+  if (entries_.count(id)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("session ", id, " already exists on this worker"));
+  }
+  evicted_.erase(id);
+  Entry& e = entries_[id];
+  e.session = std::move(session);
+  e.busy = true;
+  e.device_bytes = BytesOf(*e.session);
+  return Lease(this, e.session.get());
+}
+
+absl::StatusOr<SessionPool::Lease> SessionPool::Acquire(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) {
+    if (evicted_.count(id)) {
+      return absl::NotFoundError(absl::StrCat(
+          "session ", id,
+          " was evicted from this worker under memory pressure; rebuild it "
+          "from its history"));
+    }
+    return absl::NotFoundError(
+        absl::StrCat("session ", id, " is not on this worker"));
+  }
+  Entry& e = it->second;
+  if (e.busy) {
+    return absl::AbortedError(absl::StrCat(
+        "session ", id, " is already running a request on this worker"));
+  }
+  if (e.residency == Residency::kOffloaded) {
+    absl::Status s = executor_->Exclusive([&] {
+      return executor_->model()->Restore(e.session->caches(), *e.snapshot);
+    });
+    if (!s.ok()) return s;
+    e.snapshot.reset();
+    e.residency = Residency::kResident;
+    e.device_bytes = BytesOf(*e.session);
+    ++counters_.restores;
+  }
+  UnlinkLocked(&e);
+  e.busy = true;
+  return Lease(this, e.session.get());
+}
+
+void SessionPool::Return(spec::SpecSession* session, bool discard) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(session->id());
+  CHECK(it != entries_.end()) << "lease of an unknown session";
+  Entry& e = it->second;
+  if (discard) {
+    entries_.erase(it);
+    return;
+  }
+  e.busy = false;
+  e.device_bytes = BytesOf(*e.session);
+  TouchLocked(it->first, &e);
+  EnforceBudgetsLocked();
+}
+
+absl::Status SessionPool::Release(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("session ", id, " is not on this worker"));
+  }
+  if (it->second.busy) {
+    return absl::AbortedError(
+        absl::StrCat("session ", id, " is running a request"));
+  }
+  UnlinkLocked(&it->second);
+  entries_.erase(it);
+  return absl::OkStatus();
+}
+
+void SessionPool::EnforceBudgetsLocked() {
+  auto totals = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::pair<uint64_t, uint64_t> t{0, 0};
+    for (auto& [id, e] : entries_) {
+      if (e.residency == Residency::kResident) t.first += e.device_bytes;
+      if (e.snapshot != nullptr) t.second += e.snapshot->bytes();
+    }
+    return t;
+  };
+  auto [device, host] = totals();
+  // Offload idle resident sessions, oldest first, until the device budget
+  // holds.
+  for (auto it = lru_.begin();
+       device > options_.device_budget_bytes && it != lru_.end(); ++it) {
+    Entry& e = entries_.at(*it);
+    if (e.residency != Residency::kResident) continue;
+    absl::StatusOr<std::unique_ptr<model::HostStateSnapshot>> snap;
+    // Lock order: pool, then model (nothing takes them the other way).
+    absl::Status st = executor_->Exclusive([&] {
+      snap = executor_->model()->Offload(e.session->caches());
+      return snap.status();
+    });
+    if (!st.ok()) {
+      LOG(WARNING) << "offload of session " << *it
+                   << " failed: " << snap.status();
+      continue;
+    }
+    device -= e.device_bytes;
+    host += (*snap)->bytes();
+    e.snapshot = std::move(*snap);
+    e.residency = Residency::kOffloaded;
+    e.device_bytes = 0;
+    ++counters_.offloads;
+  }
+  // Drop offloaded sessions, oldest first, until the host budget holds.
+  for (auto it = lru_.begin();
+       host > options_.host_budget_bytes && it != lru_.end();) {
+    Entry& e = entries_.at(*it);
+    if (e.residency != Residency::kOffloaded) {
+      ++it;
+      continue;
+    }
+    host -= e.snapshot->bytes();
+    const std::string id = *it;
+    it = lru_.erase(it);
+    e.in_lru = false;
+    entries_.erase(id);
+    evicted_.insert(id);
+    ++counters_.drops;
+    LOG(INFO) << "dropped session " << id << " (host memory budget)";
+  }
+}
+
+SessionPool::Stats SessionPool::stats() const {
+  absl::MutexLock lock(&mu_);
+  Stats s = counters_;
+  for (const auto& [id, e] : entries_) {
+    ++s.sessions;
+    if (e.busy) ++s.busy;
+    if (e.residency == Residency::kOffloaded) {
+      ++s.offloaded;
+      s.host_bytes += e.snapshot->bytes();
+    } else {
+      s.device_bytes += e.device_bytes;
+    }
+  }
+  return s;
+}
+
+absl::StatusOr<Residency> SessionPool::ResidencyOf(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat("session ", id, " is unknown"));
+  }
+  return it->second.residency;
+}
+
+SessionPool::Lease::Lease(Lease&& other) noexcept
+    : pool_(other.pool_), session_(other.session_), discard_(other.discard_) {
+  other.session_ = nullptr;
+}
+
+SessionPool::Lease::~Lease() {
+  if (session_ != nullptr) pool_->Return(session_, discard_);
+}
+
+}  // namespace specserve::worker

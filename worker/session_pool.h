@@ -1,0 +1,123 @@
+// The worker's sessions: who is in use, who is idle, and where idle sessions'
+// caches live under memory pressure (DESIGN.md §1 "pool").
+//
+// Every session is in the pool from Admit to Release. A caller takes one with
+// Acquire() (exclusive: a second Acquire gets ABORTED) and gives it back by
+// dropping the Lease. Idle sessions are evicted least-recently-used:
+//  - over the device budget, their caches are offloaded to host memory
+//    (Model::Offload; exact: a resumed session continues bit-identically);
+//  - over the host budget, offloaded sessions are dropped (the scheduler
+//    rebuilds them from their token history: Acquire then says NOT_FOUND
+//    with "evicted").
+// Busy sessions are never evicted, so budgets can be exceeded while every
+// session is busy; they are enforced again as leases return.
+#ifndef SPECSERVE_WORKER_SESSION_POOL_H_
+#define SPECSERVE_WORKER_SESSION_POOL_H_
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/model/model.h"
+#include "worker/spec/model_executor.h"
+#include "worker/spec/spec_session.h"
+
+namespace specserve::worker {
+
+struct SessionPoolOptions {
+  uint64_t device_budget_bytes = 4ull << 30;
+  uint64_t host_budget_bytes = 8ull << 30;
+};
+
+enum class Residency { kResident, kOffloaded };
+
+class SessionPool {
+ public:
+  class Lease;
+
+  SessionPool(SessionPoolOptions options, spec::ModelExecutor* executor);
+
+  // Adds a new session, leased to the caller. ALREADY_EXISTS for a known id.
+  absl::StatusOr<Lease> Insert(std::unique_ptr<spec::SpecSession> session);
+  // Exclusive use of a session; restores offloaded caches first.
+  // NOT_FOUND (unknown or evicted), ABORTED (in use).
+  absl::StatusOr<Lease> Acquire(const std::string& id);
+  // Frees a session (must not be in use: ABORTED otherwise).
+  absl::Status Release(const std::string& id);
+
+  struct Stats {
+    int sessions = 0;
+    int busy = 0;
+    int offloaded = 0;
+    uint64_t device_bytes = 0;  // caches + checkpoints of resident sessions
+    uint64_t host_bytes = 0;    // offloaded snapshots
+    uint64_t offloads = 0;
+    uint64_t restores = 0;
+    uint64_t drops = 0;
+  };
+  Stats stats() const;
+  uint64_t device_budget_bytes() const { return options_.device_budget_bytes; }
+  // Residency of an idle session (NOT_FOUND if unknown).
+  absl::StatusOr<Residency> ResidencyOf(const std::string& id) const;
+
+  // Exclusive use of one session; returns it to the pool when destroyed.
+  class Lease {
+   public:
+    Lease(Lease&& other) noexcept;
+    Lease& operator=(Lease&&) = delete;
+    Lease(const Lease&) = delete;
+    ~Lease();
+    spec::SpecSession* get() const { return session_; }
+    spec::SpecSession* operator->() const { return session_; }
+    // Drops the session instead of returning it (e.g. after an error that
+    // left its caches inconsistent).
+    void Discard() { discard_ = true; }
+
+   private:
+    friend class SessionPool;
+    Lease(SessionPool* pool, spec::SpecSession* session)
+        : pool_(pool), session_(session) {}
+    SessionPool* pool_;
+    spec::SpecSession* session_;
+    bool discard_ = false;
+  };
+
+ private:
+  struct Entry {
+    std::unique_ptr<spec::SpecSession> session;
+    bool busy = false;
+    Residency residency = Residency::kResident;
+    std::unique_ptr<model::HostStateSnapshot> snapshot;  // when offloaded
+    uint64_t device_bytes = 0;  // accounted while resident
+    // Position in lru_ (idle sessions only; front = least recently used).
+    std::list<std::string>::iterator lru_pos;
+    bool in_lru = false;
+  };
+
+  void Return(spec::SpecSession* session, bool discard);
+  uint64_t BytesOf(const spec::SpecSession& s) const;
+  // Offloads/drops idle sessions until the budgets hold (or none is idle).
+  void EnforceBudgetsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TouchLocked(const std::string& id, Entry* e)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnlinkLocked(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const SessionPoolOptions options_;
+  spec::ModelExecutor* const executor_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);
+  // Ids dropped under memory pressure, so Acquire can say why.
+  std::set<std::string> evicted_ ABSL_GUARDED_BY(mu_);
+  Stats counters_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace specserve::worker
+
+#endif  // SPECSERVE_WORKER_SESSION_POOL_H_

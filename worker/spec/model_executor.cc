@@ -1,0 +1,91 @@
+#include "worker/spec/model_executor.h"
+
+#include <vector>
+
+namespace specserve::spec {
+
+absl::Status ModelExecutor::Exclusive(const std::function<absl::Status()>& fn) {
+  absl::MutexLock lock(&model_mu_);
+  {
+    absl::MutexLock q(&queue_mu_);
+    ++stats_.exclusive;
+  }
+  return fn();
+}
+
+absl::Status ModelExecutor::Decode(model::ModelState* state, int32_t token,
+                                   model::ForwardResult* out) {
+  Step mine{state, token, out};
+  absl::MutexLock lock(&queue_mu_);
+  queue_.push_back(&mine);
+  while (!mine.done) {
+    if (leader_active_) {
+      // Wait for the running batch to finish: it may carry this step, or the
+      // next leader will.
+      auto cond = [this, &mine]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
+        return mine.done || !leader_active_;
+      };
+      queue_mu_.Await(absl::Condition(&cond));
+      continue;
+    }
+    // Lead one batch: everything queued so far, up to kMaxBatch.
+    leader_active_ = true;
+    std::vector<Step*> batch;
+    while (!queue_.empty() && static_cast<int>(batch.size()) < kMaxBatch) {
+      batch.push_back(queue_.front());
+      queue_.pop_front();
+    }
+    queue_mu_.Unlock();
+    {
+      absl::MutexLock model_lock(&model_mu_);
+      std::vector<model::ModelState*> states;
+      std::vector<int32_t> tokens;
+      for (Step* s : batch) {
+        states.push_back(s->state);
+        tokens.push_back(s->token);
+      }
+      model::ForwardResult all;
+      absl::Status status = model_->DecodeBatch(states, tokens, &all);
+      if (!status.ok() && batch.size() > 1) {
+        // One bad step (e.g. a full cache) must not fail its batch-mates:
+        // run each alone and give every caller its own status. DecodeBatch
+        // validates before touching any state, so nothing ran yet.
+        for (Step* s : batch) {
+          s->status = model_->Decode(s->state, s->token, s->out);
+        }
+      }
+      const int V = model_->config().vocab_size;
+      const int H = model_->config().hidden_size;
+      for (size_t i = 0; i < batch.size(); ++i) {
+        Step* s = batch[i];
+        if (!status.ok()) {
+          if (batch.size() == 1) s->status = status;
+          continue;
+        }
+        s->status = status;
+        {
+          s->out->rows = 1;
+          s->out->first_position = s->state->length() - 1;
+          s->out->logits.assign(all.logits.begin() + i * V,
+                                all.logits.begin() + (i + 1) * V);
+          s->out->hidden.assign(all.hidden.begin() + i * H,
+                                all.hidden.begin() + (i + 1) * H);
+          s->out->argmax = {all.argmax[i]};
+        }
+      }
+    }
+    queue_mu_.Lock();
+    for (Step* s : batch) s->done = true;
+    ++stats_.batches;
+    stats_.steps += batch.size();
+    leader_active_ = false;
+  }
+  return mine.status;
+}
+
+ModelExecutor::Stats ModelExecutor::stats() const {
+  absl::MutexLock lock(&queue_mu_);
+  return stats_;
+}
+
+}  // namespace specserve::spec
