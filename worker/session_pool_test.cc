@@ -1,0 +1,172 @@
+// Session pool: park → offload → resume continues exactly as never parking
+// (greedy and sampled), LRU offload then drop under the two budgets, leases
+// are exclusive, and telemetry carries across resumes.
+#include "worker/session_pool.h"
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "worker/model/model.h"
+#include "worker/model/test_data.h"
+#include "worker/spec/model_executor.h"
+#include "worker/spec/spec_engine.h"
+
+namespace specserve::worker {
+namespace {
+
+using spec::BurstParams;
+
+class SessionPoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto m = model::Model::Load(
+        model::testing::RepoPath("models/specserve-tiny-py"), &backend_);
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m);
+    executor_ = std::make_unique<spec::ModelExecutor>(model_.get());
+    engine_ = std::make_unique<spec::SpecEngine>(executor_.get());
+  }
+
+  std::vector<int32_t> Prompt(int seed) {
+    std::mt19937 rng(seed);
+    std::vector<int32_t> p(12);
+    for (auto& t : p) t = rng() % model_->config().vocab_size;
+    return p;
+  }
+
+  std::vector<int32_t> Burst(spec::SpecSession* s, const BurstParams& p) {
+    std::vector<int32_t> got;
+    auto r = engine_->RunBurst(s, p, [&](absl::Span<const int32_t> t) {
+      got.insert(got.end(), t.begin(), t.end());
+      return true;
+    });
+    EXPECT_TRUE(r.ok()) << r.status();
+    return got;
+  }
+
+  kernels::cpu::CpuBackend backend_;
+  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<spec::ModelExecutor> executor_;
+  std::unique_ptr<spec::SpecEngine> engine_;
+};
+
+TEST_F(SessionPoolTest, ParkOffloadResumeIsExact) {
+  for (bool sampled : {false, true}) {
+    BurstParams p;
+    p.k = 3;
+    p.max_new = 9;
+    if (sampled) {
+      p.sampling = {0.9f, 0, 0.95f, 0.0f};
+      p.seed = 77;
+    }
+    std::vector<std::vector<int32_t>> outputs;
+    for (bool park : {false, true}) {
+      // A budget of 1 byte offloads every idle session as soon as it is
+      // returned to the pool.
+      SessionPoolOptions o;
+      o.device_budget_bytes = park ? 1 : (1ull << 40);
+      o.host_budget_bytes = 1ull << 40;
+      SessionPool pool(o, executor_.get());
+      auto admitted = engine_->Admit("s", 256, Prompt(1));
+      ASSERT_TRUE(admitted.ok());
+      std::vector<int32_t> out;
+      {
+        auto lease = pool.Insert(std::move(*admitted));
+        ASSERT_TRUE(lease.ok());
+        auto first = Burst(lease->get(), p);
+        out.insert(out.end(), first.begin(), first.end());
+        if (park) ASSERT_TRUE(engine_->Flush(lease->get()).ok());
+      }
+      if (park) {
+        EXPECT_EQ(pool.stats().offloaded, 1);
+        EXPECT_EQ(pool.stats().device_bytes, 0u);
+        EXPECT_GT(pool.stats().host_bytes, 0u);
+      }
+      auto lease = pool.Acquire("s");
+      ASSERT_TRUE(lease.ok()) << lease.status();
+      auto second = Burst(lease->get(), p);
+      out.insert(out.end(), second.begin(), second.end());
+      outputs.push_back(out);
+    }
+    EXPECT_EQ(outputs[0], outputs[1]) << (sampled ? "sampled" : "greedy");
+  }
+}
+
+TEST_F(SessionPoolTest, LeasesAreExclusiveAndBudgetsEvictLru) {
+  SessionPoolOptions o;
+  o.device_budget_bytes = 1ull << 40;
+  o.host_budget_bytes = 1ull << 40;
+  // Measure one session's size, then allow one resident and one offloaded.
+  uint64_t one = 0;
+  {
+    SessionPool probe(o, executor_.get());
+    auto s = engine_->Admit("probe", 128, Prompt(2));
+    ASSERT_TRUE(s.ok());
+    { auto lease = probe.Insert(std::move(*s)); }
+    one = probe.stats().device_bytes;
+    ASSERT_GT(one, 0u);
+  }
+  o.device_budget_bytes = one + one / 2;
+  SessionPool pool(o, executor_.get());
+  for (int i = 0; i < 3; ++i) {
+    auto s = engine_->Admit("s" + std::to_string(i), 128, Prompt(10 + i));
+    ASSERT_TRUE(s.ok());
+    auto lease = pool.Insert(std::move(*s));
+    ASSERT_TRUE(lease.ok());
+    // A second lease on a busy session is refused.
+    EXPECT_EQ(pool.Acquire("s" + std::to_string(i)).status().code(),
+              absl::StatusCode::kAborted);
+  }
+  // s0 and s1 (least recently used) were offloaded; s2 is resident.
+  EXPECT_EQ(pool.stats().sessions, 3);
+  EXPECT_EQ(pool.stats().offloaded, 2);
+  EXPECT_EQ(*pool.ResidencyOf("s2"), Residency::kResident);
+  EXPECT_EQ(*pool.ResidencyOf("s0"), Residency::kOffloaded);
+
+  // Over the host budget the oldest offloaded session is dropped and
+  // Acquire says it was evicted.
+  SessionPoolOptions tight = o;
+  const uint64_t snapshot_bytes = pool.stats().host_bytes / 2;
+  tight.host_budget_bytes = snapshot_bytes + snapshot_bytes / 2;
+  SessionPool small(tight, executor_.get());
+  for (int i = 0; i < 3; ++i) {
+    auto s = engine_->Admit("t" + std::to_string(i), 128, Prompt(20 + i));
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE(small.Insert(std::move(*s)).ok());
+  }
+  EXPECT_EQ(small.stats().drops, 1u);
+  auto gone = small.Acquire("t0");
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(gone.status().message().find("evicted"), std::string::npos);
+  EXPECT_TRUE(small.Acquire("t1").ok());  // restored from host memory
+}
+
+TEST_F(SessionPoolTest, ResumedSessionCarriesTelemetry) {
+  SessionPoolOptions o;
+  SessionPool pool(o, executor_.get());
+  auto s = engine_->Admit("tel", 256, Prompt(3));
+  ASSERT_TRUE(s.ok());
+  BurstParams p;
+  p.k = 2;
+  p.max_new = 8;
+  uint64_t rounds_before;
+  {
+    auto lease = pool.Insert(std::move(*s));
+    Burst(lease->get(), p);
+    rounds_before = (*lease)->telem.rounds;
+    ASSERT_GT(rounds_before, 0u);
+  }
+  auto lease = pool.Acquire("tel");
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ((*lease)->telem.rounds, rounds_before);
+  const spec::SpecTelemetry snapshot = (*lease)->telem;
+  Burst(lease->get(), p);
+  EXPECT_GT((*lease)->telem.DeltaSince(snapshot).rounds, 0u);
+}
+
+}  // namespace
+}  // namespace specserve::worker
