@@ -31,8 +31,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import corpus  # noqa: E402
 
-TOKENIZERS = ["qwen2_style", "gpt2_style", "qwen35_pattern", "llama3_pattern",
-              "qwen2_added"]
+# "default_model" is the tokenizer the default model (models/default) ships.
+TOKENIZERS = ["default_model", "qwen2_style", "gpt2_style", "qwen35_pattern",
+              "llama3_pattern", "qwen2_added"]
 
 # qwen2_style plus non-special added tokens matched after NFC (normalized=true).
 ADDED_NORMALIZED = [
@@ -63,6 +64,8 @@ def tokenize_bin():
 
 
 def tokenizer_path(name):
+    if name == "default_model":
+        return os.path.join(ROOT, "models", "default", "tokenizer.json")
     if name in DERIVED_PATTERNS or name == "qwen2_added":
         return os.path.join(_DERIVED_DIR, name, "tokenizer.json")
     return os.path.join(HERE, "data", name, "tokenizer.json")
