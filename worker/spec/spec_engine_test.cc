@@ -127,8 +127,15 @@ TEST_P(SpecEngineTest, GreedySpecEqualsPlainAcrossScripts) {
         BurstParams p;
         p.k = k;
         p.max_new = burst;
-        const int choice = rng() % 10;
-        if (choice < 5) {
+        const int choice = rng() % 11;
+        if (choice == 10) {
+          // Park (flush) and move the caches to host memory and back, as the
+          // pool does under memory pressure; the stream must not notice.
+          ASSERT_TRUE(engine.Flush(s.get()).ok());
+          auto snap = model_->Offload(s->caches());
+          ASSERT_TRUE(snap.ok()) << snap.status();
+          ASSERT_TRUE(model_->Restore(s->caches(), **snap).ok());
+        } else if (choice < 5) {
           // Empty-suffix continuation.
         } else if (choice < 8) {
           p.suffix = RandomTokens(&rng, 1 + rng() % 6, vocab_);
@@ -328,6 +335,19 @@ TEST_P(SpecEngineTest, TelemetryDeltasSumToTotals) {
   EXPECT_EQ(sum.rounds, s->telem.rounds);
   EXPECT_EQ(sum.drafted, s->telem.drafted);
   EXPECT_EQ(sum.accepted, s->telem.accepted);
+}
+
+TEST(SpecSessionTest, GraphFallbackResetOnResumeOnlyWhenSet) {
+  kernels::cpu::CpuBackend backend;
+  auto m = Model::Load(model::testing::RepoPath("tests/models/tiny_a"), &backend);
+  ASSERT_TRUE(m.ok());
+  SpecSession s("g", (*m)->NewState({}).value(), true);
+  EXPECT_FALSE(s.reset_graph_fallback_on_resume());  // nothing set: silent
+  s.set_graph_fallback();
+  EXPECT_TRUE(s.graph_fallback());
+  EXPECT_TRUE(s.reset_graph_fallback_on_resume());
+  EXPECT_FALSE(s.graph_fallback());
+  EXPECT_FALSE(s.reset_graph_fallback_on_resume());
 }
 
 TEST_P(SpecEngineTest, NanLogitsFailTheBurst) {
