@@ -7,13 +7,12 @@
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/matmul_mma.h"
 #include "kernels/cuda/ops.h"
 #include "telemetry/status_macros.h"
 
 namespace specserve::kernels::cuda {
 namespace {
-
-constexpr int64_t kIdStaging = 1 << 16;  // ids checked per host round trip
 
 bool Overlaps(const void* a, const void* b, size_t bytes) {
   const auto x = reinterpret_cast<uintptr_t>(a);
@@ -51,19 +50,38 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
   SS_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device), "cudaSetDevice");
   SS_ASSIGN_OR_RETURN(CudaStream stream, CreateStream());
   SS_ASSIGN_OR_RETURN(DeviceMemory workspace, AllocateDevice(options.workspace_bytes));
-  SS_ASSIGN_OR_RETURN(PinnedMemory ids, AllocatePinned(kIdStaging * sizeof(int32_t)));
-  return std::unique_ptr<Backend>(new CudaBackend(options.device, std::move(stream),
-                                                  std::move(workspace),
-                                                  options.workspace_bytes, std::move(ids)));
+  if (options.matmul_x_splits != 0 && options.matmul_x_splits != 2 &&
+      options.matmul_x_splits != 3) {
+    return absl::InvalidArgumentError("cuda: matmul_x_splits must be 0, 2 or 3");
+  }
+  const size_t counter_bytes = MmaMatmulCounters() * sizeof(int);
+  SS_ASSIGN_OR_RETURN(DeviceMemory counters, AllocateDevice(counter_bytes));
+  SS_CUDA_RETURN_IF_ERROR(cudaMemset(counters.get(), 0, counter_bytes), "cudaMemset");
+  SS_ASSIGN_OR_RETURN(PinnedMemory flag, AllocatePinned(sizeof(int)));
+  *static_cast<int*>(flag.get()) = 0;
+  return std::unique_ptr<Backend>(new CudaBackend(
+      options.device, std::move(stream), std::move(workspace), options.workspace_bytes,
+      std::move(counters), options.matmul_x_splits, std::move(flag)));
 }
 
 CudaBackend::CudaBackend(int device, CudaStream stream, DeviceMemory workspace,
-                         size_t workspace_bytes, PinnedMemory id_staging)
+                         size_t workspace_bytes, DeviceMemory matmul_counters,
+                         int matmul_x_splits, PinnedMemory error_flag)
     : device_(device),
       stream_(std::move(stream)),
       workspace_(std::move(workspace)),
       workspace_bytes_(workspace_bytes),
-      id_staging_(std::move(id_staging)) {}
+      matmul_counters_(std::move(matmul_counters)),
+      matmul_x_splits_(matmul_x_splits),
+      error_flag_(std::move(error_flag)) {}
+
+absl::Status CudaBackend::TakeDeviceError() {
+  volatile int* flag = static_cast<volatile int*>(error_flag_.get());
+  if (*flag == 0) return absl::OkStatus();
+  *flag = 0;
+  return absl::OutOfRangeError(
+      "embed: a token id outside [0, vocab) was read on the device (its row is NaN)");
+}
 
 CudaBackend::~CudaBackend() {
   if (UseDevice().ok()) {
@@ -103,17 +121,22 @@ void CudaBackend::Free(void* data) {
 absl::Status CudaBackend::CopyToDevice(void* dst, const void* host_src, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
   SS_RETURN_IF_ERROR(UseDevice());
+  cudaPointerAttributes attr;
+  if (cudaPointerGetAttributes(&attr, host_src) != cudaSuccess) {
+    cudaGetLastError();
+    attr.type = cudaMemoryTypeUnregistered;
+  }
+  // Small pageable copies (token ids, positions) ride in a kernel's
+  // arguments: no wait for the stream, so a decode step never blocks here.
+  if (attr.type == cudaMemoryTypeUnregistered && bytes <= kInlineCopyBytes) {
+    return LaunchInlineCopy(dst, host_src, bytes, stream_.get());
+  }
   SS_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, stream_.get()),
       "CopyToDevice");
   // From pageable memory the call returns once the source is staged; from
   // pinned (or device) memory it may not have been read yet, and the caller
   // may reuse its buffer as soon as we return.
-  cudaPointerAttributes attr;
-  if (cudaPointerGetAttributes(&attr, host_src) != cudaSuccess) {
-    cudaGetLastError();
-    return absl::OkStatus();
-  }
   if (attr.type != cudaMemoryTypeUnregistered) {
     SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "CopyToDevice sync");
   }
@@ -126,7 +149,7 @@ absl::Status CudaBackend::CopyToHost(void* host_dst, const void* src, size_t byt
   SS_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, stream_.get()), "CopyToHost");
   SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "CopyToHost sync");
-  return absl::OkStatus();
+  return TakeDeviceError();
 }
 
 absl::Status CudaBackend::CopyOnDevice(void* dst, const void* src, size_t bytes) {
@@ -188,7 +211,7 @@ absl::StatusOr<Weight> CudaBackend::UploadWeight(DType dtype, const void* host, 
 absl::Status CudaBackend::Synchronize() {
   SS_RETURN_IF_ERROR(UseDevice());
   SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "Synchronize");
-  return absl::OkStatus();
+  return TakeDeviceError();
 }
 
 // ---- Operations.
@@ -196,28 +219,16 @@ absl::Status CudaBackend::Synchronize() {
 absl::Status CudaBackend::Embed(const EmbedParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
   SS_RETURN_IF_ERROR(UseDevice());
-  // The CPU backend rejects out-of-range ids; so do we, at the cost of one
-  // host round trip per call (see the report on device-side checks).
-  auto* staged = static_cast<int32_t*>(id_staging_.get());
-  for (int64_t done = 0; done < p.rows; done += kIdStaging) {
-    const int64_t n = std::min(kIdStaging, p.rows - done);
-    SS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staged, p.ids + done, n * sizeof(int32_t),
-                                            cudaMemcpyDefault, stream_.get()),
-                            "embed ids");
-    SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "embed ids sync");
-    for (int64_t i = 0; i < n; ++i) {
-      if (staged[i] < 0 || staged[i] >= p.vocab) {
-        return absl::OutOfRangeError(
-            absl::StrCat("embed: token id ", staged[i], " outside [0, ", p.vocab, ")"));
-      }
-    }
-  }
-  return LaunchEmbed(p, stream_.get());
+  return LaunchEmbed(p, static_cast<int*>(error_flag_.get()), stream_.get());
 }
 
 absl::Status CudaBackend::Matmul(const MatmulParams& p) {
   SS_RETURN_IF_ERROR(UseDevice());
-  return LaunchMatmul(p, stream_.get());
+  MatmulResources r;
+  r.ws = Workspace{workspace_.get(), workspace_bytes_};
+  r.counters = static_cast<int*>(matmul_counters_.get());
+  r.x_splits = matmul_x_splits_;
+  return LaunchMatmul(p, r, stream_.get());
 }
 
 absl::Status CudaBackend::RmsNorm(const RmsNormParams& p) {

@@ -4,9 +4,13 @@
 //
 // Every op is issued on the backend's own non-blocking stream, in call
 // order; ops return after enqueueing (device faults surface at the next
-// Synchronize/CopyToHost). CopyToHost, UploadWeight, Embed (which checks the
-// token ids on the host, as the CPU backend does) and Synchronize wait for
-// the stream. Row invariance holds for every op, prefill included: no op
+// Synchronize/CopyToHost). CopyToHost, UploadWeight and Synchronize wait
+// for the stream; no op does, so a decode step can be captured in a CUDA
+// graph. Embed reads the token ids on the device: an id outside [0, vocab)
+// gives a NaN row and OUT_OF_RANGE from the next Synchronize/CopyToHost
+// (the model validates ids on the host before uploading them).
+// Matmul on bf16 weights runs on the tensor cores with x split into
+// `matmul_x_splits` bf16 terms (kernels/cuda/matmul_mma.cu). Row invariance holds for every op, prefill included: no op
 // switches to a differently-ordered kernel for large T (see kernels/cuda/
 // ops.h), so prefill logits equal decode logits bit for bit.
 // Not thread-safe: one caller at a time (any thread; each call selects the
@@ -33,6 +37,11 @@ struct CudaBackendOptions {
   // in flight (≈2.1 MB for 32 heads of 256 at n >= 16K); longer calls are
   // split into batches of rows that fit.
   size_t workspace_bytes = size_t{64} << 20;
+  // bf16 terms per fp32 activation on the tensor-core matmul path: 3 is
+  // exact (x = hi + mid + lo), 2 keeps 16 significant bits and does a third
+  // fewer tensor-core instructions (matters at T >= 32); 0 keeps every
+  // matmul on the CUDA-core kernel. Part of the reduction order.
+  int matmul_x_splits = 3;
 };
 
 // Number of usable CUDA devices; 0 when there is no driver or no GPU.
@@ -83,18 +92,23 @@ class CudaBackend : public Backend {
   friend absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
       const CudaBackendOptions& options);
   CudaBackend(int device, CudaStream stream, DeviceMemory workspace,
-              size_t workspace_bytes, PinnedMemory id_staging);
+              size_t workspace_bytes, DeviceMemory matmul_counters,
+              int matmul_x_splits, PinnedMemory error_flag);
 
   // Makes device_ current on the calling thread.
   absl::Status UseDevice() const;
+  // After a stream sync: OUT_OF_RANGE (once) if an Embed saw a bad id.
+  absl::Status TakeDeviceError();
 
   const int device_;
   // Declared first: destroyed last, after the memory below is released.
   CudaStream stream_;
   DeviceMemory workspace_;
   const size_t workspace_bytes_;
-  // Host copy of token ids for Embed's range check.
-  PinnedMemory id_staging_;
+  DeviceMemory matmul_counters_;  // MmaMatmulCounters() ints, kept zero
+  const int matmul_x_splits_;
+  // One pinned int the Embed kernel sets to 1 on a bad id (host-mapped).
+  PinnedMemory error_flag_;
 };
 
 }  // namespace specserve::kernels::cuda

@@ -10,14 +10,15 @@ namespace {
 constexpr int kThreads = 256;
 
 template <DType D>
-__global__ void __launch_bounds__(kThreads) EmbedKernel(EmbedParams p) {
+__global__ void __launch_bounds__(kThreads) EmbedKernel(EmbedParams p, int* error) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= p.dim) return;
   for (int64_t t = blockIdx.y; t < p.rows; t += gridDim.y) {
     const int32_t id = p.ids[t];
     float v;
     if (id < 0 || id >= p.vocab) {
-      v = __int_as_float(0x7fc00000);  // NaN: the host check was bypassed
+      v = __int_as_float(0x7fc00000);  // NaN, and reported at the next sync
+      if (i == 0 && error != nullptr) *error = 1;
     } else {
       v = LoadElem<D>(p.table, static_cast<int64_t>(id) * p.dim + i);
     }
@@ -27,19 +28,19 @@ __global__ void __launch_bounds__(kThreads) EmbedKernel(EmbedParams p) {
 
 }  // namespace
 
-absl::Status LaunchEmbed(const EmbedParams& p, cudaStream_t stream) {
+absl::Status LaunchEmbed(const EmbedParams& p, int* error, cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   const dim3 grid(static_cast<unsigned>(CeilDiv(p.dim, kThreads)),
                   static_cast<unsigned>(p.rows < 65535 ? p.rows : 65535));
   switch (p.table_dtype) {
     case DType::kF32:
-      EmbedKernel<DType::kF32><<<grid, kThreads, 0, stream>>>(p);
+      EmbedKernel<DType::kF32><<<grid, kThreads, 0, stream>>>(p, error);
       break;
     case DType::kBF16:
-      EmbedKernel<DType::kBF16><<<grid, kThreads, 0, stream>>>(p);
+      EmbedKernel<DType::kBF16><<<grid, kThreads, 0, stream>>>(p, error);
       break;
     case DType::kF16:
-      EmbedKernel<DType::kF16><<<grid, kThreads, 0, stream>>>(p);
+      EmbedKernel<DType::kF16><<<grid, kThreads, 0, stream>>>(p, error);
       break;
   }
   return LaunchStatus("embed launch");

@@ -1,5 +1,9 @@
-// Matmul y[T][out] (+)= x[T][in]·W[out][in]ᵀ: a weight-streaming kernel for
-// every T (decode, verify, batched decode and prefill).
+// Matmul y[T][out] (+)= x[T][in]·W[out][in]ᵀ. bf16 weights with in % 8 == 0
+// and aligned rows take the tensor-core path (matmul_mma.cu); every other
+// weight takes the CUDA-core kernel below. The choice depends on the weight
+// only, so all calls on one weight use one reduction order.
+//
+// CUDA-core kernel: a weight-streaming kernel for every T.
 //
 // Fixed reduction order (what makes row t's result independent of T): one
 // warp reduces each output element y[t][o]. Lane l accumulates, in
@@ -20,6 +24,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/matmul_mma.h"
 #include "kernels/cuda/ops.h"
 
 namespace specserve::kernels::cuda {
@@ -166,8 +171,12 @@ absl::Status RunTyped(const MatmulParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-absl::Status LaunchMatmul(const MatmulParams& p, cudaStream_t stream) {
+absl::Status LaunchMatmul(const MatmulParams& p, const MatmulResources& r,
+                          cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
+  if (r.x_splits != 0 && MmaMatmulApplies(p)) {
+    return LaunchMmaMatmul(p, r.x_splits, r.ws, r.counters, stream);
+  }
   switch (p.w_dtype) {
     case DType::kF32:
       return RunTyped<DType::kF32>(p, stream);

@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "absl/status/status.h"
 #include "kernels/attention.h"
@@ -35,14 +36,32 @@ struct Workspace {
   size_t bytes = 0;
 };
 
-// Ids must already be known to be in [0, vocab) (the backend checks them on
-// the host first); an out-of-range id still never reads outside the table:
-// its row is written as NaN.
-absl::Status LaunchEmbed(const EmbedParams& p, cudaStream_t stream);
+// Copies bytes <= kInlineCopyBytes from host memory inside a kernel's
+// arguments (asynchronous; the host buffer may be reused at once).
+constexpr size_t kInlineCopyBytes = 1024;
+absl::Status LaunchInlineCopy(void* dst, const void* host_src, size_t bytes,
+                              cudaStream_t stream);
 
-// Weight-streaming GEMV/GEMM for any T (see matmul.cu for the fixed
-// reduction order).
-absl::Status LaunchMatmul(const MatmulParams& p, cudaStream_t stream);
+// Ids are read on the device: an out-of-range id never reads outside the
+// table; its row is written as NaN and *error (device memory, nullable) is
+// set to 1, for the backend to report at its next synchronization.
+absl::Status LaunchEmbed(const EmbedParams& p, int* error, cudaStream_t stream);
+
+// What the matmul needs beside its Params: scratch for K-segment partial
+// sums, MmaMatmulCounters() ints of zeroed device memory (each launch leaves
+// them zero), and the number of bf16 terms x is split into on the tensor
+// core path (2 or 3; 0 = CUDA cores only). One backend must use one value
+// for all calls (it is part of the reduction order).
+struct MatmulResources {
+  Workspace ws;
+  int* counters = nullptr;
+  int x_splits = 3;
+};
+
+// Weight-streaming GEMV/GEMM for any T (see matmul.cu and matmul_mma.cu
+// for the fixed reduction orders).
+absl::Status LaunchMatmul(const MatmulParams& p, const MatmulResources& r,
+                          cudaStream_t stream);
 
 absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);
 absl::Status LaunchGatedRmsNorm(const GatedRmsNormParams& p,
@@ -61,6 +80,11 @@ size_t AttentionWorkspaceBytesPerRow(const AttentionParams& p);
 absl::Status LaunchConv1d(const Conv1dParams& p, cudaStream_t stream);
 absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleParams& p,
                                   cudaStream_t stream);
+
+// n elements of `dtype` at dst = scale·u, u uniform in [-1, 1) from a hash
+// of (seed, index): random benchmark weights made on the GPU.
+absl::Status LaunchFillRandom(DType dtype, void* dst, int64_t n, uint64_t seed,
+                              float scale, cudaStream_t stream);
 
 absl::Status LaunchArgmax(const ArgmaxParams& p, cudaStream_t stream);
 absl::Status LaunchLogSumExp(const LogSumExpParams& p, cudaStream_t stream);

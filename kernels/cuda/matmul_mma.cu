@@ -1,0 +1,337 @@
+// The bf16-weight matmul on the tensor cores: y[T][out] (+)= x[T][in]·Wᵀ with
+// fp32 x, for every T (decode, verify, batched decode, prefill), reading the
+// weights once per call for T <= 64.
+//
+// Math. Each fp32 x element is split into `splits` bf16 terms (hi = rn(x),
+// mid = rn(x − hi), lo = rn(x − hi − mid)); with 3 terms the split is exact
+// (x = hi + mid + lo), with 2 it keeps 16 significant bits (relative error
+// <= 2^-17, about the fp32 accumulation noise of a K >= 1000 reduction). The
+// bf16 weight times each term is exact in the tensor core's fp32 products.
+// The products are accumulated by mma.sync.m16n8k16 (A = 16 weight rows, B =
+// 8 tokens): D[o][t] = C[o][t] + Σ_k W[o][k]·x_s[t][k] over 16 k per
+// instruction.
+//
+// Fixed reduction order (row invariance, kernels/backend.h). Everything
+// below that decides the order depends on (in, out, splits) only, never on
+// T: the K range is cut into `segs` segments of `kseg` elements
+// (MmaPlan); within a segment, k advances in steps of 64 and each step runs,
+// for split s = splits−1 .. 0 (smallest first), four m16n8k16 instructions
+// in k order, each accumulating into the same fp32 accumulator (starting
+// at +0). A token's column of the instruction depends only on its own x
+// column, and every column is computed by the same hardware arithmetic, so
+// which column (or which of the N-tiles) a token occupies does not change
+// its bits. Segment partial sums are added in segment order 0..segs−1 by
+// the last block to finish an output tile (arrival order does not matter),
+// then added to y when accumulating.
+//
+// K permutation: within a 64-step, lane (g = lane/4, q = lane%4) loads 32
+// contiguous bytes (16 k) of weight rows g and g+8 with two 16-byte loads;
+// instruction j of the step uses k = q·16 + 4j + {0,1,2,3} of them for the
+// fragment slots {2q, 2q+1, 2q+8, 2q+9}. x's fragments use the same
+// mapping, so the sum is over the same products; only the (fixed) order
+// differs from a plain k order.
+//
+// Work split: block = 8 warps = 128 outputs (16 per warp) × one K segment;
+// grid (ceil(out/128), segs). Weights stream through a 4-step register
+// ring (4 × 32 B per row pair per lane in flight); x for the block's tokens
+// is split and staged in shared memory per 256-wide K tile, in fragment
+// order (conflict-free 16-byte reads).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/matmul_mma.h"
+
+namespace specserve::kernels::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRowsPerWarp = 16;
+constexpr int kTileOut = kWarps * kRowsPerWarp;  // outputs per block
+constexpr int kStepK = 64;                       // k per ring step
+constexpr int kRing = 4;                         // steps in flight
+constexpr int kTileK = kStepK * kRing;           // k staged in smem at once
+constexpr int kMaxTokens = 64;                   // tokens per launch
+int g_target_blocks = 1024;  // blocks a plan aims for (bench override)
+
+struct MmaArgs {
+  MatmulParams p;
+  int64_t t0;      // first token of this launch
+  int tokens;      // tokens in this launch (<= NT·8)
+  int64_t kseg;    // K elements per segment (multiple of kTileK)
+  int segs;        // segments
+  float* partial;  // [segs][tokens][out] when segs > 1
+  int* counters;   // [gridDim.x], zero on entry and on exit
+};
+
+__device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                    uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Packs rn_bf16(a) (low half) and rn_bf16(b); returns the residuals.
+__device__ __forceinline__ uint32_t SplitPair(float& a, float& b) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  const uint32_t bits = *reinterpret_cast<const uint32_t*>(&h);
+  a = __fsub_rn(a, __uint_as_float(bits << 16));
+  b = __fsub_rn(b, __uint_as_float(bits & 0xffff0000u));
+  return bits;
+}
+
+template <int NT, int SPLITS>
+__global__ void __launch_bounds__(kThreads) MmaMatmulKernel(MmaArgs a) {
+  extern __shared__ uint4 xs[];  // [kRing][SPLITS][NT][2 halves][32 lanes]
+  const MatmulParams& p = a.p;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int64_t tile = blockIdx.x;
+  const int seg = blockIdx.y;
+  const int64_t in = p.in;
+  const int64_t kbeg = seg * a.kseg;
+  const int64_t kend = min(in, kbeg + a.kseg);
+  const int nsteps = static_cast<int>((kend - kbeg + kStepK - 1) / kStepK);
+  const int ntiles = (nsteps + kRing - 1) / kRing;
+
+  const int64_t o_base = tile * kTileOut + warp * kRowsPerWarp;
+  const int64_t r0 = min(o_base + g, p.out - 1);
+  const int64_t r1 = min(o_base + g + 8, p.out - 1);
+  const uint16_t* w0 = static_cast<const uint16_t*>(p.w) + r0 * in;
+  const uint16_t* w1 = static_cast<const uint16_t*>(p.w) + r1 * in;
+
+  uint4 ring[kRing][4];  // per slot: row r0 half 0/1, row r1 half 0/1
+  auto load = [&](int j, int u) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t k = kbeg + static_cast<int64_t>(j) * kStepK + q * 16 + h * 8;
+      if (j < nsteps && k < kend) {
+        ring[u][h] = __ldg(reinterpret_cast<const uint4*>(w0 + k));
+        ring[u][2 + h] = __ldg(reinterpret_cast<const uint4*>(w1 + k));
+      } else {
+        ring[u][h] = make_uint4(0, 0, 0, 0);
+        ring[u][2 + h] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+#pragma unroll
+  for (int u = 0; u < kRing; ++u) load(u, u);
+
+  float acc[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
+  }
+
+  const bool x_vec = (reinterpret_cast<uintptr_t>(p.x) % 16 == 0) && (p.x_stride % 4 == 0);
+  const float* xb = p.x + a.t0 * p.x_stride;
+
+  for (int kt = 0; kt < ntiles; ++kt) {
+    __syncthreads();  // the previous tile's fragments are consumed
+    // Stage x[tokens][kt's 256 k] as split bf16 fragments.
+    const int64_t ktile = kbeg + static_cast<int64_t>(kt) * kTileK;
+#pragma unroll
+    for (int it = 0; it < NT; ++it) {
+      const int item = it * kThreads + tid;  // (token, 8-wide chunk)
+      const int tok = item >> 5, c = item & 31;
+      const int64_t k = ktile + c * 8;
+      float v[8];
+      if (tok < a.tokens && k < kend) {
+        const float* src = xb + tok * p.x_stride + k;
+        if (x_vec) {
+          const float4 lo = *reinterpret_cast<const float4*>(src);
+          const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+          v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
+          v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] = src[e];
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+      }
+      const int kl = c * 8;  // 0..255 within the tile
+      const int u = kl >> 6, qq = (kl >> 4) & 3, h = (kl >> 3) & 1;
+      const int dst_lane = (tok & 7) * 4 + qq, n = tok >> 3;
+#pragma unroll
+      for (int s = 0; s < SPLITS; ++s) {
+        uint4 f;
+        f.x = SplitPair(v[0], v[1]);
+        f.y = SplitPair(v[2], v[3]);
+        f.z = SplitPair(v[4], v[5]);
+        f.w = SplitPair(v[6], v[7]);
+        xs[(((u * SPLITS + s) * NT + n) * 2 + h) * 32 + dst_lane] = f;
+      }
+    }
+    __syncthreads();
+
+#pragma unroll
+    for (int u = 0; u < kRing; ++u) {
+      const int j = kt * kRing + u;
+      if (j < nsteps) {
+#pragma unroll
+        for (int s = SPLITS - 1; s >= 0; --s) {
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+            const uint4 x0 = xs[(((u * SPLITS + s) * NT + n) * 2 + 0) * 32 + lane];
+            const uint4 x1 = xs[(((u * SPLITS + s) * NT + n) * 2 + 1) * 32 + lane];
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+              const uint4& wa = ring[u][m >> 1];  // row r0, words 2m, 2m+1
+              const uint4& wb = ring[u][2 + (m >> 1)];
+              const uint4& xv = m < 2 ? x0 : x1;
+              const int w = (2 * m) & 3;
+              Mma(acc[n], Word(wa, w), Word(wb, w), Word(wa, w + 1), Word(wb, w + 1),
+                  Word(xv, w), Word(xv, w + 1));
+            }
+          }
+        }
+      }
+      load(j + kRing, u);
+    }
+  }
+
+  // acc[n] = (row g, tokens 2q, 2q+1), (row g+8, tokens 2q, 2q+1) of N-tile n.
+  if (a.segs == 1) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t o = o_base + g + (i >> 1) * 8;
+        const int tok = n * 8 + 2 * q + (i & 1);
+        if (o < p.out && tok < a.tokens) {
+          float* y = p.y + (a.t0 + tok) * p.y_stride + o;
+          *y = p.accumulate ? __fadd_rn(*y, acc[n][i]) : acc[n][i];
+        }
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t o = o_base + g + (i >> 1) * 8;
+      const int tok = n * 8 + 2 * q + (i & 1);
+      if (o < p.out && tok < a.tokens) {
+        a.partial[(static_cast<int64_t>(seg) * a.tokens + tok) * p.out + o] = acc[n][i];
+      }
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  __shared__ int is_last;
+  if (tid == 0) is_last = atomicAdd(&a.counters[tile], 1) == a.segs - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  const int64_t o0 = tile * kTileOut;
+  for (int idx = tid; idx < a.tokens * kTileOut; idx += kThreads) {
+    const int tok = idx / kTileOut;
+    const int64_t o = o0 + idx % kTileOut;
+    if (o >= p.out) continue;
+    const float* src = a.partial + static_cast<int64_t>(tok) * p.out + o;
+    const int64_t seg_stride = static_cast<int64_t>(a.tokens) * p.out;
+    float sum = __ldcg(src);
+    for (int s = 1; s < a.segs; ++s) sum = __fadd_rn(sum, __ldcg(src + s * seg_stride));
+    float* y = p.y + (a.t0 + tok) * p.y_stride + o;
+    *y = p.accumulate ? __fadd_rn(*y, sum) : sum;
+  }
+  if (tid == 0) a.counters[tile] = 0;
+}
+
+template <int NT, int SPLITS>
+absl::Status Launch(const MmaArgs& a, int64_t tiles, cudaStream_t stream) {
+  const size_t smem = sizeof(uint4) * kRing * SPLITS * NT * 2 * 32;
+  auto kernel = MmaMatmulKernel<NT, SPLITS>;
+  if (smem + 64 > 48 * 1024) {  // (+ static smem) per device: on every such launch
+    SS_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem)),
+        "matmul smem attribute");
+  }
+  kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(a.segs)), kThreads, smem,
+           stream>>>(a);
+  return LaunchStatus("matmul (tensor core) launch");
+}
+
+template <int SPLITS>
+absl::Status LaunchSplits(const MmaArgs& a, int64_t tiles, cudaStream_t stream) {
+  const int nt = (a.tokens + 7) / 8;
+  if (nt <= 1) return Launch<1, SPLITS>(a, tiles, stream);
+  if (nt <= 2) return Launch<2, SPLITS>(a, tiles, stream);
+  if (nt <= 4) return Launch<4, SPLITS>(a, tiles, stream);
+  return Launch<8, SPLITS>(a, tiles, stream);
+}
+
+}  // namespace
+
+bool MmaMatmulApplies(const MatmulParams& p) {
+  return p.w_dtype == DType::kBF16 && p.in % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
+}
+
+MmaPlan PlanMmaMatmul(int64_t in, int64_t out) {
+  MmaPlan plan;
+  plan.tiles = CeilDiv(out, kTileOut);
+  const int64_t want = std::max<int64_t>(1, CeilDiv(g_target_blocks, plan.tiles));
+  plan.kseg = std::max<int64_t>(kTileK, CeilDiv(CeilDiv(in, want), kTileK) * kTileK);
+  plan.segs = CeilDiv(in, plan.kseg);
+  return plan;
+}
+
+int64_t MmaMatmulCounters() { return 4096; }
+
+void SetMmaMatmulTargetBlocksForBenchmark(int blocks) {
+  g_target_blocks = blocks > 0 ? blocks : 1024;
+}
+
+absl::Status LaunchMmaMatmul(const MatmulParams& p, int splits, const Workspace& ws,
+                             int* counters, cudaStream_t stream) {
+  if (splits != 2 && splits != 3) {
+    return absl::InvalidArgumentError("matmul: splits must be 2 or 3");
+  }
+  const MmaPlan plan = PlanMmaMatmul(p.in, p.out);
+  if (plan.tiles > 0x7fffffff || plan.segs > 65535) {
+    return absl::InvalidArgumentError("matmul: shape too large for the grid");
+  }
+  int64_t per_launch = kMaxTokens;
+  if (plan.segs > 1) {
+    if (plan.tiles > MmaMatmulCounters()) {
+      return absl::InternalError("matmul: too many split tiles for the counters");
+    }
+    const int64_t fit = static_cast<int64_t>(ws.bytes / (sizeof(float) * plan.segs * p.out));
+    if (fit < 1) return absl::ResourceExhaustedError("matmul: workspace too small");
+    per_launch = std::min(per_launch, fit);
+  }
+  for (int64_t t0 = 0; t0 < p.rows; t0 += per_launch) {
+    MmaArgs a;
+    a.p = p;
+    a.t0 = t0;
+    a.tokens = static_cast<int>(std::min(per_launch, p.rows - t0));
+    a.kseg = plan.kseg;
+    a.segs = static_cast<int>(plan.segs);
+    a.partial = static_cast<float*>(ws.data);
+    a.counters = counters;
+    absl::Status s = splits == 3 ? LaunchSplits<3>(a, plan.tiles, stream)
+                                 : LaunchSplits<2>(a, plan.tiles, stream);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace specserve::kernels::cuda

@@ -1,0 +1,369 @@
+// The CUDA backend's benchmark on one GPU, every number beside its floor
+// (bytes that must be read / copy bandwidth measured in the same run):
+//  1. device-to-device copy bandwidth (the ceiling; read + write bytes);
+//  2. matmul [out][in] bf16 at T = 1..64 on the tensor-core path (x split
+//     in 3 or 2 bf16 terms) and on the CUDA-core kernel, with bit-exact
+//     row-invariance and cross-path agreement checks;
+//  3. a random-bf16 model of the Qwen3.5-27B shape built on the GPU
+//     (tools/cuda_bench/random_model.h): (a) decode step at batch 1,
+//     (b) verify of 2..8 columns, (c) DecodeBatch of 1..64 sessions;
+//  4. decode tokens/s of --default_model (a checkpoint dir), if given.
+// Prints tables and writes --json.
+//
+// Usage: cuda_bench [--json=FILE] [--default_model=DIR] [--skip_model]
+//                   [--synthetic_dir=/tmp/specserve_27b]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_handles.h"
+#include "kernels/cuda/matmul_mma.h"
+#include "kernels/cuda/ops.h"
+#include "nlohmann/json.hpp"
+#include "tools/cuda_bench/random_model.h"
+#include "worker/model/model.h"
+
+namespace specserve::cuda_bench {
+namespace {
+
+using kernels::Backend;
+using kernels::cuda::CudaBackend;
+using nlohmann::json;
+
+#define BENCH_CHECK(expr)                                                        \
+  do {                                                                           \
+    const auto bench_status_ = (expr);                                           \
+    if (!bench_status_.ok()) {                                                   \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,          \
+                   bench_status_.ToString().c_str());                            \
+      std::exit(1);                                                              \
+    }                                                                            \
+  } while (0)
+#define BENCH_CUDA(expr) BENCH_CHECK(kernels::cuda::CudaStatus((expr), #expr))
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Median ms of `reps` event-timed calls of fn on `stream` after `warm`.
+template <typename Fn>
+double EventMs(cudaStream_t stream, int warm, int reps, Fn fn) {
+  auto a = kernels::cuda::CreateEvent(true);
+  auto b = kernels::cuda::CreateEvent(true);
+  BENCH_CHECK(a.status());
+  BENCH_CHECK(b.status());
+  for (int i = 0; i < warm; ++i) fn();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    BENCH_CUDA(cudaEventRecord(a->get(), stream));
+    fn();
+    BENCH_CUDA(cudaEventRecord(b->get(), stream));
+    BENCH_CUDA(cudaEventSynchronize(b->get()));
+    float m = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&m, a->get(), b->get()));
+    ms.push_back(m);
+  }
+  return Median(ms);
+}
+
+// Median wall ms of `reps` calls of fn (each ends with a host sync).
+template <typename Fn>
+double WallMs(int warm, int reps, Fn fn) {
+  for (int i = 0; i < warm; ++i) fn();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                     .count());
+  }
+  return Median(ms);
+}
+
+std::unique_ptr<Backend> MakeBackend(int splits) {
+  kernels::cuda::CudaBackendOptions o;
+  o.matmul_x_splits = splits;
+  auto b = kernels::cuda::CreateCudaBackend(o);
+  BENCH_CHECK(b.status());
+  return std::move(*b);
+}
+
+// GB/s of a device-to-device copy of `bytes`, counting read + write.
+double CopyGBs(CudaBackend* be, size_t bytes) {
+  auto src = be->Allocate(bytes);
+  auto dst = be->Allocate(bytes);
+  BENCH_CHECK(src.status());
+  BENCH_CHECK(dst.status());
+  const double ms = EventMs(be->stream(), 3, 20, [&] {
+    BENCH_CUDA(cudaMemcpyAsync(dst->data(), src->data(), bytes, cudaMemcpyDeviceToDevice,
+                               be->stream()));
+  });
+  return 2.0 * bytes / (ms * 1e6);
+}
+
+struct Ctx {
+  double copy_gbs = 0;
+  json out = json::object();
+};
+
+// ---- 2. matmul sweep.
+void MatmulSweep(Ctx* ctx) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {5120, 17408}, {17408, 5120}, {248320, 5120}, {1024, 5120}};
+  const int ts[] = {1, 2, 4, 8, 16, 32, 64};
+  std::printf("\n== matmul, bf16 weight (floor = weight bytes / copy bandwidth)\n");
+  std::printf("%-16s %-10s %4s %9s %9s %8s %8s\n", "[out][in]", "path", "T", "us", "floor_us",
+              "%floor", "x T=1");
+  json rows = json::array();
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  struct Path {
+    const char* name;
+    int splits;
+  };
+  const Path paths[] = {{"mma-x3", 3}, {"mma-x2", 2}, {"fma", 0}};
+  for (const Path& path : paths) {
+    auto owner = MakeBackend(path.splits);
+    auto* be = static_cast<CudaBackend*>(owner.get());
+    RandomWeightsBackend rb(be, 0.02f);
+    for (auto [out, in] : shapes) {
+      if (path.splits == 0 && out > 20000) continue;  // slow and not used
+      auto w = rb.UploadWeight(kernels::DType::kBF16, nullptr, out, in);
+      BENCH_CHECK(w.status());
+      std::vector<float> xh(64 * in);
+      for (auto& v : xh) v = dist(rng);
+      auto x = be->AllocateFloats(xh.size());
+      auto y = be->AllocateFloats(64 * out);
+      BENCH_CHECK(x.status());
+      BENCH_CHECK(y.status());
+      BENCH_CHECK(be->CopyToDevice(x->data(), xh.data(), xh.size() * 4));
+      const double floor_us = w->bytes() / (ctx->copy_gbs * 1e3);
+      double t1 = 0;
+      for (int t : ts) {
+        const auto p = kernels::DenseMatmul(t, x->f32(), *w, y->f32());
+        const double ms = EventMs(be->stream(), 3, 15, [&] { BENCH_CHECK(be->Matmul(p)); });
+        if (t == 1) t1 = ms;
+        char shape[32];
+        std::snprintf(shape, sizeof(shape), "[%lld][%lld]", (long long)out, (long long)in);
+        std::printf("%-16s %-10s %4d %9.1f %9.1f %7.1f%% %8.2f\n", shape, path.name, t, ms * 1e3,
+                    floor_us, 100 * floor_us / (ms * 1e3), ms / t1);
+        rows.push_back({{"out", out}, {"in", in}, {"path", path.name}, {"T", t},
+                        {"us", ms * 1e3}, {"floor_us", floor_us}});
+      }
+      // Row invariance: T=64 row r == T=1 on row r, bit for bit.
+      if (out <= 20000) {
+        std::vector<float> all(64 * out), one(out);
+        BENCH_CHECK(be->Matmul(kernels::DenseMatmul(64, x->f32(), *w, y->f32())));
+        BENCH_CHECK(be->CopyToHost(all.data(), y->data(), all.size() * 4));
+        int bad = 0;
+        for (int r : {0, 5, 37, 63}) {
+          BENCH_CHECK(be->Matmul(kernels::DenseMatmul(1, x->f32() + r * in, *w, y->f32())));
+          BENCH_CHECK(be->CopyToHost(one.data(), y->data(), out * 4));
+          bad += std::memcmp(one.data(), all.data() + r * out, out * 4) != 0;
+        }
+        std::printf("  row invariance T=64 vs T=1 (%s): %s\n", path.name,
+                    bad ? "MISMATCH" : "bit-exact");
+        ctx->out["row_invariance"][path.name] = bad == 0;
+        if (bad) ctx->out["failed"] = true;
+      }
+    }
+  }
+  ctx->out["matmul"] = rows;
+
+  // Plan variants (blocks the K split aims for), mma-x3, [5120][17408].
+  std::printf("\n== plan variants, mma-x3 [5120][17408] (floor %.1f us)\n%8s %6s %4s %9s\n",
+              5120.0 * 17408 * 2 / (ctx->copy_gbs * 1e3), "target", "segs", "T", "us");
+  auto owner = MakeBackend(3);
+  auto* be = static_cast<CudaBackend*>(owner.get());
+  RandomWeightsBackend rb(be, 0.02f);
+  auto w = rb.UploadWeight(kernels::DType::kBF16, nullptr, 5120, 17408);
+  auto x = be->AllocateFloats(64 * 17408);
+  auto y = be->AllocateFloats(64 * 5120);
+  BENCH_CHECK(w.status());
+  BENCH_CHECK(x.status());
+  BENCH_CHECK(y.status());
+  BENCH_CHECK(kernels::cuda::LaunchFillRandom(kernels::DType::kF32, x->data(), 64 * 17408, 99,
+                                              1.0f, be->stream()));
+  json jp = json::array();
+  for (int target : {264, 528, 1024, 2048, 4096}) {
+    kernels::cuda::SetMmaMatmulTargetBlocksForBenchmark(target);
+    const auto plan = kernels::cuda::PlanMmaMatmul(17408, 5120);
+    for (int t : {1, 8, 64}) {
+      const auto p = kernels::DenseMatmul(t, x->f32(), *w, y->f32());
+      const double ms = EventMs(be->stream(), 3, 15, [&] { BENCH_CHECK(be->Matmul(p)); });
+      std::printf("%8d %6lld %4d %9.1f\n", target, (long long)plan.segs, t, ms * 1e3);
+      jp.push_back({{"target", target}, {"segs", plan.segs}, {"T", t}, {"us", ms * 1e3}});
+    }
+  }
+  kernels::cuda::SetMmaMatmulTargetBlocksForBenchmark(0);
+  ctx->out["plan_variants"] = jp;
+}
+
+// ---- 3. the 27B-shape model.
+void ModelBench(Ctx* ctx, const std::string& dir) {
+  BENCH_CHECK(WriteSyntheticCheckpoint(Qwen35_27BConfigJson(), dir));
+  auto owner = MakeBackend(3);
+  auto* be = static_cast<CudaBackend*>(owner.get());
+  RandomWeightsBackend rb(be, 0.02f);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto loaded = model::Model::Load(dir, &rb);
+  BENCH_CHECK(loaded.status());
+  BENCH_CHECK(rb.Synchronize());
+  auto& m = *loaded;
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double wbytes = static_cast<double>(m->decode_weight_bytes());
+  const double floor_ms = wbytes / (ctx->copy_gbs * 1e6);
+  std::printf("\n== Qwen3.5-27B shape, random bf16 weights made on the GPU (%.1f GB filled, "
+              "load %.1f s)\n",
+              rb.filled_bytes() / 1e9, load_s);
+  std::printf("decode weight bytes %.2f GB; floor %.2f ms at %.0f GB/s copy\n", wbytes / 1e9,
+              floor_ms, ctx->copy_gbs);
+  json j = {{"decode_weight_bytes", wbytes}, {"floor_ms", floor_ms}};
+
+  model::StateOptions so;
+  so.capacity = 1024;
+  so.max_verify_columns = 8;
+  auto st = m->NewState(so);
+  BENCH_CHECK(st.status());
+  std::vector<int32_t> prompt(32);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(1 + i * 7919 % 200000);
+  model::ForwardResult r;
+  BENCH_CHECK(m->Prefill(st->get(), prompt, {}, &r));
+  bool finite = true;
+  for (float v : r.logits) finite &= std::isfinite(v);
+  std::printf("prefill logits finite: %s\n", finite ? "yes" : "NO");
+  j["logits_finite"] = finite;
+  int32_t next = r.argmax[0];
+  // (a) decode.
+  const double dec = WallMs(3, 20, [&] {
+    BENCH_CHECK(m->Decode(st->get(), next, &r));
+    next = r.argmax[0];
+  });
+  std::printf("(a) decode step batch 1: %.2f ms = %.1f tok/s; floor %.2f ms; %.1f%% of floor\n",
+              dec, 1e3 / dec, floor_ms, 100 * floor_ms / dec);
+  j["decode_ms"] = dec;
+  // (b) verify.
+  std::printf("(b) verify of k+1 columns (state unchanged):\n%6s %9s %9s\n", "cols", "ms",
+              "x decode");
+  json jv = json::array();
+  for (int c = 2; c <= 8; ++c) {
+    std::vector<int32_t> cols(c, next);
+    const double ms = WallMs(2, 10, [&] {
+      BENCH_CHECK(m->Verify(st->get(), cols, &r));
+      m->DiscardVerified(st->get());
+    });
+    std::printf("%6d %9.2f %9.3f\n", c, ms, ms / dec);
+    jv.push_back({{"columns", c}, {"ms", ms}, {"x_decode", ms / dec}});
+  }
+  j["verify"] = jv;
+  st->reset();
+  // (c) DecodeBatch of B sessions, 32-token contexts.
+  std::printf("(c) DecodeBatch, B sessions at 32-token contexts:\n%6s %9s %9s %11s %9s\n", "B",
+              "ms", "x B=1", "tok/s", "%floor");
+  json jb = json::array();
+  std::vector<std::unique_ptr<model::ModelState>> states;
+  so.capacity = 128;
+  so.max_verify_columns = 1;
+  double b1 = 0;
+  for (int b : {1, 2, 4, 8, 16, 32, 64}) {
+    while (static_cast<int>(states.size()) < b) {
+      auto s = m->NewState(so);
+      BENCH_CHECK(s.status());
+      BENCH_CHECK(m->Prefill(s->get(), prompt, {}, &r));
+      states.push_back(std::move(*s));
+    }
+    std::vector<model::ModelState*> ptrs;
+    std::vector<int32_t> toks;
+    for (int i = 0; i < b; ++i) {
+      ptrs.push_back(states[i].get());
+      toks.push_back(next);
+    }
+    // Each call appends a row; contexts grow from 32 to at most 32 + 13.
+    const double ms = WallMs(3, 10, [&] { BENCH_CHECK(m->DecodeBatch(ptrs, toks, &r)); });
+    if (b == 1) b1 = ms;
+    std::printf("%6d %9.2f %9.3f %11.1f %8.1f%%\n", b, ms, ms / b1, b * 1e3 / ms,
+                100 * floor_ms / ms);
+    jb.push_back({{"B", b}, {"ms", ms}, {"x_b1", ms / b1}, {"tok_s", b * 1e3 / ms}});
+    // Reset the contexts for the next size.
+    for (auto& s : states) {
+      BENCH_CHECK(m->Reset(s.get()));
+      BENCH_CHECK(m->Prefill(s.get(), prompt, {}, &r));
+    }
+  }
+  j["decode_batch"] = jb;
+  ctx->out["model_27b"] = j;
+}
+
+// ---- 4. the default model.
+void DefaultModel(Ctx* ctx, const std::string& dir) {
+  auto owner = MakeBackend(3);
+  auto loaded = model::Model::Load(dir, owner.get());
+  BENCH_CHECK(loaded.status());
+  auto& m = *loaded;
+  auto st = m->NewState({});
+  BENCH_CHECK(st.status());
+  model::ForwardResult r;
+  const std::vector<int32_t> prompt = {1, 324, 313, 2765, 5811, 7, 2365, 11, 1871, 323};
+  BENCH_CHECK(m->Prefill(st->get(), prompt, {}, &r));
+  int32_t next = r.argmax[0];
+  const double ms = WallMs(5, 100, [&] {
+    BENCH_CHECK(m->Decode(st->get(), next, &r));
+    next = r.argmax[0];
+  });
+  const double floor_ms = m->decode_weight_bytes() / (ctx->copy_gbs * 1e6);
+  std::printf("\n== %s: decode %.3f ms/token = %.0f tok/s (weight floor %.4f ms)\n", dir.c_str(),
+              ms, 1e3 / ms, floor_ms);
+  ctx->out["default_model"] = {{"decode_ms", ms}, {"floor_ms", floor_ms}};
+}
+
+int Main(int argc, char** argv) {
+  std::string json_path = "cuda_bench.json", default_model, synth = "/tmp/specserve_27b";
+  bool skip_model = false, skip_matmul = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--json=", 0) == 0) json_path = a.substr(7);
+    if (a.rfind("--default_model=", 0) == 0) default_model = a.substr(16);
+    if (a.rfind("--synthetic_dir=", 0) == 0) synth = a.substr(16);
+    if (a == "--skip_model") skip_model = true;
+    if (a == "--skip_matmul") skip_matmul = true;
+  }
+  if (kernels::cuda::CudaDeviceCount() == 0) {
+    std::printf("cuda_bench: no CUDA device visible\n");
+    return 0;
+  }
+  Ctx ctx;
+  cudaDeviceProp prop;
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  {
+    auto owner = MakeBackend(3);
+    ctx.copy_gbs = CopyGBs(static_cast<CudaBackend*>(owner.get()), size_t{2} << 30);
+  }
+  std::printf("device %s, %d SMs, L2 %d MB; D2D copy 2 GiB: %.0f GB/s (read+write)\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20, ctx.copy_gbs);
+  ctx.out["device"] = prop.name;
+  ctx.out["copy_gbs"] = ctx.copy_gbs;
+  if (!skip_matmul) MatmulSweep(&ctx);
+  if (!default_model.empty()) DefaultModel(&ctx, default_model);
+  if (!skip_model) ModelBench(&ctx, synth);
+  std::ofstream(json_path) << ctx.out.dump(1) << "\n";
+  std::printf("\nwrote %s\n", json_path.c_str());
+  return ctx.out.value("failed", false) ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace specserve::cuda_bench
+
+int main(int argc, char** argv) { return specserve::cuda_bench::Main(argc, argv); }

@@ -1,0 +1,99 @@
+// A model of any qwen3_5 shape with random bf16 weights made on the GPU, for
+// benchmarks of shapes whose checkpoints cannot be shipped (the 27B shape is
+// ~54 GB).
+//
+// How: WriteSyntheticCheckpoint writes config.json and a *sparse*
+// model.safetensors whose every tensor (bf16) overlaps one data region the
+// size of the largest tensor; only its first MiB is written (small random
+// values, which the vector weights — norms, conv, dt_bias, A_log — read).
+// Model::Load over a RandomWeightsBackend then runs the ordinary loader, but
+// the backend's UploadWeight ignores the (never-read) host bytes and fills
+// each matrix on the GPU with hashed uniform values in [-scale, scale)
+// (kernels/cuda LaunchFillRandom, a new seed per matrix). Every other call is
+// forwarded to the wrapped CudaBackend, so the forward runs the real kernels.
+//
+//   SS_RETURN_IF_ERROR(WriteSyntheticCheckpoint(config_json, "/tmp/m27"));
+//   RandomWeightsBackend rb(cuda_backend, /*scale=*/0.02f);
+//   SS_ASSIGN_OR_RETURN(auto model, model::Model::Load("/tmp/m27", &rb));
+#ifndef SPECSERVE_TOOLS_CUDA_BENCH_RANDOM_MODEL_H_
+#define SPECSERVE_TOOLS_CUDA_BENCH_RANDOM_MODEL_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace specserve::cuda_bench {
+
+// The text config of the Qwen3.5-27B shape (64 layers, every 4th full
+// attention, untied 248320 vocab, one MTP layer).
+std::string Qwen35_27BConfigJson();
+
+// Writes `dir`/config.json (= config_json) and the sparse model.safetensors
+// described above. The file's apparent size is the largest tensor's bytes.
+absl::Status WriteSyntheticCheckpoint(const std::string& config_json,
+                                      const std::string& dir);
+
+class RandomWeightsBackend : public kernels::Backend {
+ public:
+  RandomWeightsBackend(kernels::cuda::CudaBackend* inner, float scale)
+      : inner_(inner), scale_(scale) {}
+
+  std::string name() const override { return inner_->name(); }
+  absl::StatusOr<kernels::Buffer> Allocate(size_t bytes) override {
+    return inner_->Allocate(bytes);
+  }
+  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
+    return inner_->CopyToDevice(dst, src, bytes);
+  }
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
+    return inner_->CopyToHost(dst, src, bytes);
+  }
+  absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override {
+    return inner_->CopyOnDevice(dst, src, bytes);
+  }
+  absl::Status Zero(void* dst, size_t bytes) override { return inner_->Zero(dst, bytes); }
+  // Fills on the GPU; `host` is not read.
+  absl::StatusOr<kernels::Weight> UploadWeight(kernels::DType dtype, const void* host,
+                                               int64_t rows, int64_t cols) override;
+  absl::Status Synchronize() override { return inner_->Synchronize(); }
+
+  absl::Status Embed(const kernels::EmbedParams& p) override { return inner_->Embed(p); }
+  absl::Status Matmul(const kernels::MatmulParams& p) override { return inner_->Matmul(p); }
+  absl::Status RmsNorm(const kernels::RmsNormParams& p) override { return inner_->RmsNorm(p); }
+  absl::Status GatedRmsNorm(const kernels::GatedRmsNormParams& p) override {
+    return inner_->GatedRmsNorm(p);
+  }
+  absl::Status Rope(const kernels::RopeParams& p) override { return inner_->Rope(p); }
+  absl::Status Attention(const kernels::AttentionParams& p) override {
+    return inner_->Attention(p);
+  }
+  absl::Status Conv1d(const kernels::Conv1dParams& p) override { return inner_->Conv1d(p); }
+  absl::Status GatedDeltaRule(const kernels::GatedDeltaRuleParams& p) override {
+    return inner_->GatedDeltaRule(p);
+  }
+  absl::Status Swiglu(const kernels::SwigluParams& p) override { return inner_->Swiglu(p); }
+  absl::Status Argmax(const kernels::ArgmaxParams& p) override { return inner_->Argmax(p); }
+  absl::Status LogSumExp(const kernels::LogSumExpParams& p) override {
+    return inner_->LogSumExp(p);
+  }
+  absl::Status Softmax(const kernels::SoftmaxParams& p) override { return inner_->Softmax(p); }
+
+  uint64_t filled_bytes() const { return filled_bytes_; }
+
+ protected:
+  // Buffers come from inner_->Allocate and are freed by it.
+  void Free(void*) override {}
+
+ private:
+  kernels::cuda::CudaBackend* inner_;
+  float scale_;
+  uint64_t seed_ = 1;
+  uint64_t filled_bytes_ = 0;
+};
+
+}  // namespace specserve::cuda_bench
+
+#endif  // SPECSERVE_TOOLS_CUDA_BENCH_RANDOM_MODEL_H_
