@@ -3,20 +3,30 @@
 #
 #   tools/cuda_bench.sh prepare   (build machine, with Bazel)
 #       tools/cuda_check.sh prepare, plus //tools/cuda_bench (same flags and
-#       output base: --config=cuda --config=static), all into .carry/cuda/.
+#       output base: --config=cuda --config=static), all into .carry/cuda/,
+#       packed into .carry/pack/cuda.tar.xz (carry .carry/pack: the
+#       binaries themselves exceed the travelling tree's 64 MiB).
 #
 #   tools/cuda_bench.sh [run]     (GPU machine, repository root; no Bazel)
 #       1. checks: the op test (CPU vs CUDA, bit-exact row invariance), the
 #          model test (verify == decode bit-exact, CUDA vs CPU), specgen
-#          cuda:0 vs cpu greedy ids, compute-sanitizer memcheck on the
+#          cuda:0 vs cpu greedy ids, the CPU property tests built for CUDA
+#          (batch_cuda_test: batched == alone, offload exact;
+#          spec_engine_cuda_test: spec == plain greedy, sampled
+#          reproducible per seed and distributed as plain), specserve_worker
+#          --device cuda:0 coming up, compute-sanitizer memcheck on the
 #          matmul/embed op tests (CUDA_BENCH_SANITIZE=0 skips it);
 #       2. cuda_bench: copy bandwidth, matmul sweep, the random-weight
 #          Qwen3.5-27B-shape model ((a) decode, (b) verify 2..8, (c)
-#          DecodeBatch 1..64) and models/default decode, each beside its
-#          floor (weight bytes / copy bandwidth of the same run).
+#          DecodeBatch 1..64), models/default decode and (d) plain vs
+#          speculative engine bursts, each beside its floor (weight bytes /
+#          copy bandwidth of the same run);
+#       3. (e) transformers generate on the same GPU
+#          (tools/cuda_bench/hf_generate.py): greedy ids on models/default
+#          against ours, tokens/s there and on the random 27B shape.
 #       Writes into $OUT (default /tmp/cuda_bench): checks.log,
-#       cuda_bench.txt, cuda_bench.json, summary.txt. Exit 0 only if all
-#       passed.
+#       cuda_bench.txt, cuda_bench.json, hf_generate.{txt,json}, summary.txt.
+#       Exit 0 only if all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
@@ -30,11 +40,20 @@ if [ "$mode" = prepare ]; then
   bin="$(bazel --output_base="$ob" info "${flags[@]}" bazel-bin 2>/dev/null)" || exit 1
   rm -f "$carry/cuda_bench"
   cp "$bin/tools/cuda_bench/cuda_bench" "$carry/cuda_bench" && chmod u+w,a+x "$carry/cuda_bench"
-  du -sh "$carry"
+  mkdir -p .carry/pack
+  tar -C "$carry" -cf - $(cd "$carry" && ls) | xz -6 -T2 > .carry/pack/cuda.tar.xz || exit 1
+  du -sh "$carry" .carry/pack
   exit 0
 fi
 [ "$mode" = run ] || { echo "usage: $0 [prepare|run]" >&2; exit 2; }
 
+# prepare also packs the binaries (.carry/pack/cuda.tar.xz, a fifth of their
+# size: the working tree that travels is capped): carry .carry/pack alone.
+if [ ! -x "$carry/cuda_bench" ] && [ -f .carry/pack/cuda.tar.xz ]; then
+  mkdir -p "$carry"
+  python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+    .carry/pack/cuda.tar.xz "$carry" || exit 1
+fi
 out="${OUT:-/tmp/cuda_bench}"
 mkdir -p "$out"
 failed=0
@@ -56,6 +75,19 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --fo
   grep -E "^\[  FAILED  \]|Failure|cuda-vs-cpu|Expected|Which is" /tmp/cb_model.log | head -30
   counts /tmp/cb_model.log; echo "rc=$rc"
 } >> "$out/checks.log"; note cuda_model_test $rc
+# The CPU targets' property tests, on the GPU (same sources, CUDA backend);
+# the engine's chi-square test (thousands of bursts) runs last, on its own.
+for step in "batch_cuda_test 90 *" "spec_engine_cuda_test 120 -*SampledDistribution*" \
+    "spec_engine_cuda_test ${CUDA_BENCH_CHI_TIMEOUT:-120} *SampledDistribution*"; do
+  read -r t secs filter <<< "$step"
+  {
+    echo "== $t --gtest_filter=$filter"
+    timeout "$secs" "$carry/$t" --gtest_filter="$filter" > "/tmp/cb_$t.log" 2>&1; rc=$?
+    grep -E "^\[  FAILED  \]|Failure|Expected|Which is|^chi2|SKIPPED" "/tmp/cb_$t.log" | head -30
+    grep -E "^\[       OK \]" "/tmp/cb_$t.log" | sed 's/^\[       OK \] //' | tr '\n' ';' | head -c 3000; echo
+    counts "/tmp/cb_$t.log"; echo "rc=$rc"
+  } >> "$out/checks.log"; note "$t $filter" $rc
+done
 prompt=1,324,313,2765,5811,7,2365,11,1871,323,258,744,269,1479,1
 for dev in cuda:0 cpu; do
   timeout 30 "$carry/specgen" --model models/default --prompt-ids "$prompt" --max-new 128 \
@@ -64,6 +96,22 @@ done
 g=$(sed -n 's/^ids: //p' /tmp/cb_sg_cuda.txt); c=$(sed -n 's/^ids: //p' /tmp/cb_sg_cpu.txt)
 { echo "== specgen cuda:0 vs cpu"; grep -E "^prefill|^decode" /tmp/cb_sg_cuda.txt; } >> "$out/checks.log"
 if [ -n "$g" ] && [ "$g" = "$c" ]; then note "specgen ids cuda == cpu" 0; else note "specgen ids cuda == cpu" 1; fi
+# The worker serves on the GPU: --device cuda:0 comes up (listening line),
+# cuda:9 fails cleanly.
+{
+  echo "== specserve_worker --device cuda:0"
+  timeout 60 "$carry/specserve_worker" --model models/default --device cuda:0 \
+    --listen 127.0.0.1:0 > /tmp/cb_worker.out 2> /tmp/cb_worker.err &
+  wpid=$!
+  for _ in $(seq 1 100); do grep -q listening /tmp/cb_worker.out && break; sleep 0.5; done
+  cat /tmp/cb_worker.out; grep -E "device|loaded|step cost" /tmp/cb_worker.err | head -5
+  grep -q listening /tmp/cb_worker.out; rc=$?
+  kill -TERM $wpid 2>/dev/null; wait $wpid 2>/dev/null
+  echo "rc=$rc"
+  echo "== specserve_worker --device cuda:9 (must fail cleanly)"
+  timeout 20 "$carry/specserve_worker" --model models/default --device cuda:9 \
+    --listen 127.0.0.1:0 2>&1 | tail -2; echo "rc=${PIPESTATUS[0]}"
+} >> "$out/checks.log" 2>&1; note "specserve_worker --device cuda:0 serves" $rc
 cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 if [ "${CUDA_BENCH_SANITIZE:-1}" != 0 ] && [ -x "$cs" ]; then
   timeout 90 "$cs" --tool memcheck --error-exitcode 99 --print-limit 10 "$carry/cuda_backend_test" \
@@ -77,6 +125,18 @@ echo "== cuda_bench"
 timeout "${CUDA_BENCH_TIMEOUT:-240}" "$carry/cuda_bench" --json="$out/cuda_bench.json" \
   --default_model=models/default ${CUDA_BENCH_ARGS:-} 2>&1 | tee "$out/cuda_bench.txt"
 rc=${PIPESTATUS[0]}; note cuda_bench $rc
+# (e) Hugging Face transformers on the same GPU, same run: greedy on
+# models/default (same ids as ours?) and the 27B shape with random bf16
+# weights (CUDA_BENCH_HF=0 skips).
+if [ "${CUDA_BENCH_HF:-1}" != 0 ] && command -v python3 > /dev/null; then
+  echo "== (e) transformers generate"
+  grep '^ids: ' /tmp/cb_sg_cuda.txt > /tmp/cb_our_ids.txt
+  PYTHONUNBUFFERED=1 timeout "${CUDA_BENCH_HF_TIMEOUT:-200}" python3 tools/cuda_bench/hf_generate.py \
+    --json "$out/hf_generate.json" --default-model models/default --prompt-ids "$prompt" \
+    --max-new 128 --our-ids-file /tmp/cb_our_ids.txt --big --big-new 8 2>&1 |
+    grep -v -E "falling back|Loading weights|^\s*$" | tee "$out/hf_generate.txt"
+  rc=${PIPESTATUS[0]}; note "hf_generate" $rc
+fi
 {
   for s in "${summary[@]}"; do echo "$s"; done
   echo "overall: $([ $failed = 0 ] && echo PASS || echo FAIL)"

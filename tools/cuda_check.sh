@@ -4,10 +4,13 @@
 #
 #   tools/cuda_check.sh prepare   (on the build machine, with Bazel)
 #       Builds //kernels/cuda:cuda_backend_test, :matmul_bench,
-#       //worker/model:cuda_model_test and //tools/specgen with --config=cuda
+#       //worker/model:cuda_model_test, :batch_cuda_test,
+#       //worker/spec:spec_engine_cuda_test, //tools/specgen and
+#       //worker:specserve_worker with --config=cuda
 #       --config=static (only glibc, libm, libgcc_s and the NVIDIA driver
 #       needed at run time; cudart is linked statically) and copies them to
-#       .carry/cuda/ (git-ignored). The build uses its own output base
+#       .carry/cuda/ (git-ignored), packed into .carry/pack/cuda.tar.xz:
+#       carry .carry/pack (run unpacks it). The build uses its own output base
 #       ($CUDA_CHECK_OUTPUT_BASE, default ~/.cache/bazel_cuda/ob) and makes no
 #       bazel-* links, so it neither evicts nor repoints the workspace's
 #       default (CPU) build.
@@ -30,27 +33,35 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
 carry=.carry/cuda
-bins="cuda_backend_test matmul_bench cuda_model_test specgen"
+bins="cuda_backend_test matmul_bench cuda_model_test batch_cuda_test spec_engine_cuda_test specgen specserve_worker"
 
 if [ "$mode" = prepare ]; then
   ob="${CUDA_CHECK_OUTPUT_BASE:-$HOME/.cache/bazel_cuda/ob}"
   flags=(--config=cuda --config=static)
   bazel --output_base="$ob" build "${flags[@]}" --symlink_prefix=/ \
       //kernels/cuda:cuda_backend_test //kernels/cuda:matmul_bench \
-      //worker/model:cuda_model_test //tools/specgen || exit 1
+      //worker/model:cuda_model_test //worker/model:batch_cuda_test \
+      //worker/spec:spec_engine_cuda_test //tools/specgen \
+      //worker:specserve_worker || exit 1
   bin="$(bazel --output_base="$ob" info "${flags[@]}" bazel-bin 2>/dev/null)" || exit 1
   mkdir -p "$carry"
   for b in $bins; do
     case $b in
       cuda_backend_test|matmul_bench) src="$bin/kernels/cuda/$b" ;;
-      cuda_model_test) src="$bin/worker/model/$b" ;;
+      cuda_model_test|batch_cuda_test) src="$bin/worker/model/$b" ;;
+      spec_engine_cuda_test) src="$bin/worker/spec/$b" ;;
       specgen) src="$bin/tools/specgen/$b" ;;
+      specserve_worker) src="$bin/worker/$b" ;;
     esac
     rm -f "$carry/$b"
     cp "$src" "$carry/$b" && chmod u+w,a+x "$carry/$b" || exit 1
   done
   ls -la "$carry"
-  du -sh "$carry"
+  # The binaries outgrow the travelling tree's cap (64 MiB): carry this
+  # pack (a fifth of their size) instead; run unpacks it.
+  mkdir -p .carry/pack
+  tar -C "$carry" -cf - $(cd "$carry" && ls) | xz -6 -T2 > .carry/pack/cuda.tar.xz || exit 1
+  du -sh "$carry" .carry/pack
   exit 0
 fi
 
@@ -59,6 +70,11 @@ if [ "$mode" != run ]; then
   exit 2
 fi
 
+if [ ! -x "$carry/specgen" ] && [ -f .carry/pack/cuda.tar.xz ]; then
+  mkdir -p "$carry"
+  python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+    .carry/pack/cuda.tar.xz "$carry" || exit 1
+fi
 out="${OUT:-/tmp/cuda_check}"
 mkdir -p "$out"
 xml=/tmp/cuda_check_xml

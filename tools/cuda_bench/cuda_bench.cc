@@ -7,7 +7,9 @@
 //  3. a random-bf16 model of the Qwen3.5-27B shape built on the GPU
 //     (tools/cuda_bench/random_model.h): (a) decode step at batch 1,
 //     (b) verify of 2..8 columns, (c) DecodeBatch of 1..64 sessions;
-//  4. decode tokens/s of --default_model (a checkpoint dir), if given.
+//  4. decode tokens/s of --default_model (a checkpoint dir), if given, and
+//     (d) plain vs speculative greedy tokens/s through the engine
+//     (SpecEngine bursts, k = 0..4), checking spec == plain token for token.
 // Prints tables and writes --json.
 //
 // Usage: cuda_bench [--json=FILE] [--default_model=DIR] [--skip_model]
@@ -33,6 +35,8 @@
 #include "nlohmann/json.hpp"
 #include "tools/cuda_bench/random_model.h"
 #include "worker/model/model.h"
+#include "worker/spec/model_executor.h"
+#include "worker/spec/spec_engine.h"
 
 namespace specserve::cuda_bench {
 namespace {
@@ -255,6 +259,29 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
   std::printf("(a) decode step batch 1: %.2f ms = %.1f tok/s; floor %.2f ms; %.1f%% of floor\n",
               dec, 1e3 / dec, floor_ms, 100 * floor_ms / dec);
   j["decode_ms"] = dec;
+  {
+    // Where the step's time goes on the host: the backend calls it enqueues
+    // and how long the host takes to enqueue them (to its first sync copy).
+    std::vector<double> enq, tot;
+    int ops = 0, copies = 0;
+    for (int i = 0; i < 10; ++i) {
+      rb.MarkStep();
+      const auto t0 = std::chrono::steady_clock::now();
+      BENCH_CHECK(m->Decode(st->get(), next, &r));
+      const auto t1 = std::chrono::steady_clock::now();
+      next = r.argmax[0];
+      enq.push_back(std::chrono::duration<double, std::milli>(rb.first_host_copy() - t0).count());
+      tot.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      ops = rb.ops();
+      copies = rb.host_copies();
+    }
+    std::printf("    step anatomy: %d backend calls enqueued, %d synchronous host copies; host "
+                "enqueue %.2f ms of the %.2f ms step (%.1f us per call)\n",
+                ops, copies, Median(enq), Median(tot), 1e3 * Median(enq) / ops);
+    j["decode_ops"] = ops;
+    j["decode_host_copies"] = copies;
+    j["decode_enqueue_ms"] = Median(enq);
+  }
   // (b) verify.
   std::printf("(b) verify of k+1 columns (state unchanged):\n%6s %9s %9s\n", "cols", "ms",
               "x decode");
@@ -271,8 +298,10 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
   j["verify"] = jv;
   st->reset();
   // (c) DecodeBatch of B sessions, 32-token contexts.
-  std::printf("(c) DecodeBatch, B sessions at 32-token contexts:\n%6s %9s %9s %11s %9s\n", "B",
-              "ms", "x B=1", "tok/s", "%floor");
+  std::printf("(c) DecodeBatch, B sessions at 32-token contexts (calls = backend calls "
+              "enqueued per step, enq_ms = host time to enqueue them):\n%6s %9s %9s %11s %9s "
+              "%7s %9s\n",
+              "B", "ms", "x B=1", "tok/s", "%floor", "calls", "enq_ms");
   json jb = json::array();
   std::vector<std::unique_ptr<model::ModelState>> states;
   so.capacity = 128;
@@ -293,10 +322,17 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
     }
     // Each call appends a row; contexts grow from 32 to at most 32 + 13.
     const double ms = WallMs(3, 10, [&] { BENCH_CHECK(m->DecodeBatch(ptrs, toks, &r)); });
+    rb.MarkStep();
+    const auto e0 = std::chrono::steady_clock::now();
+    BENCH_CHECK(m->DecodeBatch(ptrs, toks, &r));
+    const double enq_ms =
+        std::chrono::duration<double, std::milli>(rb.first_host_copy() - e0).count();
+    const int ops = rb.ops();
     if (b == 1) b1 = ms;
-    std::printf("%6d %9.2f %9.3f %11.1f %8.1f%%\n", b, ms, ms / b1, b * 1e3 / ms,
-                100 * floor_ms / ms);
-    jb.push_back({{"B", b}, {"ms", ms}, {"x_b1", ms / b1}, {"tok_s", b * 1e3 / ms}});
+    std::printf("%6d %9.2f %9.3f %11.1f %8.1f%% %7d %9.2f\n", b, ms, ms / b1, b * 1e3 / ms,
+                100 * floor_ms / ms, ops, enq_ms);
+    jb.push_back({{"B", b}, {"ms", ms}, {"x_b1", ms / b1}, {"tok_s", b * 1e3 / ms},
+                  {"ops", ops}, {"enqueue_ms", enq_ms}});
     // Reset the contexts for the next size.
     for (auto& s : states) {
       BENCH_CHECK(m->Reset(s.get()));
@@ -329,6 +365,74 @@ void DefaultModel(Ctx* ctx, const std::string& dir) {
   ctx->out["default_model"] = {{"decode_ms", ms}, {"floor_ms", floor_ms}};
 }
 
+// (d) plain (k = 0) vs speculative (k = 1..4) greedy bursts through the
+// engine on `dir`: tokens/s, acceptance, and spec == plain token for token.
+void EngineBench(Ctx* ctx, const std::string& dir) {
+  auto owner = MakeBackend(3);
+  auto loaded = model::Model::Load(dir, owner.get());
+  BENCH_CHECK(loaded.status());
+  auto& m = *loaded;
+  if (!m->has_mtp()) return;
+  spec::ModelExecutor executor(m.get());
+  spec::SpecEngine engine(&executor);
+  const std::vector<int32_t> prompt = {1,    324, 313, 2765, 5811, 7,   2365, 11,
+                                       1871, 323, 258, 744,  269,  1479, 1};
+  constexpr int kNew = 256;
+  const double floor_ms = m->decode_weight_bytes() / (ctx->copy_gbs * 1e6);
+  std::printf("\n(d) engine bursts on %s: %d greedy tokens after a %zu-token prompt "
+              "(weight floor %.4f ms/token = %.0f tok/s)\n%4s %10s %9s %10s %8s %6s\n",
+              dir.c_str(), kNew, prompt.size(), floor_ms, 1e3 / floor_ms, "k", "tok/s",
+              "ms/tok", "x plain", "accept", "same");
+  json jd = json::array();
+  std::vector<int32_t> plain_tokens;
+  double plain_rate = 0;
+  bool all_same = true;
+  for (int k = 0; k <= 4; ++k) {
+    std::vector<double> secs;
+    std::vector<int32_t> tokens;
+    double accept = 0;
+    for (int rep = 0; rep < 4; ++rep) {
+      auto s = engine.Admit("bench", 1024, prompt);
+      BENCH_CHECK(s.status());
+      spec::BurstParams p;
+      p.k = k;
+      p.max_new = kNew;
+      std::vector<int32_t> got;
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = engine.RunBurst(s->get(), p, [&](absl::Span<const int32_t> t) {
+        got.insert(got.end(), t.begin(), t.end());
+        return true;
+      });
+      BENCH_CHECK(r.status());
+      const double sec =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (rep > 0) secs.push_back(sec / r->produced);  // rep 0 warms up
+      got.resize(kNew);
+      tokens = got;
+      const auto& t = r->telemetry_delta;
+      accept = t.drafted ? static_cast<double>(t.accepted) / t.drafted : 0;
+    }
+    const double ms = 1e3 * Median(secs);
+    if (k == 0) {
+      plain_tokens = tokens;
+      plain_rate = 1e3 / ms;
+    }
+    const bool same = tokens == plain_tokens;
+    all_same &= same;
+    std::printf("%4d %10.0f %9.3f %10.2f %8.2f %6s\n", k, 1e3 / ms, ms, (1e3 / ms) / plain_rate,
+                accept, same ? "yes" : "NO");
+    jd.push_back({{"k", k}, {"tok_s", 1e3 / ms}, {"ms_per_token", ms},
+                  {"x_plain", (1e3 / ms) / plain_rate}, {"acceptance", accept},
+                  {"same_tokens_as_plain", same}});
+  }
+  std::string ids;
+  for (int32_t t : plain_tokens) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  std::printf("engine plain ids: %s\n", ids.c_str());
+  if (!all_same) ctx->out["failed"] = true;
+  ctx->out["engine_default_model"] = {{"rows", jd}, {"floor_ms", floor_ms},
+                                      {"new_tokens", kNew}, {"spec_equals_plain", all_same}};
+}
+
 int Main(int argc, char** argv) {
   std::string json_path = "cuda_bench.json", default_model, synth = "/tmp/specserve_27b";
   bool skip_model = false, skip_matmul = false;
@@ -356,7 +460,10 @@ int Main(int argc, char** argv) {
   ctx.out["device"] = prop.name;
   ctx.out["copy_gbs"] = ctx.copy_gbs;
   if (!skip_matmul) MatmulSweep(&ctx);
-  if (!default_model.empty()) DefaultModel(&ctx, default_model);
+  if (!default_model.empty()) {
+    DefaultModel(&ctx, default_model);
+    EngineBench(&ctx, default_model);
+  }
   if (!skip_model) ModelBench(&ctx, synth);
   std::ofstream(json_path) << ctx.out.dump(1) << "\n";
   std::printf("\nwrote %s\n", json_path.c_str());

@@ -18,6 +18,7 @@
 #ifndef SPECSERVE_TOOLS_CUDA_BENCH_RANDOM_MODEL_H_
 #define SPECSERVE_TOOLS_CUDA_BENCH_RANDOM_MODEL_H_
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -46,42 +47,74 @@ class RandomWeightsBackend : public kernels::Backend {
     return inner_->Allocate(bytes);
   }
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
+    ++ops_;
     return inner_->CopyToDevice(dst, src, bytes);
   }
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
+    if (host_copies_++ == 0) first_host_copy_ = std::chrono::steady_clock::now();
     return inner_->CopyToHost(dst, src, bytes);
   }
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override {
+    ++ops_;
     return inner_->CopyOnDevice(dst, src, bytes);
   }
-  absl::Status Zero(void* dst, size_t bytes) override { return inner_->Zero(dst, bytes); }
+  absl::Status Zero(void* dst, size_t bytes) override {
+    ++ops_;
+    return inner_->Zero(dst, bytes);
+  }
   // Fills on the GPU; `host` is not read.
   absl::StatusOr<kernels::Weight> UploadWeight(kernels::DType dtype, const void* host,
                                                int64_t rows, int64_t cols) override;
   absl::Status Synchronize() override { return inner_->Synchronize(); }
 
-  absl::Status Embed(const kernels::EmbedParams& p) override { return inner_->Embed(p); }
-  absl::Status Matmul(const kernels::MatmulParams& p) override { return inner_->Matmul(p); }
-  absl::Status RmsNorm(const kernels::RmsNormParams& p) override { return inner_->RmsNorm(p); }
+  absl::Status Embed(const kernels::EmbedParams& p) override { ++ops_;
+    return inner_->Embed(p); }
+  absl::Status Matmul(const kernels::MatmulParams& p) override { ++ops_;
+    return inner_->Matmul(p); }
+  absl::Status RmsNorm(const kernels::RmsNormParams& p) override { ++ops_;
+    return inner_->RmsNorm(p); }
   absl::Status GatedRmsNorm(const kernels::GatedRmsNormParams& p) override {
+    ++ops_;
     return inner_->GatedRmsNorm(p);
   }
-  absl::Status Rope(const kernels::RopeParams& p) override { return inner_->Rope(p); }
+  absl::Status Rope(const kernels::RopeParams& p) override { ++ops_;
+    return inner_->Rope(p); }
   absl::Status Attention(const kernels::AttentionParams& p) override {
+    ++ops_;
     return inner_->Attention(p);
   }
-  absl::Status Conv1d(const kernels::Conv1dParams& p) override { return inner_->Conv1d(p); }
+  absl::Status Conv1d(const kernels::Conv1dParams& p) override { ++ops_;
+    return inner_->Conv1d(p); }
   absl::Status GatedDeltaRule(const kernels::GatedDeltaRuleParams& p) override {
+    ++ops_;
     return inner_->GatedDeltaRule(p);
   }
-  absl::Status Swiglu(const kernels::SwigluParams& p) override { return inner_->Swiglu(p); }
-  absl::Status Argmax(const kernels::ArgmaxParams& p) override { return inner_->Argmax(p); }
+  absl::Status Swiglu(const kernels::SwigluParams& p) override { ++ops_;
+    return inner_->Swiglu(p); }
+  absl::Status Argmax(const kernels::ArgmaxParams& p) override { ++ops_;
+    return inner_->Argmax(p); }
   absl::Status LogSumExp(const kernels::LogSumExpParams& p) override {
+    ++ops_;
     return inner_->LogSumExp(p);
   }
-  absl::Status Softmax(const kernels::SoftmaxParams& p) override { return inner_->Softmax(p); }
+  absl::Status Softmax(const kernels::SoftmaxParams& p) override { ++ops_;
+    return inner_->Softmax(p); }
 
   uint64_t filled_bytes() const { return filled_bytes_; }
+
+  // Step accounting for the benchmark: MarkStep() zeroes the counters;
+  // ops() counts the enqueueing calls (kernels and device copies) since,
+  // host_copies() the (synchronous) device-to-host copies, and
+  // first_host_copy() is when the first of those was entered: until then the
+  // host only enqueued work, so (first_host_copy − step start) is the host's
+  // enqueue time of the step.
+  void MarkStep() {
+    ops_ = 0;
+    host_copies_ = 0;
+  }
+  int ops() const { return ops_; }
+  int host_copies() const { return host_copies_; }
+  std::chrono::steady_clock::time_point first_host_copy() const { return first_host_copy_; }
 
  protected:
   // Buffers come from inner_->Allocate and are freed by it.
@@ -92,6 +125,9 @@ class RandomWeightsBackend : public kernels::Backend {
   float scale_;
   uint64_t seed_ = 1;
   uint64_t filled_bytes_ = 0;
+  int ops_ = 0;
+  int host_copies_ = 0;
+  std::chrono::steady_clock::time_point first_host_copy_;
 };
 
 }  // namespace specserve::cuda_bench

@@ -1,5 +1,7 @@
 // Batched decode and session-memory properties of the forward, on every tiny
-// model in tests/models and the default model (models/specserve-tiny-py):
+// model in tests/models and the default model (models/specserve-tiny-py), on
+// the backend the target links (test_backend.h: batch_test on the CPU,
+// batch_cuda_test on CUDA device 0):
 //  - DecodeBatch of N = 1..16 sessions at mixed lengths == Decode of each
 //    alone: logits, hidden, argmax, linear states byte for byte, and the
 //    sessions continue identically alone afterwards;
@@ -16,8 +18,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/cpu_backend.h"
 #include "worker/model/model.h"
+#include "worker/model/test_backend.h"
 #include "worker/model/test_data.h"
 
 namespace specserve::model {
@@ -39,7 +41,9 @@ std::vector<std::string> ModelParams() {
 class BatchTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    backend_ = std::make_unique<kernels::cpu::CpuBackend>();
+    std::string why;
+    backend_ = testing::MakeTestBackend(&why);
+    if (backend_ == nullptr) GTEST_SKIP() << why;
     auto m = Model::Load(testing::RepoPath(GetParam()), backend_.get());
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::move(*m);
@@ -100,7 +104,7 @@ class BatchTest : public ::testing::TestWithParam<std::string> {
             .ok());
   }
 
-  std::unique_ptr<kernels::cpu::CpuBackend> backend_;
+  std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<Model> model_;
   int V_ = 0, H_ = 0, num_linear_ = 0;
   std::mt19937 rng_{20240612};

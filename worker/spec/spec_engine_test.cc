@@ -3,7 +3,9 @@
 // plain greedy token for token across random multi-turn scripts (k = 1..6,
 // burst lengths 1, 2, 5, 32, suffixes, continuations, rewinds, demotion),
 // the capacity edge for every k, sampled reproducibility and distribution,
-// no solo passes on continuation, and telemetry deltas.
+// no solo passes on continuation, and telemetry deltas. On the backend the
+// target links (worker/model/test_backend.h): spec_engine_test on the CPU,
+// spec_engine_cuda_test on CUDA device 0 (the same properties on the GPU).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "worker/model/model.h"
+#include "worker/model/test_backend.h"
 #include "worker/spec/spec_engine.h"
 #include "worker/model/test_data.h"
 
@@ -96,13 +99,16 @@ std::vector<std::string> ModelDirs() {
 class SpecEngineTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
+    std::string why;
+    backend_ = model::testing::MakeTestBackend(&why);
+    if (backend_ == nullptr) GTEST_SKIP() << why;
     auto loaded =
-        Model::Load(model::testing::RepoPath(GetParam()), &backend_);
+        Model::Load(model::testing::RepoPath(GetParam()), backend_.get());
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     model_ = std::move(*loaded);
     vocab_ = model_->config().vocab_size;
   }
-  kernels::cpu::CpuBackend backend_;
+  std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<Model> model_;
   int vocab_ = 0;
 };

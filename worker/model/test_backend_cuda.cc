@@ -1,0 +1,22 @@
+// MakeTestBackend for the *_cuda_test targets: CUDA device 0, or a skip when
+// no device is visible (the binary still links and runs on a GPU-less host).
+#include "glog/logging.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "worker/model/test_backend.h"
+
+namespace specserve::model::testing {
+
+std::unique_ptr<kernels::Backend> MakeTestBackend(std::string* skip_reason) {
+  if (kernels::cuda::CudaDeviceCount() == 0) {
+    *skip_reason = "no CUDA device visible";
+    return nullptr;
+  }
+  auto backend = kernels::cuda::CreateCudaBackend(0);
+  CHECK(backend.ok()) << "a CUDA device is visible but the backend failed: "
+                      << backend.status();
+  return std::move(*backend);
+}
+
+const char* TestBackendName() { return "cuda"; }
+
+}  // namespace specserve::model::testing
