@@ -37,8 +37,12 @@ std::string NewRequestId() {
 class Call {
  public:
   Call(SchedulerContext* ctx, const GenerateRequest& request,
-       absl::Time deadline, GenerateWriter* out)
-      : ctx_(ctx), req_(request), deadline_(deadline), out_(out) {}
+       absl::Time deadline, GenerateWriter* out, uint32_t inject_nan_at)
+      : ctx_(ctx),
+        req_(request),
+        deadline_(deadline),
+        out_(out),
+        inject_nan_at_(inject_nan_at) {}
 
   void Run(AdmissionTicket ticket);
 
@@ -68,6 +72,7 @@ class Call {
   std::vector<uint32_t> eos_;
   const absl::Time deadline_;
   GenerateWriter* const out_;
+  const uint32_t inject_nan_at_;  // tests only; 0 = off
 
   std::string request_id_;
   RequestRegistry::CancelFlag cancel_;
@@ -78,7 +83,16 @@ class Call {
   bool input_was_text_ = false;
   bool one_shot_ = false;
   SessionLease lease_;
+  std::string session_id_;  // lease_.id(), kept after the lease is released
+  // A REWIND turn: the history is cut back to the checkpoint when the turn
+  // is recorded.
   bool rewind_ = false;
+  // Whether the worker copy must rewind first: false once the copy was
+  // rebuilt from the history up to the checkpoint (it already ends there).
+  // Kept apart from rewind_, which still applies to the history: mixing the
+  // two left the discarded reply in the history of a REWIND turn on a LOST
+  // session.
+  bool worker_rewind_ = false;
   // History the worker copy must hold before this turn's suffix.
   std::vector<uint32_t> base_;
   int worker_ = -1;
@@ -104,6 +118,11 @@ void Call::Run(AdmissionTicket ticket) {
         absl::StrCat("request_id ", request_id_, " is already running")));
     return;
   }
+  // Admin.Abort by session id reaches a turn on a named session while it is
+  // still queued, too (an opened session's id is known from the start).
+  if (req_.has_session() && !req_.session().session_id().empty()) {
+    ctx_->requests->SetSession(request_id_, req_.session().session_id());
+  }
   absl::Status s = WaitForSlot(&ticket);
   if (s.ok() && !ctx_->CurrentLimits(&limits_)) {
     s = absl::UnavailableError("no worker has reported its model yet");
@@ -112,13 +131,12 @@ void Call::Run(AdmissionTicket ticket) {
   if (s.ok()) s = Tokenize();
   if (s.ok()) s = OpenSession();
   if (s.ok()) s = RunBursts();
-  if (!s.ok()) {
-    out_->Finish(Fail(s));
-  } else {
-    SendFinal();
-    out_->Finish(grpc::Status::OK);
-  }
+  // The session is parked and idle again BEFORE the client hears the end of
+  // the request (final event or error): a client that sends its next turn as
+  // soon as this one ends must not get ABORTED "already has a request in
+  // flight".
   if (lease_.valid()) {
+    session_id_ = lease_.id();
     // Parks a kept session (or frees a one-shot one); failed paths already
     // dropped the worker copy (worker_ < 0).
     Park();
@@ -129,7 +147,13 @@ void Call::Run(AdmissionTicket ticket) {
     }
     if (lease_.valid()) lease_.Release();
   }
-  ctx_->requests->Unregister(request_id_);
+  ctx_->requests->Unregister(request_id_);  // the id is reusable at once too
+  if (!s.ok()) {
+    out_->Finish(Fail(s));
+  } else {
+    SendFinal();
+    out_->Finish(grpc::Status::OK);
+  }
   ctx_->metrics->num_requests_running()->Add(-1);
   ctx_->metrics->e2e_request_latency()->Observe(
       absl::ToDoubleSeconds(absl::Now() - start_));
@@ -142,7 +166,9 @@ grpc::Status Call::Fail(const absl::Status& s) {
 
 absl::Status Call::WaitForSlot(AdmissionTicket* ticket) {
   ctx_->metrics->num_requests_waiting()->Add(1);
-  absl::Status s = ticket->Wait(deadline_, [this] { return out_->cancelled(); });
+  // Cancelled() also sees Admin.Abort: an aborted request leaves the queue
+  // at once instead of running (and prefilling) once promoted.
+  absl::Status s = ticket->Wait(deadline_, [this] { return Cancelled(); });
   ctx_->metrics->num_requests_waiting()->Add(-1);
   ctx_->metrics->num_requests_running()->Add(1);
   ctx_->metrics->request_queue_time()->Observe(
@@ -191,6 +217,7 @@ absl::Status Call::OpenSession() {
   const SessionSnapshot snap = lease_.Snapshot();
   std::vector<uint32_t> history = lease_.History();
   rewind_ = !one_shot_ && req_.session().mode() == specserve::v1::SessionTurn::REWIND;
+  worker_rewind_ = rewind_;
   if (rewind_) {
     if (!snap.rewind_pos) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -265,23 +292,57 @@ absl::Status Call::EnsureResident() {
     worker_has_base_ = true;
     return absl::OkStatus();
   }
-  std::vector<WorkerLoad> loads;
-  for (int i = 0; i < ctx_->workers->size(); ++i) {
-    loads.push_back(WorkerLoad::FromInfo(ctx_->workers->Available(i),
-                                         ctx_->workers->Info(i)));
+  // A new or lost session gets exactly the history it must continue from:
+  // before this turn's input is recorded, base_ (for a rewind, the history
+  // up to the checkpoint); once it is (a rebuild in the middle of the turn),
+  // everything recorded so far, which the next burst continues.
+  const std::vector<uint32_t> history =
+      suffix_recorded_ ? lease_.History() : base_;
+  specserve::v1::Residency residency =
+      has_copy ? specserve::v1::LOST : snap.residency;
+  absl::Status admitted;
+  // A worker that died since the last health poll fails the Admit with
+  // UNAVAILABLE (AdmitOn marks it unavailable): place again, at most once
+  // per worker.
+  for (int attempt = 0; attempt < ctx_->workers->size(); ++attempt) {
+    std::vector<WorkerLoad> loads;
+    for (int i = 0; i < ctx_->workers->size(); ++i) {
+      loads.push_back(WorkerLoad::FromInfo(ctx_->workers->Available(i),
+                                           ctx_->workers->Info(i)));
+    }
+    SS_ASSIGN_OR_RETURN(Placement p,
+                        PlaceSession(residency, snap.worker, loads));
+    worker_ = p.worker;
+    admitted = AdmitOn(worker_, history);
+    if (admitted.code() != absl::StatusCode::kUnavailable) break;
+    residency = specserve::v1::LOST;
   }
-  SS_ASSIGN_OR_RETURN(Placement p,
-                      PlaceSession(has_copy ? specserve::v1::LOST : snap.residency,
-                                   snap.worker, loads));
-  worker_ = p.worker;
-  // A new or lost session gets exactly the history it must continue from
-  // (for a rewind, the history up to the checkpoint).
-  SS_RETURN_IF_ERROR(AdmitOn(worker_, base_));
+  if (!admitted.ok()) {
+    worker_ = -1;
+    return admitted;
+  }
   worker_has_base_ = true;
-  rewind_ = false;  // the rebuilt copy already ends at the checkpoint
+  worker_rewind_ = false;  // the rebuilt copy already ends at the checkpoint
+  if (snap.mode == specserve::v1::BATCHED && !history.empty()) {
+    // A demoted session stays demoted (one-way) when rebuilt: hand the fresh
+    // copy over too, so its Park reports BATCHED and it holds no draft state.
+    grpc::ClientContext c;
+    c.set_deadline(
+        absl::ToChronoTime(absl::Now() + ctx_->options.worker_call_timeout));
+    specserve::worker::v1::SessionRef ref;
+    ref.set_session_id(lease_.id());
+    specserve::worker::v1::SessionState state;
+    ctx_->workers->stub(worker_)->Demote(&c, ref, &state);  // best effort
+  }
+  if (suffix_recorded_) {
+    // The rebuilt copy's prompt checkpoint is at the end of `history`, not
+    // at this turn's prompt end: drop the rewind point rather than let a
+    // later REWIND restore a different position than the history says.
+    lease_.SetRewindPos(std::nullopt).IgnoreError();
+  }
   if (snap.residency == specserve::v1::LOST || has_copy) {
     LOG(INFO) << "session " << lease_.id() << " rebuilt on worker "
-              << ctx_->workers->address(worker_) << " from " << base_.size()
+              << ctx_->workers->address(worker_) << " from " << history.size()
               << " tokens of history";
   }
   lease_.SetResidency(specserve::v1::ACTIVE,
@@ -336,13 +397,21 @@ uint32_t Call::Gate() {
 void Call::DropWorkerCopy(const std::string& why) {
   LOG(INFO) << "session " << lease_.id() << ": " << why
             << "; marked LOST (rebuilt from history on its next turn)";
-  if (worker_ >= 0 && ctx_->workers->Available(worker_)) {
-    grpc::ClientContext c;
-    c.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    specserve::worker::v1::SessionRef ref;
-    ref.set_session_id(lease_.id());
-    specserve::worker::v1::ReleaseResponse rr;
-    ctx_->workers->stub(worker_)->Release(&c, ref, &rr);
+  if (worker_ >= 0) {
+    grpc::Status s(grpc::StatusCode::UNAVAILABLE, "worker unavailable");
+    if (ctx_->workers->Available(worker_)) {
+      grpc::ClientContext c;
+      c.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+      specserve::worker::v1::SessionRef ref;
+      ref.set_session_id(lease_.id());
+      specserve::worker::v1::ReleaseResponse rr;
+      s = ctx_->workers->stub(worker_)->Release(&c, ref, &rr);
+    }
+    // A hung worker keeps its copy until it answers again: free it then,
+    // or it stays in that worker's pool for good.
+    if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
+      ctx_->workers->ReleaseLater(worker_, lease_.id());
+    }
   }
   lease_.SetResidency(specserve::v1::LOST, lease_.Snapshot().mode, -1);
   worker_ = -1;
@@ -352,7 +421,7 @@ absl::Status Call::RunBursts() {
   SS_RETURN_IF_ERROR(EnsureResident());
   uint32_t k = Gate();
   bool first = true;
-  int rebuilds = 0;
+  int rebuilds = 0;  // consecutive failed attempts at the current burst
   while (true) {
     if (Cancelled()) {
       finish_ = specserve::v1::CANCELLED;
@@ -362,7 +431,7 @@ absl::Status Call::RunBursts() {
     b.set_session_id(lease_.id());
     if (first) {
       b.mutable_suffix()->Add(input_.begin(), input_.end());
-      b.set_rewind(rewind_);
+      b.set_rewind(worker_rewind_);
     }
     uint32_t want = ctx_->options.burst_tokens;
     if (max_tokens_ > 0) want = std::min(want, max_tokens_ - produced_);
@@ -370,6 +439,11 @@ absl::Status Call::RunBursts() {
     *b.mutable_sampling() = req_.sampling();
     b.mutable_sampling()->set_seed(seed_);
     b.set_k(k);
+    // Fault injection counts tokens per burst on the worker: aim at the
+    // request's n-th token within the burst that will produce it.
+    if (inject_nan_at_ > produced_) {
+      b.set_inject_nan_at(inject_nan_at_ - produced_);
+    }
     for (uint32_t id : req_.stopping().stop_token_ids()) b.add_stop_token_ids(id);
     if (!req_.stopping().ignore_eos()) {
       for (uint32_t id : eos_) b.add_stop_token_ids(id);
@@ -431,16 +505,32 @@ absl::Status Call::RunBursts() {
               BurstOutcome::CancelledBy::kWorkerDown
           ? grpc::StatusCode::UNAVAILABLE
           : o.status.error_code();
-      if (code == grpc::StatusCode::NOT_FOUND && tokens_this_burst == 0 &&
-          rebuilds++ == 0) {
-        // The worker restarted or evicted the session: rebuild and retry.
-        lease_.SetResidency(specserve::v1::LOST, lease_.Snapshot().mode, -1);
-        SS_RETURN_IF_ERROR(EnsureResident());
-        continue;
-      }
       const std::string address = ctx_->workers->address(w);
       if (code == grpc::StatusCode::UNAVAILABLE) {
         ctx_->workers->MarkUnavailable(w, "burst failed: " + o.status.error_message());
+      }
+      // Retry on a rebuilt copy when nothing of this burst reached the
+      // client: the worker restarted or evicted the session (NOT_FOUND); it
+      // died since the last health poll before this request streamed
+      // anything (UNAVAILABLE: the client sees no failure at all); or its
+      // copy cannot rewind (FAILED_PRECONDITION: a demoted session has no
+      // checkpoint, or its rows left residency) — the history up to the
+      // checkpoint rebuilds it there.
+      const bool cannot_rewind =
+          code == grpc::StatusCode::FAILED_PRECONDITION && first &&
+          worker_rewind_;
+      // Bounded: a copy can be evicted again before its retry runs (the
+      // pool drops idle sessions under host-memory pressure), and each
+      // worker can fail once.
+      if (tokens_this_burst == 0 && rebuilds++ < ctx_->workers->size() + 2 &&
+          (code == grpc::StatusCode::NOT_FOUND || cannot_rewind ||
+           (code == grpc::StatusCode::UNAVAILABLE && produced_ == 0))) {
+        DropWorkerCopy(absl::StrCat("burst on worker ", address,
+                                    " failed before any token (",
+                                    o.status.error_message(),
+                                    "); rebuilding it now"));
+        SS_RETURN_IF_ERROR(EnsureResident());
+        continue;
       }
       DropWorkerCopy(absl::StrCat("burst failed on worker ", address, ": ",
                                   o.status.error_message()));
@@ -450,9 +540,19 @@ absl::Status Call::RunBursts() {
             " failed during the request; the session keeps everything sent "
             "so far and is rebuilt on its next turn"));
       }
+      if (code == grpc::StatusCode::NOT_FOUND) {
+        // The worker kept losing its copy (evictions under memory pressure
+        // outran the rebuilds). Public NOT_FOUND means an unknown session,
+        // which this is not: say the server is out of memory.
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "worker ", address, " keeps evicting session ", lease_.id(),
+            " under memory pressure; it keeps everything sent so far: "
+            "retry later"));
+      }
       return absl::Status(static_cast<absl::StatusCode>(code),
                           o.status.error_message());
     }
+    rebuilds = 0;  // a session evicted between bursts may be rebuilt again
     const BurstSummary& sum = *o.summary;
     if (first) cached_ = sum.cached_tokens();
     first = false;
@@ -478,7 +578,10 @@ absl::Status Call::RunBursts() {
 
 void Call::Park() {
   if (worker_ < 0) return;
-  if (one_shot_) {
+  // A session closed while this request ran (CloseSession leaves a busy
+  // session's caches to its request) is freed like a one-shot one, not
+  // parked where nothing would ever release it.
+  if (one_shot_ || lease_.closed()) {
     grpc::ClientContext c;
     c.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
     specserve::worker::v1::SessionRef ref;
@@ -487,7 +590,7 @@ void Call::Park() {
     ctx_->workers->stub(worker_)->Release(&c, ref, &rr);
     const std::string id = lease_.id();
     lease_.Release();
-    ctx_->sessions->Close(id, "").IgnoreError();
+    if (one_shot_) ctx_->sessions->Close(id, "").IgnoreError();
     return;
   }
   grpc::ClientContext c;
@@ -532,7 +635,7 @@ void Call::SendFinal() {
     *st->mutable_accepted_per_position() = t.accepted_per_position();
     st->set_demoted(spec_stats_.demoted());
   }
-  if (!one_shot_) f->set_session_id(lease_.id());
+  if (!one_shot_) f->set_session_id(session_id_);
   f->set_request_id(request_id_);
   f->set_seed(seed_);
   out_->Write(std::move(e));
@@ -544,8 +647,8 @@ void Call::SendFinal() {
 
 void RunGenerateCall(SchedulerContext* ctx, const GenerateRequest& request,
                      absl::Time deadline, AdmissionTicket ticket,
-                     GenerateWriter* out) {
-  Call call(ctx, request, deadline, out);
+                     GenerateWriter* out, uint32_t inject_nan_at) {
+  Call call(ctx, request, deadline, out, inject_nan_at);
   call.Run(std::move(ticket));
 }
 

@@ -22,10 +22,12 @@ namespace specserve::scheduler {
 using GenerateWriter = telemetry::StreamReactor<specserve::v1::GenerateEvent>;
 
 // Runs `request` and finishes `out` (the caller then calls out->Done()).
+// `inject_nan_at` (tests only, 0 = off): the request's n-th generated token
+// gets NaN logits on the worker (kInjectNanAtMetadata).
 void RunGenerateCall(SchedulerContext* ctx,
                      const specserve::v1::GenerateRequest& request,
                      absl::Time deadline, AdmissionTicket ticket,
-                     GenerateWriter* out);
+                     GenerateWriter* out, uint32_t inject_nan_at = 0);
 
 }  // namespace specserve::scheduler
 

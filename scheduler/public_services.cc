@@ -4,6 +4,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "scheduler/generate_call.h"
 #include "telemetry/grpc_reactors.h"
@@ -48,15 +49,28 @@ grpc::ServerWriteReactor<GenerateEvent>* GenerationService::Generate(
   }
   absl::Status valid = ValidateGenerateRequest(*request, limits);
   if (!valid.ok()) return refuse(valid);
+  uint32_t inject_nan_at = 0;
+  if (ctx_->options.enable_fault_injection) {
+    // Tests only (RELIABILITY.md row 8); see kInjectNanAtMetadata.
+    const auto& md = ctx->client_metadata();
+    auto it = md.find(kInjectNanAtMetadata);
+    if (it != md.end() &&
+        !absl::SimpleAtoi(absl::string_view(it->second.data(),
+                                            it->second.size()),
+                          &inject_nan_at)) {
+      return refuse(absl::InvalidArgumentError(
+          absl::StrCat(kInjectNanAtMetadata, " must be a token index")));
+    }
+  }
   auto ticket = ctx_->admission->TryAdmit();
   if (!ticket.ok()) return refuse(ticket.status());
 
   auto* writer = new GenerateWriter();
   const absl::Time deadline = absl::FromChrono(ctx->deadline());
-  std::thread([this, req = *request, deadline, writer,
+  std::thread([this, req = *request, deadline, writer, inject_nan_at,
                t = std::move(*ticket)]() mutable {
     telemetry::InFlightGuard in_flight;
-    RunGenerateCall(ctx_, req, deadline, std::move(t), writer);
+    RunGenerateCall(ctx_, req, deadline, std::move(t), writer, inject_nan_at);
     writer->Done();
   }).detach();
   return writer;
@@ -118,14 +132,19 @@ grpc::ServerUnaryReactor* SessionsService::CloseSession(
   if (!closed.ok()) return FinishUnary(ctx, ToGrpc(closed.status()));
   if (closed->was_busy) ctx_->requests->AbortSession(request->session_id());
   // Free the worker's copy (best effort: a dead worker has none anyway).
-  if (closed->worker >= 0 && !closed->was_busy &&
-      ctx_->workers->Available(closed->worker)) {
-    grpc::ClientContext c;
-    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    specserve::worker::v1::SessionRef ref;
-    ref.set_session_id(request->session_id());
-    specserve::worker::v1::ReleaseResponse rr;
-    ctx_->workers->stub(closed->worker)->Release(&c, ref, &rr);
+  if (closed->worker >= 0 && !closed->was_busy) {
+    if (ctx_->workers->Available(closed->worker)) {
+      grpc::ClientContext c;
+      c.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(5));
+      specserve::worker::v1::SessionRef ref;
+      ref.set_session_id(request->session_id());
+      specserve::worker::v1::ReleaseResponse rr;
+      ctx_->workers->stub(closed->worker)->Release(&c, ref, &rr);
+    } else {
+      // Unreachable now (hung, restarting): free it when it answers again.
+      ctx_->workers->ReleaseLater(closed->worker, request->session_id());
+    }
   }
   return FinishUnary(ctx, grpc::Status::OK);
 }

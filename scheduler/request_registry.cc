@@ -43,6 +43,12 @@ int RequestRegistry::AbortSession(const std::string& session_id) {
   return n;
 }
 
+int RequestRegistry::AbortAll() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, e] : requests_) e.flag->store(true);
+  return static_cast<int>(requests_.size());
+}
+
 int RequestRegistry::size() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(requests_.size());

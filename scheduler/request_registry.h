@@ -25,6 +25,8 @@ class RequestRegistry {
   // Number of requests cancelled.
   int AbortRequest(const std::string& request_id);
   int AbortSession(const std::string& session_id);
+  // Every request (shutdown after the drain grace period).
+  int AbortAll();
   int size() const;
 
  private:

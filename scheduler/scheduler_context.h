@@ -30,7 +30,17 @@ struct SchedulerOptions {
   absl::Duration worker_call_timeout = absl::Seconds(60);
   // Sessions idle this long are closed.
   absl::Duration session_idle_ttl = absl::Hours(1);
+  // Tests only (RELIABILITY.md row 8): forward the request metadata
+  // kInjectNanAtMetadata to the workers as BurstRequest.inject_nan_at. Off by
+  // default, so clients of a production scheduler cannot inject faults.
+  bool enable_fault_injection = false;
 };
+
+// Request metadata naming the n-th generated token (from 1) of a Generate
+// request whose logits the worker turns NaN; honoured only with
+// SchedulerOptions::enable_fault_injection (and the worker's
+// --enable_fault_injection).
+inline constexpr char kInjectNanAtMetadata[] = "x-specserve-inject-nan-at";
 
 struct SchedulerContext {
   SchedulerOptions options;

@@ -3,6 +3,7 @@
 // admission, the spec gate and the tokenizer. Health and reflection on; SIGTERM
 // drains.
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "scheduler/admin_service.h"
 #include "scheduler/admission.h"
 #include "scheduler/public_services.h"
@@ -52,6 +54,10 @@ ABSL_FLAG(int, default_session_capacity, 1024,
           "Rows of a session opened without a capacity.");
 ABSL_FLAG(int, session_idle_ttl_seconds, 3600,
           "Idle sessions are closed after this long.");
+ABSL_FLAG(bool, enable_fault_injection, false,
+          "Tests only: forward the request metadata x-specserve-inject-nan-at "
+          "(the n-th generated token gets NaN logits) to the workers, which "
+          "honour it only with their own --enable_fault_injection.");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -104,6 +110,8 @@ int main(int argc, char** argv) {
   context.options.default_k = absl::GetFlag(FLAGS_default_k);
   context.options.session_idle_ttl =
       absl::Seconds(absl::GetFlag(FLAGS_session_idle_ttl_seconds));
+  context.options.enable_fault_injection =
+      absl::GetFlag(FLAGS_enable_fault_injection);
   context.workers = &pool;
   context.sessions = &sessions;
   context.admission = &admission;
@@ -128,7 +136,11 @@ int main(int argc, char** argv) {
   std::thread housekeeping([&] {
     while (!stop_housekeeping.WaitForNotificationWithTimeout(absl::Seconds(1))) {
       for (const auto& e : sessions.ExpireIdle(context.options.session_idle_ttl)) {
-        if (e.worker < 0 || !pool.Available(e.worker)) continue;
+        if (e.worker < 0) continue;
+        if (!pool.Available(e.worker)) {
+          pool.ReleaseLater(e.worker, e.id);  // when it answers again
+          continue;
+        }
         grpc::ClientContext c;
         c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
         specserve::worker::v1::SessionRef ref;
@@ -162,6 +174,11 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen),
                            grpc::InsecureServerCredentials(), &port);
+  // Room for the largest text input the API accepts (Limits::max_text_bytes,
+  // checked with a clear INVALID_ARGUMENT): gRPC's default 4 MiB cap refused
+  // larger requests first, as RESOURCE_EXHAUSTED, which reads as "retry".
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(context.limits.max_text_bytes) + (1 << 20));
   builder.RegisterService(&admin);
   builder.RegisterService(&generation);
   builder.RegisterService(&sessions_service);
@@ -179,6 +196,23 @@ int main(int argc, char** argv) {
       {"specserve.v1.Generation", "specserve.v1.Sessions",
        "specserve.v1.Tokenization", "specserve.v1.Admin"},
       absl::Seconds(absl::GetFlag(FLAGS_drain_grace_seconds)));
+  // Requests cut off at the end of the grace period run on their own
+  // threads and use what main() owns (admission, sessions, workers): stop
+  // them and wait before tearing that down (destroying the admission
+  // controller under a live ticket aborted the process). One stuck in a
+  // worker call past the bound would touch freed state: exit without
+  // destructors instead.
+  requests.AbortAll();
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while (specserve::telemetry::InFlightCount() > 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  if (specserve::telemetry::InFlightCount() > 0) {
+    LOG(WARNING) << specserve::telemetry::InFlightCount()
+                 << " request(s) did not stop; exiting without cleanup";
+    std::fflush(nullptr);
+    std::_Exit(0);
+  }
   stop_housekeeping.Notify();
   housekeeping.join();
   metrics_http.Stop();

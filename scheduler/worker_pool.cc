@@ -36,6 +36,7 @@ WorkerPool::WorkerPool(const std::vector<std::string>& addresses,
   {
     absl::MutexLock lock(&mu_);
     observed_.resize(workers_.size());
+    pending_release_.resize(workers_.size());
   }
   monitor_ = std::thread([this] { MonitorLoop(); });
 }
@@ -82,9 +83,43 @@ WorkerPool::Observed WorkerPool::Poll(const Worker& w) const {
   return o;
 }
 
+bool WorkerPool::SendPendingReleases(int i) {
+  std::vector<std::string> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    ids.swap(pending_release_[i]);
+  }
+  std::vector<std::string> left;
+  for (const std::string& id : ids) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     absl::ToChronoMilliseconds(options_.poll_deadline));
+    specserve::worker::v1::SessionRef ref;
+    ref.set_session_id(id);
+    specserve::worker::v1::ReleaseResponse rr;
+    grpc::Status s = workers_[i]->stub->Release(&ctx, ref, &rr);
+    if (s.ok() || s.error_code() == grpc::StatusCode::NOT_FOUND) {
+      LOG(INFO) << "released abandoned session " << id << " on worker "
+                << workers_[i]->address;
+    } else {
+      left.push_back(id);
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  auto& pending = pending_release_[i];
+  pending.insert(pending.end(), left.begin(), left.end());
+  return pending.empty();
+}
+
 void WorkerPool::PollOnce() {
   for (size_t i = 0; i < workers_.size(); ++i) {
     Observed o = Poll(*workers_[i]);
+    if (o.available && !SendPendingReleases(static_cast<int>(i))) {
+      // Stay unavailable until the abandoned copies are gone (see
+      // ReleaseLater).
+      o.available = false;
+      o.detail = "releasing sessions abandoned while it was unreachable";
+    }
     absl::MutexLock lock(&mu_);
     Observed& prev = observed_[i];
     if (prev.available != o.available) {
@@ -149,6 +184,11 @@ void WorkerPool::MarkUnavailable(int index, const std::string& detail) {
   }
   observed_[index].available = false;
   observed_[index].detail = detail;
+}
+
+void WorkerPool::ReleaseLater(int index, const std::string& session_id) {
+  absl::MutexLock lock(&mu_);
+  pending_release_[index].push_back(session_id);
 }
 
 int WorkerPool::NumAvailable() const {

@@ -51,6 +51,13 @@ class WorkerPool {
   // Marks a worker unavailable now (a call to it failed with UNAVAILABLE);
   // the monitor marks it available again when it answers.
   void MarkUnavailable(int index, const std::string& detail);
+  // Frees `session_id`'s copy on worker `index` once it answers again: the
+  // copy was abandoned while the worker could not be reached (hung, or
+  // unavailable), and would otherwise stay in its pool for good. The monitor
+  // sends the Release when a poll succeeds, before it marks the worker
+  // available again, so no new copy of the session can be placed there
+  // first. A restarted worker answers NOT_FOUND, which also settles it.
+  void ReleaseLater(int index, const std::string& session_id);
 
   // The stub of worker `index` (for dispatching bursts).
   specserve::worker::v1::Worker::Stub* stub(int index) const {
@@ -73,6 +80,8 @@ class WorkerPool {
   };
 
   Observed Poll(const Worker& w) const;
+  // Sends worker i's pending releases; returns false if any is left.
+  bool SendPendingReleases(int i);
   void MonitorLoop();
 
   const WorkerPoolOptions options_;
@@ -80,6 +89,8 @@ class WorkerPool {
 
   mutable absl::Mutex mu_;
   std::vector<Observed> observed_ ABSL_GUARDED_BY(mu_);
+  // ReleaseLater's session ids, per worker.
+  std::vector<std::vector<std::string>> pending_release_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
 };

@@ -81,8 +81,10 @@ absl::StatusOr<SessionPool::Lease> SessionPool::Acquire(const std::string& id) {
 
 void SessionPool::Return(spec::SpecSession* session, bool discard) {
   absl::MutexLock lock(&mu_);
+  if (releasing_.erase(session) > 0) return;  // released while leased
   auto it = entries_.find(session->id());
-  CHECK(it != entries_.end()) << "lease of an unknown session";
+  CHECK(it != entries_.end() && it->second.session.get() == session)
+      << "lease of an unknown session";
   Entry& e = it->second;
   if (discard) {
     entries_.erase(it);
@@ -102,8 +104,11 @@ absl::Status SessionPool::Release(const std::string& id) {
         absl::StrCat("session ", id, " is not on this worker"));
   }
   if (it->second.busy) {
-    return absl::AbortedError(
-        absl::StrCat("session ", id, " is running a request"));
+    // Detach now, free when the lease returns (see the header).
+    spec::SpecSession* const leased = it->second.session.get();
+    releasing_.emplace(leased, std::move(it->second));
+    entries_.erase(it);
+    return absl::OkStatus();
   }
   UnlinkLocked(&it->second);
   entries_.erase(it);
@@ -175,6 +180,11 @@ SessionPool::Stats SessionPool::stats() const {
     } else {
       s.device_bytes += e.device_bytes;
     }
+  }
+  for (const auto& [session, e] : releasing_) {  // freed once returned
+    ++s.sessions;
+    ++s.busy;
+    s.device_bytes += e.device_bytes;
   }
   return s;
 }

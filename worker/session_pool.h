@@ -47,7 +47,11 @@ class SessionPool {
   // Exclusive use of a session; restores offloaded caches first.
   // NOT_FOUND (unknown or evicted), ABORTED (in use).
   absl::StatusOr<Lease> Acquire(const std::string& id);
-  // Frees a session (must not be in use: ABORTED otherwise).
+  // Frees a session. One still leased (a burst the scheduler gave up on —
+  // cancelled, past its deadline — runs until its next emit fails) is
+  // detached at once, so its id is free for a new Admit, and freed when its
+  // lease returns. Without this, the scheduler's Release raced the burst's
+  // end, got ABORTED, and the copy stayed in the pool for good.
   absl::Status Release(const std::string& id);
 
   struct Stats {
@@ -113,6 +117,9 @@ class SessionPool {
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);
+  // Sessions released while leased (see Release), keyed by the session the
+  // lease points at; freed by Return. Counted in stats() until then.
+  std::map<const spec::SpecSession*, Entry> releasing_ ABSL_GUARDED_BY(mu_);
   // Ids dropped under memory pressure, so Acquire can say why.
   std::set<std::string> evicted_ ABSL_GUARDED_BY(mu_);
   Stats counters_ ABSL_GUARDED_BY(mu_);

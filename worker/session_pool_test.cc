@@ -168,5 +168,29 @@ TEST_F(SessionPoolTest, ResumedSessionCarriesTelemetry) {
   EXPECT_GT((*lease)->telem.DeltaSince(snapshot).rounds, 0u);
 }
 
+TEST_F(SessionPoolTest, ReleaseWhileLeasedDetachesAndFreesOnReturn) {
+  // The scheduler releases a session whose burst it gave up on (client
+  // cancel, deadline) while the worker's burst thread may still hold it.
+  SessionPoolOptions o;
+  SessionPool pool(o, executor_.get());
+  auto s = engine_->Admit("r", 128, Prompt(4));
+  ASSERT_TRUE(s.ok());
+  {
+    auto lease = pool.Insert(std::move(*s));
+    ASSERT_TRUE(lease.ok());
+    EXPECT_TRUE(pool.Release("r").ok());
+    // Still counted (its memory is in use) but the id is free at once.
+    EXPECT_EQ(pool.stats().sessions, 1);
+    EXPECT_EQ(pool.Acquire("r").status().code(), absl::StatusCode::kNotFound);
+    auto again = engine_->Admit("r", 128, Prompt(5));
+    ASSERT_TRUE(again.ok());
+    { auto fresh = pool.Insert(std::move(*again)); ASSERT_TRUE(fresh.ok()); }
+    EXPECT_EQ(pool.stats().sessions, 2);
+  }
+  // The old lease returned: the detached copy is freed, the new one stays.
+  EXPECT_EQ(pool.stats().sessions, 1);
+  EXPECT_TRUE(pool.Acquire("r").ok());
+}
+
 }  // namespace
 }  // namespace specserve::worker

@@ -1,6 +1,7 @@
 // specserve_worker: one process per GPU (or the CPU backend). Loads a model
 // directory, serves specserve.worker.v1 to the scheduler, with health and
 // reflection; SIGTERM drains.
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -8,11 +9,17 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "telemetry/server_lifecycle.h"
 #include "kernels/cpu/cpu_backend.h"
+#ifdef SPECSERVE_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 #include "worker/model/model.h"
 #include "worker/step_costs.h"
 #include "worker/worker_service.h"
@@ -41,6 +48,37 @@ ABSL_FLAG(std::string, step_costs, "",
 ABSL_FLAG(bool, enable_fault_injection, false,
           "Honour BurstRequest.inject_nan_at (tests only).");
 
+namespace {
+
+// The backend named by --device: cpu, or cuda:N in a --config=cuda build.
+absl::StatusOr<std::unique_ptr<specserve::kernels::Backend>> MakeBackend(
+    const std::string& device) {
+  if (device == "cpu") {
+    specserve::kernels::cpu::CpuBackendOptions options;
+    options.num_threads = absl::GetFlag(FLAGS_threads);
+    return std::unique_ptr<specserve::kernels::Backend>(
+        new specserve::kernels::cpu::CpuBackend(options));
+  }
+  absl::string_view index = device;
+  int n = -1;
+  if (!absl::ConsumePrefix(&index, "cuda:") || !absl::SimpleAtoi(index, &n) ||
+      n < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device must be 'cpu' or 'cuda:N' (N >= 0), got '", device, "'"));
+  }
+#ifdef SPECSERVE_WITH_CUDA
+  return specserve::kernels::cuda::CreateCudaBackend(n);
+#else
+  return absl::UnimplementedError(absl::StrCat(
+      "--device ", device,
+      ": this specserve_worker was built without CUDA; rebuild it with "
+      "`bazel build --config=cuda //worker:specserve_worker` or use "
+      "--device cpu"));
+#endif
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "specserve_worker --model DIR --listen HOST:PORT --device cpu|cuda:N");
@@ -49,21 +87,17 @@ int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
 
   const std::string device = absl::GetFlag(FLAGS_device);
-  if (device != "cpu" && !absl::StartsWith(device, "cuda:")) {
-    LOG(ERROR) << "--device must be 'cpu' or 'cuda:N', got '" << device << "'";
+  auto backend = MakeBackend(device);
+  if (!backend.ok()) {
+    LOG(ERROR) << backend.status().message();
     return 2;
   }
-  if (device != "cpu") {
-    LOG(ERROR) << "--device " << device
-               << ": this build has no CUDA backend yet; use --device cpu";
-    return 2;
-  }
-
-  specserve::kernels::cpu::CpuBackendOptions backend_options;
-  backend_options.num_threads = absl::GetFlag(FLAGS_threads);
-  specserve::kernels::cpu::CpuBackend backend(backend_options);
+  LOG(INFO) << "device " << device << ": " << (*backend)->name() << " backend";
+  // Declared before the model and the service: destroyed after them.
+  std::unique_ptr<specserve::kernels::Backend> backend_owner =
+      std::move(*backend);
   auto model = specserve::model::Model::Load(absl::GetFlag(FLAGS_model),
-                                             &backend);
+                                             backend_owner.get());
   if (!model.ok()) {
     LOG(ERROR) << "cannot load model: " << model.status().message();
     return 1;
@@ -110,5 +144,19 @@ int main(int argc, char** argv) {
   specserve::telemetry::ServeUntilDrained(
       server.get(), {"specserve.worker.v1.Worker"},
       absl::Seconds(absl::GetFlag(FLAGS_drain_grace_seconds)));
+  // Bursts cut off at the end of the grace period stop at their next emit
+  // (the call is cancelled) but run on their own threads over the service,
+  // pool and model destroyed below: wait for them; past the bound, exit
+  // without destructors rather than free what they use.
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while (specserve::telemetry::InFlightCount() > 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  if (specserve::telemetry::InFlightCount() > 0) {
+    LOG(WARNING) << specserve::telemetry::InFlightCount()
+                 << " burst(s) did not stop; exiting without cleanup";
+    std::fflush(nullptr);
+    std::_Exit(0);
+  }
   return 0;
 }

@@ -128,12 +128,17 @@ grpc::ServerUnaryReactor* WorkerService::Admit(
       reactor->Finish(ToGrpc(session.status()));
       return;
     }
-    auto lease = pool_.Insert(std::move(*session));
-    if (!lease.ok()) {
-      reactor->Finish(ToGrpc(lease.status()));
-      return;
+    {
+      auto lease = pool_.Insert(std::move(*session));
+      if (!lease.ok()) {
+        reactor->Finish(ToGrpc(lease.status()));
+        return;
+      }
+      *response = StateOf(*lease->get(), /*busy=*/true);
     }
-    *response = StateOf(*lease->get(), /*busy=*/true);
+    // The lease went back to the pool BEFORE answering: the scheduler's next
+    // call (a Burst) may arrive as soon as it has the answer, and must not
+    // find the session still leased (ABORTED "already running a request").
     reactor->Finish(grpc::Status::OK);
   }).detach();
   return reactor;
@@ -200,12 +205,17 @@ void WorkerService::RunBurst(grpc::CallbackServerContext* ctx,
     status = r.status();
     if (r.ok()) result = *r;
   }
+  // The session goes back to the pool (or is dropped) BEFORE the call
+  // finishes: the scheduler's next call on it (Park, Demote, Release, the
+  // next Burst) may arrive as soon as it sees the status, and must not find
+  // it still leased.
+  grpc::Status final_status = grpc::Status::OK;
   if (!status.ok()) {
     if (LeavesSessionInconsistent(status)) lease.Discard();
-    writer->Finish(ToGrpc(status));
+    final_status = ToGrpc(status);
   } else if (deadline_passed) {
-    writer->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                                "deadline passed during the burst"));
+    final_status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                "deadline passed during the burst");
   } else {
     BurstEvent e;
     auto* summary = e.mutable_summary();
@@ -216,25 +226,40 @@ void WorkerService::RunBurst(grpc::CallbackServerContext* ctx,
     *summary->mutable_state() = StateOf(*lease.get(), /*busy=*/true);
     summary->set_cached_tokens(result.cached_tokens);
     writer->Write(std::move(e));
-    writer->Finish(grpc::Status::OK);
   }
-  --active_bursts_;
   { SessionPool::Lease done = std::move(lease); }  // back to the pool first
+  --active_bursts_;
+  writer->Finish(final_status);
   writer->Done();
 }
 
 grpc::ServerUnaryReactor* WorkerService::RunSessionOp(
     grpc::CallbackServerContext* ctx, const std::string& session_id,
-    SessionState* response, SessionOp op) {
+    SessionState* response, SessionOp op, bool idle_residency) {
   auto lease = pool_.Acquire(session_id);
   if (!lease.ok()) return FinishUnary(ctx, ToGrpc(lease.status()));
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  std::thread([this, reactor, response, op = std::move(op),
-               lease = std::move(*lease)]() mutable {
+  std::thread([this, reactor, response, op = std::move(op), session_id,
+               idle_residency, lease = std::move(*lease)]() mutable {
     absl::Status s = op(lease.get());
     if (s.ok()) *response = StateOf(*lease.get(), /*busy=*/true);
     if (LeavesSessionInconsistent(s)) lease.Discard();
     { SessionPool::Lease done = std::move(lease); }
+    if (s.ok() && idle_residency) {
+      // Returning the lease enforced the memory budgets: report where the
+      // session went (the scheduler shows it in GetSession), or that it is
+      // gone (the scheduler then marks it LOST right away).
+      auto where = pool_.ResidencyOf(session_id);
+      if (!where.ok()) {
+        s = absl::NotFoundError(absl::StrCat(
+            "session ", session_id,
+            " was evicted under memory pressure as it was parked"));
+      } else {
+        response->set_residency(*where == Residency::kOffloaded
+                                    ? specserve::worker::v1::OFFLOADED
+                                    : specserve::worker::v1::PARKED);
+      }
+    }
     reactor->Finish(ToGrpc(s));
   }).detach();
   return reactor;
@@ -252,8 +277,10 @@ grpc::ServerUnaryReactor* WorkerService::Park(
     const specserve::worker::v1::SessionRef* request, SessionState* response) {
   // Parked sessions are flushed (with next_pred) so any later request can
   // resume them; the pool may then offload them under pressure.
-  return RunSessionOp(ctx, request->session_id(), response,
-                      [this](spec::SpecSession* s) { return engine_.Flush(s); });
+  return RunSessionOp(
+      ctx, request->session_id(), response,
+      [this](spec::SpecSession* s) { return engine_.Flush(s); },
+      /*idle_residency=*/true);
 }
 
 grpc::ServerUnaryReactor* WorkerService::Resume(

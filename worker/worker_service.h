@@ -77,10 +77,13 @@ class WorkerService final : public specserve::worker::v1::Worker::CallbackServic
  private:
   using SessionOp = std::function<absl::Status(spec::SpecSession*)>;
   // Runs `op` on a leased session on its own thread, then answers with the
-  // session's state.
+  // session's state. `idle_residency`: answer with where the session is
+  // once back in the pool (PARKED or OFFLOADED; NOT_FOUND if the pool
+  // dropped it at once), rather than RESIDENT as seen while leased.
   grpc::ServerUnaryReactor* RunSessionOp(
       grpc::CallbackServerContext* ctx, const std::string& session_id,
-      specserve::worker::v1::SessionState* response, SessionOp op);
+      specserve::worker::v1::SessionState* response, SessionOp op,
+      bool idle_residency = false);
   specserve::worker::v1::SessionState StateOf(const spec::SpecSession& s,
                                               bool busy);
   void RunBurst(grpc::CallbackServerContext* ctx,
