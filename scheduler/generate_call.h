@@ -19,7 +19,19 @@
 
 namespace specserve::scheduler {
 
-using GenerateWriter = telemetry::StreamReactor<specserve::v1::GenerateEvent>;
+// The client stream. Deltas queued behind an in-flight write are merged (ids
+// appended, text concatenated), so a slow client costs fewer messages.
+class GenerateWriter final
+    : public telemetry::StreamReactor<specserve::v1::GenerateEvent> {
+ protected:
+  bool Merge(specserve::v1::GenerateEvent* into,
+             const specserve::v1::GenerateEvent& next) override {
+    if (!into->has_delta() || !next.has_delta()) return false;
+    into->mutable_delta()->mutable_ids()->MergeFrom(next.delta().ids());
+    into->mutable_delta()->mutable_text()->append(next.delta().text());
+    return true;
+  }
+};
 
 // Runs `request` and finishes `out` (the caller then calls out->Done()).
 // `inject_nan_at` (tests only, 0 = off): the request's n-th generated token

@@ -23,7 +23,15 @@ using specserve::worker::v1::SessionState;
 using telemetry::FinishUnary;
 using telemetry::ToGrpc;
 
-class BurstWriter final : public telemetry::StreamReactor<BurstEvent> {};
+// Consecutive token events waiting behind an in-flight write travel as one.
+class BurstWriter final : public telemetry::StreamReactor<BurstEvent> {
+ protected:
+  bool Merge(BurstEvent* into, const BurstEvent& next) override {
+    if (!into->has_tokens() || !next.has_tokens()) return false;
+    into->mutable_tokens()->mutable_ids()->MergeFrom(next.tokens().ids());
+    return true;
+  }
+};
 
 namespace {
 
