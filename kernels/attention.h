@@ -7,6 +7,14 @@
 // call's keys and values. Each output row is computed by the same sequence
 // of operations whatever T is (verify == decode), and rows never read cache
 // rows past their own position.
+//
+// Session batch (positions != nullptr; DecodeBatch): the rows belong to
+// different sessions, one row each. Row t is at position positions[t] and
+// attends rows 0..positions[t] of its own caches k_caches[t] / v_caches[t]
+// (which already hold its key and value); k_cache, v_cache, first_position
+// and capacity are unused. The arrays live in backend memory; every
+// positions[t] must be <= max_position (which sizes the launch). Row t is
+// bit-identical to a one-row call at first_position = positions[t].
 #ifndef SPECSERVE_KERNELS_ATTENTION_H_
 #define SPECSERVE_KERNELS_ATTENTION_H_
 
@@ -35,6 +43,11 @@ struct AttentionParams {
   float* out = nullptr;  // [T][out_row_stride], head h at h·head_dim
   int64_t out_row_stride = 0;
   float scale = 1.0f;
+  // Session batch (see above); all three arrays [rows], backend memory.
+  const int32_t* positions = nullptr;
+  const float* const* k_caches = nullptr;
+  const float* const* v_caches = nullptr;
+  int64_t max_position = 0;
 };
 
 absl::Status Validate(const AttentionParams& p);

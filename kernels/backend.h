@@ -13,6 +13,10 @@
 //  - Row invariance: an op's result for one row (one token, one output) is
 //    bit-identical whatever the number of rows in the call, so a verify over T
 //    columns reproduces T single-token decodes exactly.
+//  - Session batches: Rope, Attention, Conv1d and GatedDeltaRule also take
+//    rows of different sessions in one call (per-row positions and cache /
+//    state pointers in backend memory, see their headers); each row is
+//    bit-identical to a one-row call on its own session.
 #ifndef SPECSERVE_KERNELS_BACKEND_H_
 #define SPECSERVE_KERNELS_BACKEND_H_
 
@@ -30,6 +34,7 @@
 #include "kernels/reduce.h"
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
+#include "kernels/scatter_rows.h"
 #include "kernels/swiglu.h"
 #include "kernels/types.h"
 
@@ -76,6 +81,7 @@ class Backend {
   virtual absl::Status Argmax(const ArgmaxParams& p) = 0;
   virtual absl::Status LogSumExp(const LogSumExpParams& p) = 0;
   virtual absl::Status Softmax(const SoftmaxParams& p) = 0;
+  virtual absl::Status ScatterRows(const ScatterRowsParams& p) = 0;
 
  protected:
   friend class Buffer;

@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/reference_ops.h"
+#include "kernels/session_batch_check.h"
 
 namespace specserve::kernels {
 namespace {
@@ -435,6 +436,10 @@ TEST_P(BackendOpsTest, LargeAttentionAndDeltaRuleAreRowInvariant) {
           << "gdn state " << t;
     }
   }
+}
+
+TEST_P(BackendOpsTest, SessionBatchMatchesSessionsAlone) {
+  ExpectSessionBatchMatchesAlone(backend_.get(), 77);
 }
 
 TEST_P(BackendOpsTest, AttentionRejectsRowsPastCapacity) {

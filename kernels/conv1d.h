@@ -11,6 +11,11 @@
 // the in-place decode/prefill update. Verify passes a capture buffer and a
 // stride of one state, keeping the state after every column. Each token's
 // arithmetic is identical in all modes.
+//
+// Session batch (states != nullptr; DecodeBatch): row t is one token of its
+// own session, whose state states[t] (an array in backend memory) is read
+// and updated in place; state_in, state_out and state_out_stride are unused
+// (stride must be 0). Row t is bit-identical to a one-row in-place call.
 #ifndef SPECSERVE_KERNELS_CONV1D_H_
 #define SPECSERVE_KERNELS_CONV1D_H_
 
@@ -33,6 +38,7 @@ struct Conv1dParams {
   float* state_out = nullptr;       // [C][K−1] per snapshot
   int64_t state_out_stride = 0;     // elements; 0 = single slot
   bool silu = true;
+  float* const* states = nullptr;  // session batch: [rows] state pointers
 };
 
 absl::Status Validate(const Conv1dParams& p);

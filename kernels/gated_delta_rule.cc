@@ -11,8 +11,10 @@ absl::Status Validate(const GatedDeltaRuleParams& p) {
   SS_KERNEL_CHECK(p.num_v_heads % p.num_k_heads == 0,
                   "gated_delta_rule: nv % nk != 0");
   SS_KERNEL_CHECK(p.q && p.k && p.v && p.a && p.b && p.a_log && p.dt_bias &&
-                      p.state_in && p.state_out && p.out,
+                      (p.states || (p.state_in && p.state_out)) && p.out,
                   "gated_delta_rule: null pointer");
+  SS_KERNEL_CHECK(!p.states || p.state_out_stride == 0,
+                  "gated_delta_rule: a session batch updates states in place");
   SS_KERNEL_CHECK(p.ab_stride >= p.num_v_heads &&
                       p.out_stride >= p.num_v_heads * p.v_head_dim,
                   "gated_delta_rule: stride too small");

@@ -8,6 +8,8 @@
 // token t goes to state_out + t·state_out_stride (0 = single slot, in place
 // when state_out == state_in). Each token's arithmetic is the same whatever T
 // is and whichever mode: verify column j equals decode at that position.
+// Session batch (states != nullptr): as in conv1d.h, row t updates its own
+// session's state states[t] in place (state_in/state_out unused).
 #ifndef SPECSERVE_KERNELS_GATED_DELTA_RULE_H_
 #define SPECSERVE_KERNELS_GATED_DELTA_RULE_H_
 
@@ -37,6 +39,7 @@ struct GatedDeltaRuleParams {
   int64_t state_out_stride = 0;  // elements; 0 = single slot
   float* out = nullptr;          // [T][out_stride], head h at h·dv
   int64_t out_stride = 0;
+  float* const* states = nullptr;  // session batch: [rows] state pointers
 };
 
 absl::Status Validate(const GatedDeltaRuleParams& p);

@@ -5,6 +5,8 @@
 //   x'[i+r/2]   = x[i+r/2]·cos(θ_i) + x[i]·sin(θ_i),  i < r/2, r = rotary_dim,
 // θ_i = position·inv_freq[i]; the remaining entries pass through.
 // Angles are formed in fp32 (as transformers does). Rows are independent.
+// With positions != nullptr (backend memory, [rows]) row t is at position
+// positions[t] instead (a batch of sessions, one row each).
 #ifndef SPECSERVE_KERNELS_ROPE_H_
 #define SPECSERVE_KERNELS_ROPE_H_
 
@@ -24,7 +26,8 @@ struct RopeParams {
   int64_t row_stride = 0;   // elements between rows
   int64_t head_stride = 0;  // elements between heads of a row
   int64_t first_position = 0;
-  const float* inv_freq = nullptr;  // [rotary_dim/2] fp32, backend memory
+  const float* inv_freq = nullptr;     // [rotary_dim/2] fp32, backend memory
+  const int32_t* positions = nullptr;  // optional [rows], backend memory
 };
 
 // inv_freq_i = θ^(−2i/r) computed as transformers does (fp32 pow).

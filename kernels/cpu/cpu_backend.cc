@@ -14,6 +14,7 @@
 #include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
+#include "kernels/validate.h"
 #include "telemetry/status_macros.h"
 
 namespace specserve::kernels::cpu {
@@ -101,27 +102,99 @@ absl::Status CpuBackend::GatedRmsNorm(const GatedRmsNormParams& p) {
   return absl::OkStatus();
 }
 
+// Session batches (positions / states arrays) run as one one-row call per
+// row on that row's session: the oracle's definition of the batched ops.
+
 absl::Status CpuBackend::Rope(const RopeParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  cpu::Rope(p);
+  if (p.positions == nullptr) {
+    cpu::Rope(p);
+    return absl::OkStatus();
+  }
+  for (int64_t t = 0; t < p.rows; ++t) {
+    SS_KERNEL_CHECK(p.positions[t] >= 0, "rope: negative position");
+    RopeParams one = p;
+    one.rows = 1;
+    one.x = p.x + t * p.row_stride;
+    one.first_position = p.positions[t];
+    one.positions = nullptr;
+    cpu::Rope(one);
+  }
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Attention(const AttentionParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  cpu::Attention(p, pool_.get());
+  if (p.positions == nullptr) {
+    cpu::Attention(p, pool_.get());
+    return absl::OkStatus();
+  }
+  for (int64_t t = 0; t < p.rows; ++t) {
+    SS_KERNEL_CHECK(p.positions[t] >= 0 && p.positions[t] <= p.max_position,
+                    "attention: a batch position outside [0, max_position]");
+    AttentionParams one = p;
+    one.rows = 1;
+    one.q = p.q + t * p.q_row_stride;
+    if (p.gate != nullptr) one.gate = p.gate + t * p.gate_row_stride;
+    one.out = p.out + t * p.out_row_stride;
+    one.k_cache = p.k_caches[t];
+    one.v_cache = p.v_caches[t];
+    one.first_position = p.positions[t];
+    one.capacity = p.positions[t] + 1;
+    one.positions = nullptr;
+    one.k_caches = one.v_caches = nullptr;
+    cpu::Attention(one, pool_.get());
+  }
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Conv1d(const Conv1dParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  cpu::Conv1d(p);
+  if (p.states == nullptr) {
+    cpu::Conv1d(p);
+    return absl::OkStatus();
+  }
+  for (int64_t t = 0; t < p.rows; ++t) {
+    Conv1dParams one = p;
+    one.rows = 1;
+    one.x = p.x + t * p.x_stride;
+    one.y = p.y + t * p.y_stride;
+    one.state_in = one.state_out = p.states[t];
+    one.states = nullptr;
+    cpu::Conv1d(one);
+  }
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::GatedDeltaRule(const GatedDeltaRuleParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  cpu::GatedDeltaRule(p, pool_.get());
+  if (p.states == nullptr) {
+    cpu::GatedDeltaRule(p, pool_.get());
+    return absl::OkStatus();
+  }
+  for (int64_t t = 0; t < p.rows; ++t) {
+    GatedDeltaRuleParams one = p;
+    one.rows = 1;
+    one.q = p.q + t * p.qkv_stride;
+    one.k = p.k + t * p.qkv_stride;
+    one.v = p.v + t * p.qkv_stride;
+    one.a = p.a + t * p.ab_stride;
+    one.b = p.b + t * p.ab_stride;
+    one.out = p.out + t * p.out_stride;
+    one.state_in = one.state_out = p.states[t];
+    one.states = nullptr;
+    cpu::GatedDeltaRule(one, pool_.get());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ScatterRows(const ScatterRowsParams& p) {
+  SS_RETURN_IF_ERROR(Validate(p));
+  for (int64_t t = 0; t < p.rows; ++t) {
+    SS_KERNEL_CHECK(p.dst_rows[t] >= 0, "scatter_rows: negative row");
+    std::memmove(p.dst[t] + p.dst_rows[t] * p.dst_row_stride,
+                 p.src + t * p.src_stride, p.cols * sizeof(float));
+  }
   return absl::OkStatus();
 }
 

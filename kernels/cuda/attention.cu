@@ -11,6 +11,9 @@
 // Everything (the chunking, the key groups, every merge) depends only on n
 // and head_dim, never on T, so a verify row equals the decode of that
 // position bit for bit. A lane owns head elements lane + 32·jj.
+// A session batch (p.positions) reads each row's position and caches from
+// the arrays; the launch is sized by max_position, and blocks past a row's
+// own chunk count exit, so row t runs exactly the one-row call's code.
 #include <algorithm>
 #include <cmath>
 
@@ -34,6 +37,16 @@ __host__ __device__ inline int NumChunks(int64_t n) {
   return static_cast<int>(c < kMaxChunks ? c : kMaxChunks);
 }
 
+// Visible cache rows of row t, and its caches.
+__device__ __forceinline__ int64_t Visible(const AttentionParams& p, int64_t t) {
+  return p.positions != nullptr ? int64_t{p.positions[t]} + 1 : p.first_position + t + 1;
+}
+
+// The most visible rows any of rows [row0, row0+n) can have.
+int64_t MaxVisible(const AttentionParams& p, int64_t row0, int64_t n) {
+  return p.positions != nullptr ? p.max_position + 1 : p.first_position + row0 + n;
+}
+
 struct Batch {
   int64_t row0;       // first query row of this launch
   int max_chunks;     // chunk slots per (row, head) in the workspace
@@ -50,9 +63,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t h = blockIdx.y;
   const int64_t tl = blockIdx.z;
   const int64_t t = b.row0 + tl;
-  const int64_t n = p.first_position + t + 1;
+  const int64_t n = Visible(p, t);
   const int nc = NumChunks(n);
-  if (c >= nc) return;  // whole block
+  if (c >= nc || nc > b.max_chunks) return;  // whole block
   const int64_t chunk = (n + nc - 1) / nc;
   const int64_t begin = c * chunk;
   const int64_t end = begin + chunk < n ? begin + chunk : n;
@@ -62,6 +75,8 @@ __global__ void __launch_bounds__(kThreads)
   const int hd = static_cast<int>(p.head_dim);
   const int64_t kvh = h / (p.num_heads / p.num_kv_heads);
   const float* q = p.q + t * p.q_row_stride + h * p.q_head_stride;
+  const float* k_cache = p.positions != nullptr ? p.k_caches[t] : p.k_cache;
+  const float* v_cache = p.positions != nullptr ? p.v_caches[t] : p.v_cache;
   float qv[DPL];
 #pragma unroll
   for (int jj = 0; jj < DPL; ++jj) {
@@ -81,7 +96,7 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t rr = r + g;
       float part = 0.0f;
       if (rr < end) {
-        const float* k = p.k_cache + rr * p.kv_row_stride + kvh * hd;
+        const float* k = k_cache + rr * p.kv_row_stride + kvh * hd;
 #pragma unroll
         for (int jj = 0; jj < DPL; ++jj) {
           const int e = lane + 32 * jj;
@@ -105,7 +120,7 @@ __global__ void __launch_bounds__(kThreads)
       if (rr < end) {
         const float pg = expf(__fsub_rn(s[g], mx));
         l = __fadd_rn(l, pg);
-        const float* v = p.v_cache + rr * p.kv_row_stride + kvh * hd;
+        const float* v = v_cache + rr * p.kv_row_stride + kvh * hd;
 #pragma unroll
         for (int jj = 0; jj < DPL; ++jj) {
           const int e = lane + 32 * jj;
@@ -155,9 +170,15 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t h = blockIdx.x;
   const int64_t tl = blockIdx.y;
   const int64_t t = b.row0 + tl;
-  const int64_t n = p.first_position + t + 1;
+  const int64_t n = Visible(p, t);
   const int nc = NumChunks(n);
   const int hd = static_cast<int>(p.head_dim);
+  if (nc > b.max_chunks) {  // a batch position past max_position: poison
+    for (int e = threadIdx.x; e < hd; e += kThreads) {
+      p.out[t * p.out_row_stride + h * hd + e] = __int_as_float(0x7fc00000);
+    }
+    return;
+  }
   const int64_t slot0 = (tl * p.num_heads + h) * b.max_chunks;
   float big = -INFINITY;
   for (int c = 0; c < nc; ++c) big = fmaxf(big, b.ml[(slot0 + c) * 2]);
@@ -192,7 +213,7 @@ absl::Status RunBatches(const AttentionParams& p, const Workspace& ws, cudaStrea
     const int64_t rows_here = std::min<int64_t>(batch_rows, p.rows - row0);
     Batch b;
     b.row0 = row0;
-    b.max_chunks = NumChunks(p.first_position + row0 + rows_here);
+    b.max_chunks = NumChunks(MaxVisible(p, row0, rows_here));
     b.acc = static_cast<float*>(ws.data);
     b.ml = b.acc + rows_here * p.num_heads * b.max_chunks * p.head_dim;
     AttentionPartialKernel<DPL><<<dim3(b.max_chunks, static_cast<unsigned>(p.num_heads),
@@ -210,7 +231,7 @@ absl::Status RunBatches(const AttentionParams& p, const Workspace& ws, cudaStrea
 }  // namespace
 
 size_t AttentionWorkspaceBytesPerRow(const AttentionParams& p) {
-  const int64_t chunks = NumChunks(p.first_position + p.rows);
+  const int64_t chunks = NumChunks(MaxVisible(p, 0, p.rows));
   return static_cast<size_t>(p.num_heads * chunks * (p.head_dim + 2)) * sizeof(float);
 }
 

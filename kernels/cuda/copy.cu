@@ -1,8 +1,10 @@
 // Small host-to-device copies as a kernel argument: the bytes travel inside
 // the launch, so the copy is asynchronous and needs no pinned staging (a
-// cudaMemcpyAsync from pageable memory may wait for the stream).
+// cudaMemcpyAsync from pageable memory may wait for the stream); and the
+// row scatter of kernels/scatter_rows.h.
 #include <cstring>
 
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
 
@@ -17,7 +19,28 @@ __global__ void InlineCopyKernel(InlineBytes src, unsigned char* dst, int n) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src.b[i];
 }
 
+constexpr int kScatterThreads = 256;
+
+// Block (column tile, row t) copies its slice of row t.
+__global__ void __launch_bounds__(kScatterThreads) ScatterRowsKernel(ScatterRowsParams p) {
+  const int64_t t = blockIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kScatterThreads + threadIdx.x;
+  if (c >= p.cols) return;
+  p.dst[t][int64_t{p.dst_rows[t]} * p.dst_row_stride + c] = p.src[t * p.src_stride + c];
+}
+
 }  // namespace
+
+absl::Status LaunchScatterRows(const ScatterRowsParams& p, cudaStream_t stream) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  if (p.rows > 65535) {
+    return absl::UnimplementedError("scatter_rows: more than 65535 rows");
+  }
+  const dim3 grid(static_cast<unsigned>(CeilDiv(p.cols, kScatterThreads)),
+                  static_cast<unsigned>(p.rows));
+  ScatterRowsKernel<<<grid, kScatterThreads, 0, stream>>>(p);
+  return LaunchStatus("scatter_rows launch");
+}
 
 absl::Status LaunchInlineCopy(void* dst, const void* host_src, size_t bytes,
                               cudaStream_t stream) {

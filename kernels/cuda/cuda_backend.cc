@@ -276,6 +276,11 @@ absl::Status CudaBackend::LogSumExp(const LogSumExpParams& p) {
   return LaunchLogSumExp(p, stream_.get());
 }
 
+absl::Status CudaBackend::ScatterRows(const ScatterRowsParams& p) {
+  SS_RETURN_IF_ERROR(UseDevice());
+  return LaunchScatterRows(p, stream_.get());
+}
+
 absl::Status CudaBackend::Softmax(const SoftmaxParams& p) {
   SS_RETURN_IF_ERROR(UseDevice());
   return LaunchSoftmax(p, stream_.get());

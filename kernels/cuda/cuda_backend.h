@@ -84,6 +84,7 @@ class CudaBackend : public Backend {
   absl::Status Argmax(const ArgmaxParams& p) override;
   absl::Status LogSumExp(const LogSumExpParams& p) override;
   absl::Status Softmax(const SoftmaxParams& p) override;
+  absl::Status ScatterRows(const ScatterRowsParams& p) override;
 
  protected:
   void Free(void* data) override;

@@ -17,6 +17,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/session_batch_check.h"
 
 namespace specserve::kernels::cuda {
 namespace {
@@ -407,6 +408,11 @@ TEST_F(CudaBackendTest, AttentionLongContext) {
     ExpectBitEqual(DownG(one, nh * hd).data(), res[1].data() + t * nh * hd, nh * hd,
                    "long attention row " + std::to_string(t));
   }
+}
+
+TEST_F(CudaBackendTest, SessionBatchMatchesSessionsAlone) {
+  ExpectSessionBatchMatchesAlone(gpu_.get(), 77);
+  ExpectSessionBatchMatchesAlone(gpu_.get(), 78);
 }
 
 TEST_F(CudaBackendTest, AttentionRejectsRowsPastCapacity) {

@@ -7,7 +7,9 @@
 // split the dk rows into 4 fixed ranges (by dk only), and each column's two
 // reductions add the 4 range partials as (p0+p1)+(p2+p3). Every token runs
 // the same instructions whatever T and whichever snapshot mode, so verify
-// column t == decode at that position bit for bit.
+// column t == decode at that position bit for bit. A session batch
+// (p.states) gives each row its own blocks (blockIdx.z = row), which run
+// the one-row call's instructions on that row's state, in place.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
@@ -56,13 +58,18 @@ __global__ void __launch_bounds__(kThreads) GatedDeltaRuleKernel(GatedDeltaRuleP
   const int64_t head_size = static_cast<int64_t>(dk) * dv;
   const float q_scale = 1.0f / sqrtf(static_cast<float>(dk));
   const float a_coef = -expf(p.a_log[h]);
+  const bool batch = p.states != nullptr;
+  const int64_t t0 = batch ? blockIdx.z : 0;
+  const int64_t t1 = batch ? t0 + 1 : p.rows;
+  const float* state_in = batch ? p.states[t0] : p.state_in;
+  float* state_out = batch ? p.states[t0] : p.state_out;
 
   {
-    const float* src = p.state_in + h * head_size;
+    const float* src = state_in + h * head_size;
     for (int i = i_begin; i < i_end; ++i) S[i * 32 + lane] = col ? src[i * dv + j] : 0.0f;
   }
 
-  for (int64_t t = 0; t < p.rows; ++t) {
+  for (int64_t t = t0; t < t1; ++t) {
     __syncthreads();  // the previous token is done with qn, kn, red, scal
     if (warp == 0) {
       L2NormalizeWarp(p.q + t * p.qkv_stride + kh * dk, dk, q_scale, qn, lane);
@@ -93,8 +100,8 @@ __global__ void __launch_bounds__(kThreads) GatedDeltaRuleKernel(GatedDeltaRuleP
     const float delta = __fmul_rn(__fsub_rn(v, u), beta);
 
     // S ← S + k̂·δᵀ and this range's part of o = Sᵀq̂; snapshot.
-    const bool snap = col && (p.state_out_stride != 0 || t == p.rows - 1);
-    float* dst = p.state_out + t * p.state_out_stride + h * head_size;
+    const bool snap = col && (p.state_out_stride != 0 || t == t1 - 1);
+    float* dst = state_out + (t - t0) * p.state_out_stride + h * head_size;
     float po = 0.0f;
     for (int i = i_begin; i < i_end; ++i) {
       const float sn = fmaf(kn[i], delta, S[i * 32 + lane]);
@@ -131,8 +138,12 @@ absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleParams& p, cudaStream_t st
                              static_cast<int>(smem)),
         "gated_delta_rule smem attribute");
   }
+  if (p.states != nullptr && p.rows > 65535) {
+    return absl::UnimplementedError("gated_delta_rule: session batch of more than 65535 rows");
+  }
   const dim3 grid(static_cast<unsigned>(CeilDiv(p.v_head_dim, 32)),
-                  static_cast<unsigned>(p.num_v_heads));
+                  static_cast<unsigned>(p.num_v_heads),
+                  p.states != nullptr ? static_cast<unsigned>(p.rows) : 1u);
   GatedDeltaRuleKernel<<<grid, kThreads, smem, stream>>>(p);
   return LaunchStatus("gated_delta_rule launch");
 }

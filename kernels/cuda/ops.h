@@ -25,6 +25,7 @@
 #include "kernels/reduce.h"
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
+#include "kernels/scatter_rows.h"
 #include "kernels/swiglu.h"
 
 namespace specserve::kernels::cuda {
@@ -41,6 +42,7 @@ struct Workspace {
 constexpr size_t kInlineCopyBytes = 1024;
 absl::Status LaunchInlineCopy(void* dst, const void* host_src, size_t bytes,
                               cudaStream_t stream);
+absl::Status LaunchScatterRows(const ScatterRowsParams& p, cudaStream_t stream);
 
 // Ids are read on the device: an out-of-range id never reads outside the
 // table; its row is written as NaN and *error (device memory, nullable) is

@@ -2,7 +2,7 @@
 // thread per (row, head, i < rotary_dim/2) pair. The angle is formed in fp32
 // as position·inv_freq[i] and the rotation is written without contraction,
 // as on the CPU; cosf/sinf are CUDA's accurate versions (within 2 ulp of
-// glibc's).
+// glibc's). A session batch reads row t's position from p.positions[t].
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
@@ -20,7 +20,8 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(RopeParams p) {
   const int64_t i = idx % half;
   const float inv_freq = p.inv_freq[i];
   for (int64_t t = blockIdx.y; t < p.rows; t += gridDim.y) {
-    const float pos = static_cast<float>(p.first_position + t);
+    const float pos = static_cast<float>(
+        p.positions != nullptr ? p.positions[t] : p.first_position + t);
     const float angle = __fmul_rn(pos, inv_freq);
     const float c = cosf(angle);
     const float s = sinf(angle);

@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -216,6 +217,30 @@ void MatmulSweep(Ctx* ctx) {
 }
 
 // ---- 3. the 27B-shape model.
+// Prints a RandomWeightsBackend timeline ({op: (ms, calls)} over `steps`
+// steps) per step, largest first, and returns it as JSON.
+json PrintTimeline(const char* label,
+                   const std::map<std::string, std::pair<double, int>>& t, int steps) {
+  std::vector<std::pair<double, std::string>> order;
+  double total = 0;
+  for (const auto& [name, v] : t) {
+    order.push_back({v.first, name});
+    total += v.first;
+  }
+  std::sort(order.rbegin(), order.rend());
+  std::printf("    GPU timeline per step, %s (event gaps; %.2f ms in all):\n", label,
+              total / steps);
+  std::printf("      %-26s %9s %7s %9s\n", "op", "ms", "calls", "us/call");
+  json out = json::array();
+  for (const auto& [ms, name] : order) {
+    const int calls = t.at(name).second;
+    std::printf("      %-26s %9.3f %7d %9.1f\n", name.c_str(), ms / steps, calls / steps,
+                1e3 * ms / calls);
+    out.push_back({{"op", name}, {"ms", ms / steps}, {"calls", calls / steps}});
+  }
+  return out;
+}
+
 void ModelBench(Ctx* ctx, const std::string& dir) {
   BENCH_CHECK(WriteSyntheticCheckpoint(Qwen35_27BConfigJson(), dir));
   auto owner = MakeBackend(3);
@@ -281,6 +306,12 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
     j["decode_ops"] = ops;
     j["decode_host_copies"] = copies;
     j["decode_enqueue_ms"] = Median(enq);
+    rb.StartTimeline();
+    for (int i = 0; i < 3; ++i) {
+      BENCH_CHECK(m->Decode(st->get(), next, &r));
+      next = r.argmax[0];
+    }
+    j["decode_timeline"] = PrintTimeline("(a) decode", rb.StopTimeline(), 3);
   }
   // (b) verify.
   std::printf("(b) verify of k+1 columns (state unchanged):\n%6s %9s %9s\n", "cols", "ms",
@@ -333,6 +364,11 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
                 100 * floor_ms / ms, ops, enq_ms);
     jb.push_back({{"B", b}, {"ms", ms}, {"x_b1", ms / b1}, {"tok_s", b * 1e3 / ms},
                   {"ops", ops}, {"enqueue_ms", enq_ms}});
+    if (b == 64) {
+      rb.StartTimeline();
+      BENCH_CHECK(m->DecodeBatch(ptrs, toks, &r));
+      j["decode_batch64_timeline"] = PrintTimeline("(c) B=64", rb.StopTimeline(), 1);
+    }
     // Reset the contexts for the next size.
     for (auto& s : states) {
       BENCH_CHECK(m->Reset(s.get()));

@@ -115,4 +115,42 @@ absl::StatusOr<kernels::Weight> RandomWeightsBackend::UploadWeight(kernels::DTyp
   return w;
 }
 
+void RandomWeightsBackend::StartTimeline() {
+  if (events_.empty()) {
+    events_.resize(4096);
+    for (cudaEvent_t& e : events_) cudaEventCreate(&e);
+    event_names_.resize(events_.size());
+  }
+  used_events_ = 0;
+  timeline_ = true;
+  Mark("start", absl::OkStatus()).IgnoreError();
+}
+
+absl::Status RandomWeightsBackend::Mark(const std::string& name, absl::Status s) {
+  if (timeline_ && used_events_ < events_.size()) {
+    cudaEventRecord(events_[used_events_], inner_->stream());
+    event_names_[used_events_] = name;
+    ++used_events_;
+  }
+  return s;
+}
+
+std::string RandomWeightsBackend::MatmulName(const kernels::MatmulParams& p) {
+  return "matmul [" + std::to_string(p.out) + "][" + std::to_string(p.in) + "]";
+}
+
+std::map<std::string, std::pair<double, int>> RandomWeightsBackend::StopTimeline() {
+  timeline_ = false;
+  std::map<std::string, std::pair<double, int>> out;
+  cudaStreamSynchronize(inner_->stream());
+  for (size_t i = 1; i < used_events_; ++i) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, events_[i - 1], events_[i]);
+    auto& slot = out[event_names_[i]];
+    slot.first += ms;
+    slot.second += 1;
+  }
+  return out;
+}
+
 }  // namespace specserve::cuda_bench

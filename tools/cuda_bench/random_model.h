@@ -18,9 +18,14 @@
 #ifndef SPECSERVE_TOOLS_CUDA_BENCH_RANDOM_MODEL_H_
 #define SPECSERVE_TOOLS_CUDA_BENCH_RANDOM_MODEL_H_
 
+#include <cuda_runtime_api.h>
+
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "kernels/backend.h"
@@ -48,7 +53,7 @@ class RandomWeightsBackend : public kernels::Backend {
   }
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
     ++ops_;
-    return inner_->CopyToDevice(dst, src, bytes);
+    return Mark("copy_to_device", inner_->CopyToDevice(dst, src, bytes));
   }
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
     if (host_copies_++ == 0) first_host_copy_ = std::chrono::steady_clock::now();
@@ -56,11 +61,11 @@ class RandomWeightsBackend : public kernels::Backend {
   }
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override {
     ++ops_;
-    return inner_->CopyOnDevice(dst, src, bytes);
+    return Mark("copy_on_device", inner_->CopyOnDevice(dst, src, bytes));
   }
   absl::Status Zero(void* dst, size_t bytes) override {
     ++ops_;
-    return inner_->Zero(dst, bytes);
+    return Mark("zero", inner_->Zero(dst, bytes));
   }
   // Fills on the GPU; `host` is not read.
   absl::StatusOr<kernels::Weight> UploadWeight(kernels::DType dtype, const void* host,
@@ -68,39 +73,51 @@ class RandomWeightsBackend : public kernels::Backend {
   absl::Status Synchronize() override { return inner_->Synchronize(); }
 
   absl::Status Embed(const kernels::EmbedParams& p) override { ++ops_;
-    return inner_->Embed(p); }
+    return Mark("embed", inner_->Embed(p)); }
   absl::Status Matmul(const kernels::MatmulParams& p) override { ++ops_;
-    return inner_->Matmul(p); }
+    return Mark(timeline_ ? MatmulName(p) : std::string(), inner_->Matmul(p)); }
   absl::Status RmsNorm(const kernels::RmsNormParams& p) override { ++ops_;
-    return inner_->RmsNorm(p); }
+    return Mark("rms_norm", inner_->RmsNorm(p)); }
   absl::Status GatedRmsNorm(const kernels::GatedRmsNormParams& p) override {
     ++ops_;
-    return inner_->GatedRmsNorm(p);
+    return Mark("gated_rms_norm", inner_->GatedRmsNorm(p));
   }
   absl::Status Rope(const kernels::RopeParams& p) override { ++ops_;
-    return inner_->Rope(p); }
+    return Mark("rope", inner_->Rope(p)); }
   absl::Status Attention(const kernels::AttentionParams& p) override {
     ++ops_;
-    return inner_->Attention(p);
+    return Mark("attention", inner_->Attention(p));
   }
   absl::Status Conv1d(const kernels::Conv1dParams& p) override { ++ops_;
-    return inner_->Conv1d(p); }
+    return Mark("conv1d", inner_->Conv1d(p)); }
   absl::Status GatedDeltaRule(const kernels::GatedDeltaRuleParams& p) override {
     ++ops_;
-    return inner_->GatedDeltaRule(p);
+    return Mark("gated_delta_rule", inner_->GatedDeltaRule(p));
   }
   absl::Status Swiglu(const kernels::SwigluParams& p) override { ++ops_;
-    return inner_->Swiglu(p); }
+    return Mark("swiglu", inner_->Swiglu(p)); }
   absl::Status Argmax(const kernels::ArgmaxParams& p) override { ++ops_;
-    return inner_->Argmax(p); }
+    return Mark("argmax", inner_->Argmax(p)); }
   absl::Status LogSumExp(const kernels::LogSumExpParams& p) override {
     ++ops_;
-    return inner_->LogSumExp(p);
+    return Mark("logsumexp", inner_->LogSumExp(p));
   }
   absl::Status Softmax(const kernels::SoftmaxParams& p) override { ++ops_;
-    return inner_->Softmax(p); }
+    return Mark("softmax", inner_->Softmax(p)); }
+  absl::Status ScatterRows(const kernels::ScatterRowsParams& p) override {
+    ++ops_;
+    return Mark("scatter_rows", inner_->ScatterRows(p));
+  }
 
   uint64_t filled_bytes() const { return filled_bytes_; }
+
+  // GPU timeline by op (diagnostics): between StartTimeline() and
+  // StopTimeline() each call records an event after its work on the
+  // backend's stream; with the GPU the bottleneck (queue full), the time
+  // between consecutive events is that op's GPU time, launch gap included.
+  // StopTimeline synchronizes and returns {op name: (total ms, calls)}.
+  void StartTimeline();
+  std::map<std::string, std::pair<double, int>> StopTimeline();
 
   // Step accounting for the benchmark: MarkStep() zeroes the counters;
   // ops() counts the enqueueing calls (kernels and device copies) since,
@@ -121,8 +138,15 @@ class RandomWeightsBackend : public kernels::Backend {
   void Free(void*) override {}
 
  private:
+  absl::Status Mark(const std::string& name, absl::Status s);
+  static std::string MatmulName(const kernels::MatmulParams& p);
+
   kernels::cuda::CudaBackend* inner_;
   float scale_;
+  bool timeline_ = false;
+  std::vector<cudaEvent_t> events_;  // [0] = start
+  std::vector<std::string> event_names_;
+  size_t used_events_ = 0;
   uint64_t seed_ = 1;
   uint64_t filled_bytes_ = 0;
   int ops_ = 0;

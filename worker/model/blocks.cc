@@ -4,7 +4,10 @@
 // The rows may belong to several sessions (Model::Slice, DecodeBatch):
 // matmuls and norms run once over all rows (row-invariant, so each row is
 // bit-identical to a pass of its session alone); RoPE, attention, conv and
-// the delta rule run once per slice on that session's caches.
+// the delta rule run once per slice on that session's caches, or, for a
+// session batch (DecodeBatch: one row per session), once over all rows with
+// per-row positions and cache pointers (each row bit-identical to its
+// per-slice call).
 #include <cmath>
 
 #include "glog/logging.h"
@@ -19,8 +22,8 @@ using kernels::MatmulParams;
 
 absl::Status Model::FullAttentionBlock(const LayerWeights& w,
                                        absl::Span<KvCache* const> kvs,
-                                       absl::Span<const Slice> slices,
-                                       int rows) {
+                                       absl::Span<const Slice> slices, int rows,
+                                       const SessionBatch* batch) {
   const ModelConfig& c = config_;
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads,
                 hd = c.head_dim, kv_dim = nkv * hd;
@@ -62,6 +65,63 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w,
   SS_RETURN_IF_ERROR(be.RmsNorm(kn));
 
   const int64_t q_row = nh * 2 * hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  if (batch != nullptr) {
+    CHECK(!direct) << "a session batch projects into the workspace";
+    kernels::RopeParams rq;
+    rq.rows = rows;
+    rq.heads = nh;
+    rq.head_dim = hd;
+    rq.rotary_dim = c.rotary_dim();
+    rq.x = q;
+    rq.row_stride = q_row;
+    rq.head_stride = 2 * hd;
+    rq.inv_freq = weights_.rope_inv_freq.f32();
+    rq.positions = batch->positions;
+    SS_RETURN_IF_ERROR(be.Rope(rq));
+    kernels::RopeParams rk = rq;
+    rk.heads = nkv;
+    rk.x = k_rows;
+    rk.row_stride = kv_dim;
+    rk.head_stride = hd;
+    SS_RETURN_IF_ERROR(be.Rope(rk));
+    kernels::ScatterRowsParams sk;
+    sk.rows = rows;
+    sk.cols = kv_dim;
+    sk.src = k_rows;
+    sk.src_stride = kv_dim;
+    sk.dst = batch->k;
+    sk.dst_rows = batch->positions;
+    sk.dst_row_stride = kv_dim;
+    SS_RETURN_IF_ERROR(be.ScatterRows(sk));
+    kernels::ScatterRowsParams sv = sk;
+    sv.src = v_rows;
+    sv.dst = batch->v;
+    SS_RETURN_IF_ERROR(be.ScatterRows(sv));
+
+    kernels::AttentionParams at;
+    at.rows = rows;
+    at.num_heads = nh;
+    at.num_kv_heads = nkv;
+    at.head_dim = hd;
+    at.q = q;
+    at.q_row_stride = q_row;
+    at.q_head_stride = 2 * hd;
+    at.gate = q + hd;
+    at.gate_row_stride = q_row;
+    at.gate_head_stride = 2 * hd;
+    at.kv_row_stride = kv_dim;
+    at.out = ws.attn.f32();
+    at.out_row_stride = nh * hd;
+    at.scale = scale;
+    at.positions = batch->positions;
+    at.k_caches = batch->k;
+    at.v_caches = batch->v;
+    at.max_position = batch->max_position;
+    SS_RETURN_IF_ERROR(be.Attention(at));
+    return be.Matmul(DenseMatmul(rows, ws.attn.f32(), a.o_proj, ws.h.f32(),
+                                 /*accumulate=*/true));
+  }
   for (size_t i = 0; i < slices.size(); ++i) {
     const Slice& s = slices[i];
     const KvCache& kv = *kvs[i];
@@ -108,7 +168,7 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w,
     at.first_position = s.start;
     at.out = ws.attn.f32() + s.row0 * nh * hd;
     at.out_row_stride = nh * hd;
-    at.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    at.scale = scale;
     SS_RETURN_IF_ERROR(be.Attention(at));
   }
   return be.Matmul(DenseMatmul(rows, ws.attn.f32(), a.o_proj, ws.h.f32(),
@@ -118,7 +178,8 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w,
 absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
                                          absl::Span<LinearCache* const> caches,
                                          absl::Span<const Slice> slices,
-                                         Mode mode, int rows) {
+                                         Mode mode, int rows,
+                                         const SessionBatch* batch) {
   const ModelConfig& c = config_;
   const int64_t nk = c.linear_num_key_heads, nv = c.linear_num_value_heads,
                 dk = c.linear_key_head_dim, dv = c.linear_value_head_dim,
@@ -142,9 +203,14 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
   const int64_t conv_state = conv_dim * (kc - 1);
   const int64_t rec_state = nv * dk * dv;
 
-  for (size_t i = 0; i < slices.size(); ++i) {
-    const Slice& s = slices[i];
-    LinearCache* cache = caches[i];
+  // A session batch is one pass with slice-like fields: all rows at once,
+  // each on its own states (in place).
+  const Slice all{0, rows, 0};
+  const size_t passes = batch != nullptr ? 1 : slices.size();
+  CHECK(batch == nullptr || !verify) << "a session batch commits";
+  for (size_t i = 0; i < passes; ++i) {
+    const Slice& s = batch != nullptr ? all : slices[i];
+    LinearCache* cache = batch != nullptr ? nullptr : caches[i];
     float* conv_out = ws.conv_out.f32() + s.row0 * conv_dim;
     kernels::Conv1dParams cv;
     cv.rows = s.rows;
@@ -155,9 +221,13 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
     cv.y = conv_out;
     cv.y_stride = conv_dim;
     cv.weight = l.conv.f32();
-    cv.state_in = cache->conv.f32();
-    cv.state_out = verify ? cache->conv_columns.f32() : cache->conv.f32();
-    cv.state_out_stride = verify ? conv_state : 0;
+    if (batch != nullptr) {
+      cv.states = batch->conv;
+    } else {
+      cv.state_in = cache->conv.f32();
+      cv.state_out = verify ? cache->conv_columns.f32() : cache->conv.f32();
+      cv.state_out_stride = verify ? conv_state : 0;
+    }
     cv.silu = true;
     SS_RETURN_IF_ERROR(be.Conv1d(cv));
 
@@ -176,10 +246,14 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
     g.ab_stride = nv;
     g.a_log = l.a_log.f32();
     g.dt_bias = l.dt_bias.f32();
-    g.state_in = cache->recurrent.f32();
-    g.state_out =
-        verify ? cache->recurrent_columns.f32() : cache->recurrent.f32();
-    g.state_out_stride = verify ? rec_state : 0;
+    if (batch != nullptr) {
+      g.states = batch->recurrent;
+    } else {
+      g.state_in = cache->recurrent.f32();
+      g.state_out =
+          verify ? cache->recurrent_columns.f32() : cache->recurrent.f32();
+      g.state_out_stride = verify ? rec_state : 0;
+    }
     g.out = ws.core.f32() + s.row0 * value_dim;
     g.out_stride = value_dim;
     SS_RETURN_IF_ERROR(be.GatedDeltaRule(g));

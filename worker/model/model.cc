@@ -69,6 +69,12 @@ absl::Status Model::EnsureWorkspace() {
   SS_RETURN_IF_ERROR(floats(&ws->mtp_in, H));
   SS_RETURN_IF_ERROR(floats(&ws->logits, c.vocab_size));
   SS_RETURN_IF_ERROR(floats(&ws->argmax, 1));
+  {
+    const size_t entries =
+        2 * static_cast<size_t>(c.num_hidden_layers) * R + (R + 1) / 2;
+    SS_ASSIGN_OR_RETURN(ws->batch, be.Allocate(entries * sizeof(uint64_t)));
+    ws->batch_host.reserve(entries);
+  }
   ws_ = std::move(ws);
   return absl::OkStatus();
 }
@@ -112,6 +118,50 @@ absl::Status Model::RunTrunk(absl::Span<ModelState* const> states,
   kernels::Backend& be = *backend_;
   Workspace& ws = *ws_;
 
+  // A session batch (one row per session, B > 1): one table upload, then
+  // the cache ops run once per layer over all sessions.
+  const int B = static_cast<int>(slices.size());
+  bool session_batch = B > 1;
+  for (const Slice& s : slices) session_batch = session_batch && s.rows == 1;
+  SessionBatch batch;
+  const size_t nf =
+      std::count_if(weights_.layers.begin(), weights_.layers.end(),
+                    [](const LayerWeights& l) {
+                      return l.type == LayerType::kFullAttention;
+                    });
+  const size_t nl = weights_.layers.size() - nf;
+  uint64_t* dev_table = static_cast<uint64_t*>(ws.batch.data());
+  if (session_batch) {
+    std::vector<uint64_t>& tab = ws.batch_host;
+    tab.assign(2 * (nf + nl) * B + (B + 1) / 2, 0);
+    auto ptr = [](const Buffer& b) {
+      return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(b.data()));
+    };
+    for (int s = 0; s < B; ++s) {
+      const ModelState& st = *states[s];
+      CHECK_EQ(st.kv_.size(), nf) << "one KV cache per full-attention layer";
+      CHECK_EQ(st.linear_.size(), nl) << "one state per linear layer";
+      for (size_t i = 0; i < nf; ++i) {
+        tab[(2 * i) * B + s] = ptr(st.kv_[i].k);
+        tab[(2 * i + 1) * B + s] = ptr(st.kv_[i].v);
+      }
+      for (size_t j = 0; j < nl; ++j) {
+        tab[(2 * nf + 2 * j) * B + s] = ptr(st.linear_[j].conv);
+        tab[(2 * nf + 2 * j + 1) * B + s] = ptr(st.linear_[j].recurrent);
+      }
+      int32_t* pos = reinterpret_cast<int32_t*>(tab.data() + 2 * (nf + nl) * B);
+      pos[s] = slices[s].start;
+      batch.max_position = std::max(batch.max_position, slices[s].start);
+    }
+    SS_RETURN_IF_ERROR(
+        be.CopyToDevice(dev_table, tab.data(), tab.size() * sizeof(uint64_t)));
+    batch.positions =
+        reinterpret_cast<const int32_t*>(dev_table + 2 * (nf + nl) * B);
+  }
+  auto table = [&](size_t entry) {
+    return reinterpret_cast<float* const*>(dev_table + entry * B);
+  };
+
   SS_RETURN_IF_ERROR(
       be.CopyToDevice(ws.ids.data(), tokens.data(), rows * sizeof(int32_t)));
   kernels::EmbedParams e;
@@ -142,14 +192,19 @@ absl::Status Model::RunTrunk(absl::Span<ModelState* const> states,
     SS_RETURN_IF_ERROR(be.RmsNorm(norm));
     if (layer.type == LayerType::kFullAttention) {
       for (size_t i = 0; i < states.size(); ++i) kvs[i] = &states[i]->kv_[kv_i];
+      batch.k = table(2 * kv_i);
+      batch.v = table(2 * kv_i + 1);
       ++kv_i;
-      SS_RETURN_IF_ERROR(FullAttentionBlock(layer, kvs, slices, rows));
+      SS_RETURN_IF_ERROR(FullAttentionBlock(layer, kvs, slices, rows,
+                                            session_batch ? &batch : nullptr));
     } else {
       for (size_t i = 0; i < states.size(); ++i)
         linear[i] = &states[i]->linear_[lin_i];
+      batch.conv = table(2 * nf + 2 * lin_i);
+      batch.recurrent = table(2 * nf + 2 * lin_i + 1);
       ++lin_i;
-      SS_RETURN_IF_ERROR(
-          LinearAttentionBlock(layer, linear, slices, mode, rows));
+      SS_RETURN_IF_ERROR(LinearAttentionBlock(
+          layer, linear, slices, mode, rows, session_batch ? &batch : nullptr));
     }
     norm.weight = layer.post_attention_norm.f32();
     SS_RETURN_IF_ERROR(be.RmsNorm(norm));

@@ -358,6 +358,18 @@ class Model {
     int start = 0;
   };
 
+  // Backend arrays of a session batch (every slice one row, B > 1) for this
+  // layer: the cache ops then run once over all rows (kernels' session-batch
+  // mode) instead of once per slice.
+  struct SessionBatch {
+    const int32_t* positions = nullptr;  // [B]
+    int max_position = 0;
+    float* const* k = nullptr;  // [B] this layer's K caches (full attention)
+    float* const* v = nullptr;
+    float* const* conv = nullptr;       // [B] conv states (linear attention)
+    float* const* recurrent = nullptr;  // [B] recurrent states
+  };
+
   Model() = default;
   absl::Status LoadWeights();
   absl::Status EnsureWorkspace();
@@ -377,14 +389,16 @@ class Model {
   // and argmax, appending to `out`.
   absl::Status EmitRows(int row0, int n, ForwardResult* out);
   // The blocks batch their matmuls over all `rows`; the cache ops run per
-  // slice on kvs[i] / caches[i].
+  // slice on kvs[i] / caches[i], or once over a session batch when `batch`
+  // is given (then kvs / caches are unused).
   absl::Status FullAttentionBlock(const LayerWeights& w,
                                   absl::Span<KvCache* const> kvs,
-                                  absl::Span<const Slice> slices, int rows);
+                                  absl::Span<const Slice> slices, int rows,
+                                  const SessionBatch* batch);
   absl::Status LinearAttentionBlock(const LayerWeights& w,
                                     absl::Span<LinearCache* const> caches,
                                     absl::Span<const Slice> slices, Mode mode,
-                                    int rows);
+                                    int rows, const SessionBatch* batch);
   absl::Status MlpBlock(const LayerWeights& w, int rows);
 
   ModelConfig config_;

@@ -96,7 +96,7 @@ absl::Status Model::MtpForward(ModelState* state,
     const Slice slice{0, rows, start};
     SS_RETURN_IF_ERROR(FullAttentionBlock(m.layer, absl::MakeConstSpan(&kv, 1),
                                           absl::MakeConstSpan(&slice, 1),
-                                          rows));
+                                          rows, /*batch=*/nullptr));
     norm.weight = m.layer.post_attention_norm.f32();
     SS_RETURN_IF_ERROR(be.RmsNorm(norm));
     SS_RETURN_IF_ERROR(MlpBlock(m.layer, rows));

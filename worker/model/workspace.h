@@ -4,6 +4,9 @@
 #ifndef SPECSERVE_WORKER_MODEL_WORKSPACE_H_
 #define SPECSERVE_WORKER_MODEL_WORKSPACE_H_
 
+#include <cstdint>
+#include <vector>
+
 #include "kernels/types.h"
 #include "worker/model/model.h"
 
@@ -30,6 +33,13 @@ struct Model::Workspace {
   Buffer mtp_in;    // [R][H] trunk hiddens given to the MTP head
   Buffer logits;    // [R][V]
   Buffer argmax;    // int32 [R]
+  // Session-batch table (DecodeBatch of B > 1 sessions), uploaded once per
+  // step: per full-attention layer i, K then V cache pointers [B] at
+  // entries 2i·B and (2i+1)·B; per linear layer j, conv then recurrent state
+  // pointers at (2F+2j)·B and (2F+2j+1)·B (F full-attention layers); then
+  // the int32 positions [B]. Sized for B = R.
+  Buffer batch;
+  std::vector<uint64_t> batch_host;  // host staging of `batch`
 };
 
 }  // namespace specserve::model

@@ -1,0 +1,15 @@
+#include "kernels/scatter_rows.h"
+
+#include "kernels/validate.h"
+
+namespace specserve::kernels {
+
+absl::Status Validate(const ScatterRowsParams& p) {
+  SS_KERNEL_CHECK(p.rows >= 1 && p.cols >= 1, "scatter_rows: empty shape");
+  SS_KERNEL_CHECK(p.src && p.dst && p.dst_rows, "scatter_rows: null pointer");
+  SS_KERNEL_CHECK(p.src_stride >= p.cols && p.dst_row_stride >= p.cols,
+                  "scatter_rows: stride < cols");
+  return absl::OkStatus();
+}
+
+}  // namespace specserve::kernels

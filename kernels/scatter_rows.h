@@ -1,0 +1,29 @@
+// Copies row t of a [rows][cols] fp32 source to its own destination row:
+//   dst[t] + dst_rows[t]·dst_row_stride  ←  src + t·src_stride   (cols floats)
+// dst and dst_rows are arrays in backend memory. DecodeBatch uses it to put
+// each session's new key/value row into that session's cache at its own
+// position in one call. Destinations must not overlap each other or src.
+#ifndef SPECSERVE_KERNELS_SCATTER_ROWS_H_
+#define SPECSERVE_KERNELS_SCATTER_ROWS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace specserve::kernels {
+
+struct ScatterRowsParams {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const float* src = nullptr;  // [rows][src_stride]
+  int64_t src_stride = 0;
+  float* const* dst = nullptr;        // [rows] base pointers
+  const int32_t* dst_rows = nullptr;  // [rows] row index within dst[t]
+  int64_t dst_row_stride = 0;
+};
+
+absl::Status Validate(const ScatterRowsParams& p);
+
+}  // namespace specserve::kernels
+
+#endif  // SPECSERVE_KERNELS_SCATTER_ROWS_H_
