@@ -30,7 +30,8 @@ struct BurstWatch {
   absl::Time deadline = absl::InfiniteFuture();
 };
 
-// `on_tokens` receives each token event; returning false cancels the burst.
+// `on_tokens` receives each token event, on a gRPC thread (it must not block);
+// returning false cancels the burst. Returns when the call is over.
 BurstOutcome RunBurstOnWorker(
     specserve::worker::v1::Worker::Stub* stub,
     const specserve::worker::v1::BurstRequest& request, const BurstWatch& watch,
