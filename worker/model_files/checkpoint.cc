@@ -140,20 +140,6 @@ absl::Status ListWeightFiles(const std::string& dir, std::string* source,
 
 }  // namespace
 
-const char* DTypeName(DType d) {
-  switch (d) {
-    case DType::kF32:
-      return "f32";
-    case DType::kF16:
-      return "f16";
-    case DType::kBF16:
-      return "bf16";
-  }
-  return "?";
-}
-
-size_t DTypeSize(DType d) { return d == DType::kF32 ? 4 : 2; }
-
 int64_t Tensor::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

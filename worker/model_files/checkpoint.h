@@ -19,13 +19,16 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/types.h"
 #include "worker/model_files/model_config.h"
 
 namespace specserve::model_files {
 
-enum class DType { kF32, kF16, kBF16 };
-const char* DTypeName(DType d);  // "f32", "f16", "bf16"
-size_t DTypeSize(DType d);
+// Storage types of weights: the compute backends' (kernels/types.h), so a
+// tensor's dtype goes to Backend::UploadWeight unchanged.
+using kernels::DType;
+using kernels::DTypeName;  // "f32", "f16", "bf16"
+using kernels::DTypeSize;
 
 // A tensor inside a mapped file. `data` stays valid while the Checkpoint lives.
 struct Tensor {
