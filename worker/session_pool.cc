@@ -1,5 +1,6 @@
 #include "worker/session_pool.h"
 
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -149,9 +150,12 @@ void SessionPool::EnforceBudgetsLocked() {
     e.device_bytes = 0;
     ++counters_.offloads;
   }
-  // Drop offloaded sessions, oldest first, until the host budget holds.
+  // Drop offloaded sessions, oldest first, until the host budget holds. The
+  // most recently used session is never dropped: with a budget smaller than
+  // one session it would be gone before its next burst, every time.
+  const auto mru = lru_.empty() ? lru_.end() : std::prev(lru_.end());
   for (auto it = lru_.begin();
-       host > options_.host_budget_bytes && it != lru_.end();) {
+       host > options_.host_budget_bytes && it != lru_.end() && it != mru;) {
     Entry& e = entries_.at(*it);
     if (e.residency != Residency::kOffloaded) {
       ++it;
