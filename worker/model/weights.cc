@@ -15,18 +15,6 @@ namespace {
 using model_files::Checkpoint;
 using model_files::Tensor;
 
-kernels::DType ToKernelDType(model_files::DType d) {
-  switch (d) {
-    case model_files::DType::kF32:
-      return kernels::DType::kF32;
-    case model_files::DType::kF16:
-      return kernels::DType::kF16;
-    case model_files::DType::kBF16:
-      return kernels::DType::kBF16;
-  }
-  return kernels::DType::kF32;
-}
-
 class Loader {
  public:
   Loader(const Checkpoint& ck, kernels::Backend* backend)
@@ -40,8 +28,8 @@ class Loader {
       return absl::InvalidArgumentError(absl::StrCat(
           name, ": ", t.numel(), " elements, expected ", rows, "x", cols));
     }
-    SS_ASSIGN_OR_RETURN(*out, backend_->UploadWeight(ToKernelDType(t.dtype),
-                                                     t.data, rows, cols));
+    SS_ASSIGN_OR_RETURN(*out,
+                        backend_->UploadWeight(t.dtype, t.data, rows, cols));
     return absl::OkStatus();
   }
 
