@@ -261,11 +261,7 @@ absl::Status Call::AdmitOn(int worker, const std::vector<uint32_t>& history) {
   grpc::Status s = ctx_->workers->stub(worker)->Admit(&c, admit, &state);
   if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
     // A stale copy from before a lost burst: replace it.
-    grpc::ClientContext r;
-    specserve::worker::v1::SessionRef ref;
-    ref.set_session_id(lease_.id());
-    specserve::worker::v1::ReleaseResponse rr;
-    ctx_->workers->stub(worker)->Release(&r, ref, &rr);
+    ctx_->workers->Release(worker, lease_.id(), absl::Seconds(5));
     grpc::ClientContext c2;
     s = ctx_->workers->stub(worker)->Admit(&c2, admit, &state);
   }
@@ -326,13 +322,9 @@ absl::Status Call::EnsureResident() {
   if (snap.mode == specserve::v1::BATCHED && !history.empty()) {
     // A demoted session stays demoted (one-way) when rebuilt: hand the fresh
     // copy over too, so its Park reports BATCHED and it holds no draft state.
-    grpc::ClientContext c;
-    c.set_deadline(
-        absl::ToChronoTime(absl::Now() + ctx_->options.worker_call_timeout));
-    specserve::worker::v1::SessionRef ref;
-    ref.set_session_id(lease_.id());
-    specserve::worker::v1::SessionState state;
-    ctx_->workers->stub(worker_)->Demote(&c, ref, &state);  // best effort
+    specserve::worker::v1::SessionState state;  // best effort
+    ctx_->workers->Demote(worker_, lease_.id(),
+                          ctx_->options.worker_call_timeout, &state);
   }
   if (suffix_recorded_) {
     // The rebuilt copy's prompt checkpoint is at the end of `history`, not
@@ -380,12 +372,11 @@ uint32_t Call::Gate() {
   if (snap.mode == specserve::v1::SPECULATIVE && !lease_.History().empty() &&
       in.speculation_requested) {
     // One-way demotion: the worker flushes and drops the draft state.
-    grpc::ClientContext c;
-    c.set_deadline(absl::ToChronoTime(absl::Now() + ctx_->options.worker_call_timeout));
-    specserve::worker::v1::SessionRef ref;
-    ref.set_session_id(lease_.id());
     specserve::worker::v1::SessionState state;
-    if (ctx_->workers->stub(worker_)->Demote(&c, ref, &state).ok()) {
+    if (ctx_->workers
+            ->Demote(worker_, lease_.id(), ctx_->options.worker_call_timeout,
+                     &state)
+            .ok()) {
       lease_.SetResidency(specserve::v1::ACTIVE, specserve::v1::BATCHED,
                           worker_);
       spec_stats_.set_demoted(true);
@@ -397,22 +388,9 @@ uint32_t Call::Gate() {
 void Call::DropWorkerCopy(const std::string& why) {
   LOG(INFO) << "session " << lease_.id() << ": " << why
             << "; marked LOST (rebuilt from history on its next turn)";
-  if (worker_ >= 0) {
-    grpc::Status s(grpc::StatusCode::UNAVAILABLE, "worker unavailable");
-    if (ctx_->workers->Available(worker_)) {
-      grpc::ClientContext c;
-      c.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-      specserve::worker::v1::SessionRef ref;
-      ref.set_session_id(lease_.id());
-      specserve::worker::v1::ReleaseResponse rr;
-      s = ctx_->workers->stub(worker_)->Release(&c, ref, &rr);
-    }
-    // A hung worker keeps its copy until it answers again: free it then,
-    // or it stays in that worker's pool for good.
-    if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
-      ctx_->workers->ReleaseLater(worker_, lease_.id());
-    }
-  }
+  // A hung worker keeps its copy until it answers again: it is freed then,
+  // or it would stay in that worker's pool for good.
+  if (worker_ >= 0) ctx_->workers->ReleaseNowOrLater(worker_, lease_.id());
   lease_.SetResidency(specserve::v1::LOST, lease_.Snapshot().mode, -1);
   worker_ = -1;
 }
@@ -582,23 +560,15 @@ void Call::Park() {
   // session's caches to its request) is freed like a one-shot one, not
   // parked where nothing would ever release it.
   if (one_shot_ || lease_.closed()) {
-    grpc::ClientContext c;
-    c.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    specserve::worker::v1::SessionRef ref;
-    ref.set_session_id(lease_.id());
-    specserve::worker::v1::ReleaseResponse rr;
-    ctx_->workers->stub(worker_)->Release(&c, ref, &rr);
+    ctx_->workers->ReleaseNowOrLater(worker_, lease_.id());
     const std::string id = lease_.id();
     lease_.Release();
     if (one_shot_) ctx_->sessions->Close(id, "").IgnoreError();
     return;
   }
-  grpc::ClientContext c;
-  c.set_deadline(absl::ToChronoTime(absl::Now() + ctx_->options.worker_call_timeout));
-  specserve::worker::v1::SessionRef ref;
-  ref.set_session_id(lease_.id());
   specserve::worker::v1::SessionState state;
-  grpc::Status s = ctx_->workers->stub(worker_)->Park(&c, ref, &state);
+  grpc::Status s = ctx_->workers->Park(
+      worker_, lease_.id(), ctx_->options.worker_call_timeout, &state);
   if (!s.ok()) {
     DropWorkerCopy("park failed: " + s.error_message());
     return;

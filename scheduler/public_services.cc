@@ -132,19 +132,9 @@ grpc::ServerUnaryReactor* SessionsService::CloseSession(
   if (!closed.ok()) return FinishUnary(ctx, ToGrpc(closed.status()));
   if (closed->was_busy) ctx_->requests->AbortSession(request->session_id());
   // Free the worker's copy (best effort: a dead worker has none anyway).
+  // (Unreachable now, e.g. hung or restarting: freed when it answers again.)
   if (closed->worker >= 0 && !closed->was_busy) {
-    if (ctx_->workers->Available(closed->worker)) {
-      grpc::ClientContext c;
-      c.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(5));
-      specserve::worker::v1::SessionRef ref;
-      ref.set_session_id(request->session_id());
-      specserve::worker::v1::ReleaseResponse rr;
-      ctx_->workers->stub(closed->worker)->Release(&c, ref, &rr);
-    } else {
-      // Unreachable now (hung, restarting): free it when it answers again.
-      ctx_->workers->ReleaseLater(closed->worker, request->session_id());
-    }
+    ctx_->workers->ReleaseNowOrLater(closed->worker, request->session_id());
   }
   return FinishUnary(ctx, grpc::Status::OK);
 }

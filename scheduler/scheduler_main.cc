@@ -136,17 +136,7 @@ int main(int argc, char** argv) {
   std::thread housekeeping([&] {
     while (!stop_housekeeping.WaitForNotificationWithTimeout(absl::Seconds(1))) {
       for (const auto& e : sessions.ExpireIdle(context.options.session_idle_ttl)) {
-        if (e.worker < 0) continue;
-        if (!pool.Available(e.worker)) {
-          pool.ReleaseLater(e.worker, e.id);  // when it answers again
-          continue;
-        }
-        grpc::ClientContext c;
-        c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-        specserve::worker::v1::SessionRef ref;
-        ref.set_session_id(e.id);
-        specserve::worker::v1::ReleaseResponse rr;
-        pool.stub(e.worker)->Release(&c, ref, &rr);
+        if (e.worker >= 0) pool.ReleaseNowOrLater(e.worker, e.id);
       }
       for (const auto& [residency, n] : sessions.CountByResidency()) {
         metrics.sessions(residency)->Set(n);

@@ -83,6 +83,55 @@ WorkerPool::Observed WorkerPool::Poll(const Worker& w) const {
   return o;
 }
 
+namespace {
+
+grpc::ClientContext* WithTimeout(grpc::ClientContext* ctx,
+                                 absl::Duration timeout) {
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    absl::ToChronoMilliseconds(timeout));
+  return ctx;
+}
+
+specserve::worker::v1::SessionRef Ref(const std::string& session_id) {
+  specserve::worker::v1::SessionRef ref;
+  ref.set_session_id(session_id);
+  return ref;
+}
+
+}  // namespace
+
+grpc::Status WorkerPool::Release(int index, const std::string& session_id,
+                                 absl::Duration timeout) const {
+  grpc::ClientContext ctx;
+  specserve::worker::v1::ReleaseResponse rr;
+  return workers_[index]->stub->Release(WithTimeout(&ctx, timeout),
+                                        Ref(session_id), &rr);
+}
+
+void WorkerPool::ReleaseNowOrLater(int index, const std::string& session_id) {
+  grpc::Status s(grpc::StatusCode::UNAVAILABLE, "worker unavailable");
+  if (Available(index)) s = Release(index, session_id, absl::Seconds(5));
+  if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
+    ReleaseLater(index, session_id);
+  }
+}
+
+grpc::Status WorkerPool::Park(int index, const std::string& session_id,
+                              absl::Duration timeout,
+                              specserve::worker::v1::SessionState* state) const {
+  grpc::ClientContext ctx;
+  return workers_[index]->stub->Park(WithTimeout(&ctx, timeout),
+                                     Ref(session_id), state);
+}
+
+grpc::Status WorkerPool::Demote(int index, const std::string& session_id,
+                                absl::Duration timeout,
+                                specserve::worker::v1::SessionState* state) const {
+  grpc::ClientContext ctx;
+  return workers_[index]->stub->Demote(WithTimeout(&ctx, timeout),
+                                       Ref(session_id), state);
+}
+
 bool WorkerPool::SendPendingReleases(int i) {
   std::vector<std::string> ids;
   {
@@ -91,13 +140,7 @@ bool WorkerPool::SendPendingReleases(int i) {
   }
   std::vector<std::string> left;
   for (const std::string& id : ids) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     absl::ToChronoMilliseconds(options_.poll_deadline));
-    specserve::worker::v1::SessionRef ref;
-    ref.set_session_id(id);
-    specserve::worker::v1::ReleaseResponse rr;
-    grpc::Status s = workers_[i]->stub->Release(&ctx, ref, &rr);
+    grpc::Status s = Release(i, id, options_.poll_deadline);
     if (s.ok() || s.error_code() == grpc::StatusCode::NOT_FOUND) {
       LOG(INFO) << "released abandoned session " << id << " on worker "
                 << workers_[i]->address;

@@ -59,6 +59,21 @@ class WorkerPool {
   // first. A restarted worker answers NOT_FOUND, which also settles it.
   void ReleaseLater(int index, const std::string& session_id);
 
+  // One Release RPC for `session_id` on worker `index`.
+  grpc::Status Release(int index, const std::string& session_id,
+                       absl::Duration timeout) const;
+  // Frees `session_id` on worker `index` now if it answers, else later
+  // (ReleaseLater). NOT_FOUND (nothing there) settles it too. Best effort.
+  void ReleaseNowOrLater(int index, const std::string& session_id);
+  // Park (flush, keep warm) and Demote (one-way to batched decode) of one
+  // session; `state` gets the worker's view afterwards.
+  grpc::Status Park(int index, const std::string& session_id,
+                    absl::Duration timeout,
+                    specserve::worker::v1::SessionState* state) const;
+  grpc::Status Demote(int index, const std::string& session_id,
+                      absl::Duration timeout,
+                      specserve::worker::v1::SessionState* state) const;
+
   // The stub of worker `index` (for dispatching bursts).
   specserve::worker::v1::Worker::Stub* stub(int index) const {
     return workers_[index]->stub.get();
