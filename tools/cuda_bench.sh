@@ -79,7 +79,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --fo
 # The CPU targets' property tests, on the GPU (same sources, CUDA backend);
 # the engine's chi-square test (thousands of bursts) runs last, on its own.
 # CUDA_BENCH_CHI=0 skips the chi-square step (about 100 s).
-steps=("batch_cuda_test 90 *" "spec_engine_cuda_test 120 -*SampledDistribution*")
+steps=("exactness_cuda_test 90 *" "batch_cuda_test 90 *"
+       "spec_engine_cuda_test 120 -*SampledDistribution*")
 [ "${CUDA_BENCH_CHI:-1}" != 0 ] &&
   steps+=("spec_engine_cuda_test ${CUDA_BENCH_CHI_TIMEOUT:-240} *SampledDistribution*")
 for step in "${steps[@]}"; do

@@ -4,7 +4,7 @@
 #
 #   tools/cuda_check.sh prepare   (on the build machine, with Bazel)
 #       Builds //kernels/cuda:cuda_backend_test, :matmul_bench,
-#       //worker/model:cuda_model_test, :batch_cuda_test,
+#       //worker/model:cuda_model_test, :exactness_cuda_test, :batch_cuda_test,
 #       //worker/spec:spec_engine_cuda_test, //tools/specgen and
 #       //worker:specserve_worker with --config=cuda
 #       --config=static (only glibc, libm, libgcc_s and the NVIDIA driver
@@ -21,8 +21,8 @@
 #       /tmp/cuda_check) at most 8 files:
 #         nvidia-smi.txt, cuda_backend_test.log (op test: CPU vs CUDA, row
 #         invariance), matmul_bench.txt (GEMV vs copy bandwidth, same run),
-#         cuda_model_test.log (model on CUDA vs CPU, verify == decode,
-#         prefill == decode on the GPU), specgen.txt (greedy ids on cuda:0
+#         cuda_model_test.log (model on CUDA vs CPU; .exactness.log:
+#         verify == decode, prefill == decode on the GPU), specgen.txt (greedy ids on cuda:0
 #         vs cpu on models/default, tokens/s), sanitizers.log (unless
 #         CUDA_CHECK_SANITIZE=0: compute-sanitizer memcheck on the op test
 #         and on the model test, racecheck and synccheck on the
@@ -33,14 +33,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
 carry=.carry/cuda
-bins="cuda_backend_test matmul_bench cuda_model_test batch_cuda_test spec_engine_cuda_test specgen specserve_worker"
+bins="cuda_backend_test matmul_bench cuda_model_test exactness_cuda_test batch_cuda_test spec_engine_cuda_test specgen specserve_worker"
 
 if [ "$mode" = prepare ]; then
   ob="${CUDA_CHECK_OUTPUT_BASE:-$HOME/.cache/bazel_cuda/ob}"
   flags=(--config=cuda --config=static)
   bazel --output_base="$ob" build "${flags[@]}" --symlink_prefix=/ \
       //kernels/cuda:cuda_backend_test //kernels/cuda:matmul_bench \
-      //worker/model:cuda_model_test //worker/model:batch_cuda_test \
+      //worker/model:cuda_model_test //worker/model:exactness_cuda_test \
+      //worker/model:batch_cuda_test \
       //worker/spec:spec_engine_cuda_test //tools/specgen \
       //worker:specserve_worker || exit 1
   bin="$(bazel --output_base="$ob" info "${flags[@]}" bazel-bin 2>/dev/null)" || exit 1
@@ -48,7 +49,7 @@ if [ "$mode" = prepare ]; then
   for b in $bins; do
     case $b in
       cuda_backend_test|matmul_bench) src="$bin/kernels/cuda/$b" ;;
-      cuda_model_test|batch_cuda_test) src="$bin/worker/model/$b" ;;
+      cuda_model_test|exactness_cuda_test|batch_cuda_test) src="$bin/worker/model/$b" ;;
       spec_engine_cuda_test) src="$bin/worker/spec/$b" ;;
       specgen) src="$bin/tools/specgen/$b" ;;
       specserve_worker) src="$bin/worker/$b" ;;
@@ -116,6 +117,10 @@ timeout 60 "$carry/cuda_model_test" --gtest_output="xml:$xml/cuda_model_test.xml
 rc=$?; note cuda_model_test $rc
 grep -E "^\[  FAILED  \]|Failure|cuda-vs-cpu|Expected|Which is" "$out/cuda_model_test.log" | head -40
 gtest_counts "$out/cuda_model_test.log"
+echo "== exactness_cuda_test"
+timeout 90 "$carry/exactness_cuda_test" > "$out/cuda_model_test.exactness.log" 2>&1
+rc=$?; note exactness_cuda_test $rc
+gtest_counts "$out/cuda_model_test.exactness.log"
 
 echo "== specgen on models/default: cuda:0 vs cpu"
 prompt=1,324,313,2765,5811,7,2365,11,1871,323,258,744,269,1479,1

@@ -3,18 +3,15 @@
 //  - against the CPU backend (the oracle): every row's logits within
 //    kRelTol of max |logit| (prefill rows, teacher-forced decode steps and
 //    MTP rows), and the greedy token equal wherever the CPU's top-2 margin is
-//    at least kNearTie;
-//  - the exactness contract on the GPU itself: Verify column j == Decode
-//    byte for byte (logits, hidden, argmax, recurrent and conv state) for
-//    T = 1..8, CommitVerified continues like plain decodes, Prefill (one pass
-//    and chunked past kMaxRows) == token-by-token Decode, MTP rows together
-//    == one by one.
+//    at least kNearTie.
+// The exactness contract on the GPU itself (verify == decode, prefill ==
+// decode, MTP rows, checkpoints) is exactness_test built for CUDA
+// (//worker/model:exactness_cuda_test).
 // Every test skips when no CUDA device is visible. Run by hand on a GPU
 // machine from the repository root (model paths are repository-relative).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -35,10 +32,6 @@ namespace {
 // loose on purpose: it catches wrong math, not rounding.
 constexpr double kRelTol = 2e-2;  // max |Δlogit| <= kRelTol · max |cpu logit|
 constexpr float kNearTie = 1e-2f;  // CPU top-2 margins below: argmax may differ
-
-bool SameBytes(const float* a, const float* b, size_t n) {
-  return std::memcmp(a, b, n * sizeof(float)) == 0;
-}
 
 // max |got − want| / max |want| over n values (inf on NaN).
 double RelError(const float* got, const float* want, size_t n) {
@@ -96,7 +89,6 @@ class CudaModelTest : public ::testing::TestWithParam<std::string> {
     const ModelConfig& c = model_->config();
     V_ = c.vocab_size;
     H_ = c.hidden_size;
-    num_linear_ = c.num_hidden_layers - c.num_full_attention_layers();
   }
 
   // The same model on the CPU backend (only the tests that compare load it).
@@ -118,17 +110,6 @@ class CudaModelTest : public ::testing::TestWithParam<std::string> {
     auto s = m->NewState({.capacity = capacity, .max_verify_columns = 8});
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? std::move(*s) : nullptr;
-  }
-
-  // Every linear layer's state (column < 0: committed), concatenated.
-  std::vector<float> LinearStates(const ModelState& s, int column) {
-    std::vector<float> all, rec, conv;
-    for (int i = 0; i < num_linear_; ++i) {
-      EXPECT_TRUE(model_->ReadLinearState(s, i, column, &rec, &conv).ok());
-      all.insert(all.end(), rec.begin(), rec.end());
-      all.insert(all.end(), conv.begin(), conv.end());
-    }
-    return all;
   }
 
   // Compares row r of `gpu` with row r of `cpu` (logits within kRelTol, the
@@ -155,7 +136,7 @@ class CudaModelTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<Model> model_;
   std::unique_ptr<kernels::cpu::CpuBackend> cpu_;
   std::unique_ptr<Model> cpu_model_;
-  int V_ = 0, H_ = 0, num_linear_ = 0;
+  int V_ = 0, H_ = 0;
   double worst_ = 0;
   int near_ties_ = 0;
   std::mt19937 rng_{20240611};
@@ -211,121 +192,6 @@ TEST_P(CudaModelTest, LogitsAndGreedyMatchCpu) {
       "agreement %d/%d, near ties (margin < %g) %d\n",
       GetParam().c_str(), rows, worst_, argmax_agree, rows, double(kNearTie),
       near_ties_);
-}
-
-TEST_P(CudaModelTest, VerifyColumnsEqualDecode) {
-  for (int T = 1; T <= 8; ++T) {
-    for (int trial = 0; trial < 2; ++trial) {
-      SCOPED_TRACE("T=" + std::to_string(T) +
-                   " trial=" + std::to_string(trial));
-      const std::vector<int32_t> prompt =
-          RandomTokens(1 + (T * 7 + trial * 5) % 23);
-      const std::vector<int32_t> cols = RandomTokens(T);
-      auto a = NewState(model_.get()), b = NewState(model_.get());
-      ForwardResult r;
-      ASSERT_TRUE(model_->Prefill(a.get(), prompt, {}, &r).ok());
-      ASSERT_TRUE(model_->Prefill(b.get(), prompt, {}, &r).ok());
-      ForwardResult v;
-      ASSERT_TRUE(model_->Verify(a.get(), cols, &v).ok());
-      ASSERT_EQ(v.rows, T);
-      std::vector<std::vector<float>> decode_states;
-      for (int j = 0; j < T; ++j) {
-        ForwardResult d;
-        ASSERT_TRUE(model_->Decode(b.get(), cols[j], &d).ok());
-        for (float x : d.logits) ASSERT_TRUE(std::isfinite(x)) << "logits";
-        EXPECT_TRUE(SameBytes(d.logits.data(), v.logits.data() + j * V_, V_))
-            << "logits col " << j;
-        EXPECT_TRUE(SameBytes(d.hidden.data(), v.hidden.data() + j * H_, H_))
-            << "hidden col " << j;
-        EXPECT_EQ(d.argmax[0], v.argmax[j]) << "argmax col " << j;
-        decode_states.push_back(LinearStates(*b, -1));
-        const std::vector<float> cap = LinearStates(*a, j);
-        ASSERT_EQ(cap.size(), decode_states.back().size());
-        EXPECT_TRUE(
-            SameBytes(decode_states.back().data(), cap.data(), cap.size()))
-            << "linear state col " << j;
-      }
-      const int keep = (trial * 5 + T) % T;
-      ASSERT_TRUE(model_->CommitVerified(a.get(), keep).ok());
-      const std::vector<float> committed = LinearStates(*a, -1);
-      EXPECT_TRUE(SameBytes(decode_states[keep].data(), committed.data(),
-                            committed.size()))
-          << "committed state";
-      auto c = NewState(model_.get());
-      ASSERT_TRUE(model_->Prefill(c.get(), prompt, {}, &r).ok());
-      for (int j = 0; j <= keep; ++j)
-        ASSERT_TRUE(model_->Decode(c.get(), cols[j], &r).ok());
-      for (int32_t tok : RandomTokens(3)) {
-        ForwardResult da, dc;
-        ASSERT_TRUE(model_->Decode(a.get(), tok, &da).ok());
-        ASSERT_TRUE(model_->Decode(c.get(), tok, &dc).ok());
-        EXPECT_TRUE(SameBytes(da.logits.data(), dc.logits.data(), V_))
-            << "after commit";
-      }
-    }
-  }
-}
-
-TEST_P(CudaModelTest, PrefillEqualsTokenByTokenDecode) {
-  // kMaxRows + 6: the prefill runs in two chunks.
-  for (int len : {1, 5, 17, Model::kMaxRows + 6}) {
-    SCOPED_TRACE("prompt length " + std::to_string(len));
-    const std::vector<int32_t> prompt = RandomTokens(len);
-    auto a = NewState(model_.get()), b = NewState(model_.get());
-    ForwardResult pa;
-    ASSERT_TRUE(model_->Prefill(a.get(), prompt, {.all_rows = true}, &pa).ok());
-    ASSERT_EQ(pa.rows, len);
-    ForwardResult d;
-    for (int i = 0; i < len; ++i) {
-      ASSERT_TRUE(model_->Decode(b.get(), prompt[i], &d).ok());
-      EXPECT_TRUE(SameBytes(d.logits.data(), pa.logits.data() + i * V_, V_))
-          << "logits row " << i;
-      EXPECT_TRUE(SameBytes(d.hidden.data(), pa.hidden.data() + i * H_, H_))
-          << "hidden row " << i;
-    }
-    const std::vector<float> sa = LinearStates(*a, -1),
-                             sb = LinearStates(*b, -1);
-    ASSERT_EQ(sa.size(), sb.size());
-    EXPECT_TRUE(SameBytes(sa.data(), sb.data(), sa.size())) << "linear state";
-    int32_t na = pa.argmax.back(), nb = d.argmax[0];
-    for (int step = 0; step < 8; ++step) {
-      ASSERT_EQ(na, nb) << "greedy step " << step;
-      ForwardResult ra, rb;
-      ASSERT_TRUE(model_->Decode(a.get(), na, &ra).ok());
-      ASSERT_TRUE(model_->Decode(b.get(), nb, &rb).ok());
-      EXPECT_TRUE(SameBytes(ra.logits.data(), rb.logits.data(), V_));
-      na = ra.argmax[0];
-      nb = rb.argmax[0];
-    }
-  }
-}
-
-TEST_P(CudaModelTest, MtpRowsTogetherEqualOneByOne) {
-  if (!model_->has_mtp()) GTEST_SKIP() << "no MTP head";
-  const int n = 13;
-  const std::vector<int32_t> prompt = RandomTokens(n + 1);
-  auto s = NewState(model_.get());
-  ForwardResult p;
-  ASSERT_TRUE(model_->Prefill(s.get(), prompt, {.all_rows = true}, &p).ok());
-  ForwardResult all;
-  ASSERT_TRUE(
-      model_
-          ->MtpForward(s.get(), absl::MakeConstSpan(p.hidden.data(), n * H_),
-                       absl::MakeConstSpan(prompt.data() + 1, n), 0, &all)
-          .ok());
-  for (int i = 0; i < n; ++i) {
-    ForwardResult one;
-    ASSERT_TRUE(
-        model_
-            ->MtpDraft(s.get(),
-                       absl::MakeConstSpan(p.hidden.data() + i * H_, H_),
-                       prompt[i + 1], i, &one)
-            .ok());
-    EXPECT_TRUE(SameBytes(one.logits.data(), all.logits.data() + i * V_, V_))
-        << "row " << i;
-    EXPECT_TRUE(SameBytes(one.hidden.data(), all.hidden.data() + i * H_, H_))
-        << "row " << i;
-  }
 }
 
 std::string ModelName(const ::testing::TestParamInfo<std::string>& info) {
