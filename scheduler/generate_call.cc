@@ -105,8 +105,8 @@ class Call {
   uint32_t cached_ = 0;
   bool suffix_recorded_ = false;
   FinishReason finish_ = specserve::v1::FINISH_REASON_UNSPECIFIED;
-  specserve::v1::SpecStats spec_stats_;
-  SessionTelemetryTotals spec_totals_;
+  bool demoted_ = false;  // this request demoted the session
+  telemetry::SpecTelemetry spec_totals_;
 };
 
 void Call::Run(AdmissionTicket ticket) {
@@ -379,7 +379,7 @@ uint32_t Call::Gate() {
             .ok()) {
       lease_.SetResidency(specserve::v1::ACTIVE, specserve::v1::BATCHED,
                           worker_);
-      spec_stats_.set_demoted(true);
+      demoted_ = true;
     }
   }
   return 0;
@@ -603,7 +603,7 @@ void Call::SendFinal() {
     st->set_accepted(t.accepted());
     *st->mutable_drafted_per_position() = t.drafted_per_position();
     *st->mutable_accepted_per_position() = t.accepted_per_position();
-    st->set_demoted(spec_stats_.demoted());
+    st->set_demoted(demoted_);
   }
   if (!one_shot_) f->set_session_id(session_id_);
   f->set_request_id(request_id_);

@@ -41,23 +41,11 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "proto/specserve.pb.h"
+#include "telemetry/spec_telemetry.h"
 #include "scheduler/spec_gate.h"
 
 namespace specserve::scheduler {
 
-// Session-lifetime speculative telemetry: sums of the workers' per-burst
-// deltas (BurstSummary.telemetry_delta).
-struct SessionTelemetryTotals {
-  uint64_t rounds = 0;
-  uint64_t drafted = 0;
-  uint64_t accepted = 0;
-  // Index i = draft position i + 1.
-  std::vector<uint64_t> drafted_per_position;
-  std::vector<uint64_t> accepted_per_position;
-
-  void Add(const specserve::v1::SessionTelemetry& delta);
-  specserve::v1::SessionTelemetry ToProto() const;
-};
 
 // A copy of one session's state, without its token history.
 struct SessionSnapshot {
@@ -72,7 +60,8 @@ struct SessionSnapshot {
   uint32_t committed_len = 0;
   uint32_t capacity = 0;
   std::optional<uint32_t> rewind_pos;
-  SessionTelemetryTotals telemetry;
+  // Sums of the workers' per-burst deltas (BurstSummary.telemetry_delta).
+  telemetry::SpecTelemetry telemetry;
   specserve::v1::GateDecision last_gate_decision;
   SpecGateState gate_state;
   absl::Time created;

@@ -163,7 +163,7 @@ TEST_F(SessionPoolTest, ResumedSessionCarriesTelemetry) {
   auto lease = pool.Acquire("tel");
   ASSERT_TRUE(lease.ok());
   EXPECT_EQ((*lease)->telem.rounds, rounds_before);
-  const spec::SpecTelemetry snapshot = (*lease)->telem;
+  const telemetry::SpecTelemetry snapshot = (*lease)->telem;
   Burst(lease->get(), p);
   EXPECT_GT((*lease)->telem.DeltaSince(snapshot).rounds, 0u);
 }

@@ -2,16 +2,6 @@
 
 namespace specserve::worker {
 
-specserve::v1::SessionTelemetry TelemetryToProto(const spec::SpecTelemetry& t) {
-  specserve::v1::SessionTelemetry out;
-  out.set_rounds(t.rounds);
-  out.set_drafted(t.drafted);
-  out.set_accepted(t.accepted);
-  for (uint64_t v : t.drafted_per_position) out.add_drafted_per_position(v);
-  for (uint64_t v : t.accepted_per_position) out.add_accepted_per_position(v);
-  return out;
-}
-
 specserve::worker::v1::SessionState SessionStateToProto(
     const spec::SpecSession& s, specserve::worker::v1::WorkerResidency residency,
     uint64_t bytes) {
@@ -27,7 +17,7 @@ specserve::worker::v1::SessionState SessionStateToProto(
   if (s.next_pred) out.set_next_pred(*s.next_pred);
   if (s.rewind_pos()) out.set_rewind_pos(*s.rewind_pos());
   out.set_rewind_is_resident(s.rewind_is_resident());
-  *out.mutable_telemetry() = TelemetryToProto(s.telem);
+  *out.mutable_telemetry() = s.telem.ToProto();
   out.set_sctr(s.counters.sctr);
   out.set_uctr(s.counters.uctr);
   out.set_bytes(bytes);

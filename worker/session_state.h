@@ -6,11 +6,8 @@
 #include "proto/worker.pb.h"
 #include "worker/session_pool.h"
 #include "worker/spec/spec_session.h"
-#include "worker/spec/spec_telemetry.h"
 
 namespace specserve::worker {
-
-specserve::v1::SessionTelemetry TelemetryToProto(const spec::SpecTelemetry& t);
 
 // `residency` is the pool's view; `bytes` what the session holds.
 specserve::worker::v1::SessionState SessionStateToProto(

@@ -230,7 +230,7 @@ void WorkerService::RunBurst(grpc::CallbackServerContext* ctx,
     summary->set_end(EndToProto(result.end));
     summary->set_overshoot(result.overshoot);
     *summary->mutable_telemetry_delta() =
-        TelemetryToProto(result.telemetry_delta);
+        result.telemetry_delta.ToProto();
     *summary->mutable_state() = StateOf(*lease.get(), /*busy=*/true);
     summary->set_cached_tokens(result.cached_tokens);
     writer->Write(std::move(e));

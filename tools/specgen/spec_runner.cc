@@ -82,7 +82,7 @@ absl::StatusOr<SpecRun> RunTurns(model::Model* model,
   for (size_t i = 0; i < turns.size(); ++i) {
     const Turn& turn = turns[i];
     TurnResult tr;
-    const spec::SpecTelemetry before = s->telem;
+    const telemetry::SpecTelemetry before = s->telem;
     const auto t_turn = Clock::now();
     // The first turn's prompt went in with Admit; a later turn's prompt (or
     // rewind) rides on its first burst.

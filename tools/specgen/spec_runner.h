@@ -22,7 +22,7 @@
 #include "worker/model/model.h"
 #include "worker/spec/sampling.h"
 #include "worker/spec/spec_engine.h"
-#include "worker/spec/spec_telemetry.h"
+#include "telemetry/spec_telemetry.h"
 
 namespace specserve::tools::specgen {
 
@@ -48,12 +48,12 @@ struct TurnResult {
   int bursts = 0;
   int cached_tokens = 0;  // prompt rows served from the caches
   double seconds = 0;     // bursts of this turn (later turns include prefill)
-  spec::SpecTelemetry telemetry;  // this turn's rounds
+  telemetry::SpecTelemetry telemetry;  // this turn's rounds
 };
 
 struct SpecRun {
   std::vector<TurnResult> turns;
-  spec::SpecTelemetry telemetry;  // the whole session
+  telemetry::SpecTelemetry telemetry;  // the whole session
   int prefill_tokens = 0;         // the first turn's prompt (admit)
   double prefill_seconds = 0;
 };

@@ -307,7 +307,7 @@ absl::Status RunPlain(model::Model* model, const Turn& turn, LazyTokenizer* tok,
   return absl::OkStatus();
 }
 
-std::string Rates(const spec::SpecTelemetry& t) {
+std::string Rates(const telemetry::SpecTelemetry& t) {
   std::vector<std::string> rates;
   for (size_t i = 0; i < t.drafted_per_position.size(); ++i) {
     const double d = t.drafted_per_position[i];
@@ -365,7 +365,7 @@ absl::Status RunEngine(model::Model* model, const std::vector<Turn>& turns,
   for (const auto& t : run.turns) bursts += t.bursts;
   std::printf("bursts: %d\n", bursts);
   if (o.k > 0) {
-    const spec::SpecTelemetry& tel = run.telemetry;
+    const telemetry::SpecTelemetry& tel = run.telemetry;
     std::printf("spec_k: %d\n", o.k);
     std::printf("rounds: %llu\n", static_cast<unsigned long long>(tel.rounds));
     std::printf("drafted: %llu\naccepted: %llu\n",

@@ -7,13 +7,15 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "telemetry/spec_telemetry.h"
 #include "worker/spec/philox.h"
 #include "worker/spec/sampling.h"
 #include "worker/spec/spec_accept.h"
-#include "worker/spec/spec_telemetry.h"
 
 namespace specserve::spec {
 namespace {
+
+using telemetry::SpecTelemetry;
 
 TEST(Philox, MatchesPublishedKnownAnswers) {
   // Known-answer vectors of Philox4x32-10 (Random123's kat_vectors).

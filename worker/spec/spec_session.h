@@ -22,9 +22,11 @@
 
 #include "worker/model/model.h"
 #include "worker/spec/spec_accept.h"
-#include "worker/spec/spec_telemetry.h"
+#include "telemetry/spec_telemetry.h"
 
 namespace specserve::spec {
+
+using telemetry::SpecTelemetry;
 
 // The state at the end of the last turn's prompt ("regenerate" resumes here).
 struct TurnCheckpoint {

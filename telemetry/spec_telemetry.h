@@ -1,14 +1,17 @@
-// Session-lifetime acceptance telemetry of speculative rounds. Host-side adds
-// at the round accounting the loop already does. A resumed session carries
-// earlier requests' counts: per-request figures are DeltaSince() a snapshot
-// taken before the request's bursts.
-#ifndef SPECSERVE_WORKER_SPEC_SPEC_TELEMETRY_H_
-#define SPECSERVE_WORKER_SPEC_SPEC_TELEMETRY_H_
+// Session-lifetime acceptance telemetry of speculative rounds, the one type
+// both processes keep: the worker counts rounds as it runs them (host-side
+// adds, no syncs), the scheduler sums the per-burst deltas it is sent. A
+// resumed session carries earlier requests' counts: per-request figures are
+// DeltaSince() a snapshot taken before the request's bursts.
+#ifndef SPECSERVE_TELEMETRY_SPEC_TELEMETRY_H_
+#define SPECSERVE_TELEMETRY_SPEC_TELEMETRY_H_
 
 #include <cstdint>
 #include <vector>
 
-namespace specserve::spec {
+#include "proto/specserve.pb.h"
+
+namespace specserve::telemetry {
 
 struct SpecTelemetry {
   uint64_t rounds = 0;
@@ -44,12 +47,16 @@ struct SpecTelemetry {
     return d;
   }
 
+  // Adds a delta received over the API (BurstSummary.telemetry_delta).
+  void Add(const specserve::v1::SessionTelemetry& delta);
+  specserve::v1::SessionTelemetry ToProto() const;
+
   // Mean tokens emitted per round (accepted drafts + the bonus).
   double MeanTokensPerRound() const {
     return rounds == 0 ? 0.0 : 1.0 + static_cast<double>(accepted) / rounds;
   }
 };
 
-}  // namespace specserve::spec
+}  // namespace specserve::telemetry
 
-#endif  // SPECSERVE_WORKER_SPEC_SPEC_TELEMETRY_H_
+#endif  // SPECSERVE_TELEMETRY_SPEC_TELEMETRY_H_
