@@ -221,6 +221,22 @@ TEST_P(ExactnessTest, PrefillEqualsTokenByTokenDecode) {
   }
 }
 
+TEST_P(ExactnessTest, AllHiddenEqualsAllRowsHidden) {
+  const std::vector<int32_t> prompt = RandomTokens(Model::kMaxRows + 6);
+  auto a = NewState(), b = NewState();
+  ForwardResult ra, rb;
+  std::vector<float> hidden;
+  ASSERT_TRUE(model_->Prefill(a.get(), prompt, {.all_rows = true}, &ra).ok());
+  PrefillOptions o;
+  o.all_hidden = &hidden;
+  ASSERT_TRUE(model_->Prefill(b.get(), prompt, o, &rb).ok());
+  ASSERT_EQ(hidden.size(), ra.hidden.size());
+  EXPECT_TRUE(SameBytes(hidden, ra.hidden.data(), hidden.size()));
+  // Only the last row's logits were computed.
+  ASSERT_EQ(rb.rows, 1);
+  EXPECT_TRUE(SameBytes(rb.logits, ra.logits.data() + (ra.rows - 1) * V_, V_));
+}
+
 // A CPU-backend property, whatever this binary's test backend is.
 TEST_P(ExactnessTest, CpuThreadCountDoesNotChangeResults) {
   kernels::cpu::CpuBackend one(kernels::cpu::CpuBackendOptions{1});

@@ -268,6 +268,8 @@ absl::Status Model::Prefill(ModelState* state, absl::Span<const int32_t> tokens,
                      " new rows exceed capacity ", state->capacity_));
   }
   ClearResult(options.all_rows ? state->length_ : state->length_ + n - 1, out);
+  const int64_t H = config_.hidden_size;
+  if (options.all_hidden != nullptr) options.all_hidden->resize(n * H);
   for (int i = 0; i < n; i += kMaxRows) {
     const int rows = std::min(kMaxRows, n - i);
     const Slice slice{0, rows, state->length_};
@@ -275,6 +277,11 @@ absl::Status Model::Prefill(ModelState* state, absl::Span<const int32_t> tokens,
                                 absl::MakeConstSpan(&slice, 1),
                                 tokens.subspan(i, rows), Mode::kCommit));
     state->length_ += rows;
+    if (options.all_hidden != nullptr) {
+      SS_RETURN_IF_ERROR(backend_->CopyToHost(
+          options.all_hidden->data() + i * H, ws_->hidden.f32(),
+          rows * H * sizeof(float)));
+    }
     if (options.all_rows) {
       SS_RETURN_IF_ERROR(EmitRows(0, rows, out));
     } else if (i + rows == n) {

@@ -219,6 +219,9 @@ struct PrefillOptions {
   // false: only the last row's outputs; true: every row's (costs one
   // lm_head matmul per row).
   bool all_rows = false;
+  // When set, receives every row's final-norm hidden [T][H] without the
+  // lm_head (what the MTP KV fill needs from a prompt).
+  std::vector<float>* all_hidden = nullptr;
 };
 
 // ---------------------------------------------------------------- model

@@ -69,14 +69,15 @@ absl::Status SpecEngine::AppendLocked(SpecSession* s,
                                       absl::Span<const int32_t> tokens) {
   const int old_len = s->committed_len();
   const int H = model_->config().hidden_size;
+  const int n = static_cast<int>(tokens.size());
   model::PrefillOptions options;
-  // Every row's hidden feeds the MTP KV; without drafting only the last
-  // row's outputs are needed.
-  options.all_rows = s->can_draft();
+  // Every row's hidden feeds the MTP KV; logits are needed for the last row
+  // only (no lm_head pass per prompt row).
+  std::vector<float> row_hidden;
+  if (s->can_draft()) options.all_hidden = &row_hidden;
   model::ForwardResult r;
   SS_RETURN_IF_ERROR(model_->Prefill(s->caches(), tokens, options, &r));
   ++trunk_passes_;
-  const int last = r.rows - 1;
   if (s->can_draft()) {
     // MTP row p takes (h_p, t_{p+1}) for p = old_len−1 .. new_len−2: the
     // previous last row's hidden (kept since the last turn) and every new
@@ -88,20 +89,19 @@ absl::Status SpecEngine::AppendLocked(SpecSession* s,
       first_row = old_len - 1;
       hiddens = s->last_hidden();
     }
-    hiddens.insert(hiddens.end(), r.hidden.begin(),
-                   r.hidden.begin() + static_cast<size_t>(last) * H);
+    hiddens.insert(hiddens.end(), row_hidden.begin(),
+                   row_hidden.begin() + static_cast<size_t>(n - 1) * H);
     next_tokens.assign(tokens.begin(), tokens.end());
     if (old_len == 0) next_tokens.erase(next_tokens.begin());
     SS_RETURN_IF_ERROR(FillMtpLocked(s, first_row, hiddens, next_tokens));
   }
   s->committed.insert(s->committed.end(), tokens.begin(), tokens.end());
   const int V = model_->config().vocab_size;
-  s->last_hidden().assign(r.hidden.begin() + static_cast<size_t>(last) * H,
-                          r.hidden.begin() + static_cast<size_t>(last + 1) * H);
-  s->last_logits().assign(r.logits.begin() + static_cast<size_t>(last) * V,
-                          r.logits.begin() + static_cast<size_t>(last + 1) * V);
+  // r holds the last row only.
+  s->last_hidden() = r.hidden;
+  s->last_logits() = r.logits;
   if (!AllFinite(s->last_logits().data(), V)) return NonFinite(s->id());
-  s->next_pred = r.argmax[last];
+  s->next_pred = r.argmax[0];
   return absl::OkStatus();
 }
 
