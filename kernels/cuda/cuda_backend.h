@@ -37,11 +37,12 @@ struct CudaBackendOptions {
   // in flight (≈2.1 MB for 32 heads of 256 at n >= 16K); longer calls are
   // split into batches of rows that fit.
   size_t workspace_bytes = size_t{64} << 20;
-  // bf16 terms per fp32 activation on the tensor-core matmul path: 3 is
-  // exact (x = hi + mid + lo), 2 keeps 16 significant bits and does a third
-  // fewer tensor-core instructions (matters at T >= 32); 0 keeps every
+  // bf16 terms per fp32 activation on the tensor-core matmul path: 2 (the
+  // default) keeps 16 significant bits (relative error <= 2^-17 per x, about
+  // fp32 accumulation noise) and does a third fewer tensor-core
+  // instructions than 3, which is exact (x = hi + mid + lo); 0 keeps every
   // matmul on the CUDA-core kernel. Part of the reduction order.
-  int matmul_x_splits = 3;
+  int matmul_x_splits = 2;
 };
 
 // Number of usable CUDA devices; 0 when there is no driver or no GPU.

@@ -31,11 +31,23 @@
 // mapping, so the sum is over the same products; only the (fixed) order
 // differs from a plain k order.
 //
-// Work split: block = 8 warps = 128 outputs (16 per warp) × one K segment;
-// grid (ceil(out/128), segs). Weights stream through a 4-step register
-// ring (4 × 32 B per row pair per lane in flight); x for the block's tokens
-// is split and staged in shared memory per 256-wide K tile, in fragment
-// order (conflict-free 16-byte reads).
+// Work split: a unit is 128 outputs (8 warps × 16) × one K segment. The
+// grid holds the blocks that fit at once; block b does units b, b + G,
+// b + 2G... (segment-major, so the blocks running together share x). Each
+// lane streams its weights through a kRing-step register ring (4 × 32 B
+// per row pair) that runs on across unit boundaries, so a block's weight
+// stream never drains between units; x for the block's tokens is split and
+// staged in shared memory per 256-wide K tile, in fragment order
+// (conflict-free 16-byte reads). A unit's sums go to y (one segment) or to
+// the workspace, where the last unit of an output tile to finish adds them
+// in segment order. The plan (segments per shape) balances the units over
+// kPlanBlocks blocks; it depends on the shape only.
+//
+// Launch overlap: the kernel is a programmatic dependent of the previous
+// one and lets the next kernel launch at once (griddepcontrol): its weight
+// ring fills while the previous kernel drains; x, y, the workspace and the
+// counters, which earlier kernels may use, are touched only after
+// griddepcontrol.wait.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -51,12 +63,15 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRowsPerWarp = 16;
-constexpr int kTileOut = kWarps * kRowsPerWarp;  // outputs per block
+constexpr int kTileOut = kWarps * kRowsPerWarp;  // outputs per unit
 constexpr int kStepK = 64;                       // k per ring step
 constexpr int kRing = 4;                         // steps in flight
 constexpr int kTileK = kStepK * kRing;           // k staged in smem at once
 constexpr int kMaxTokens = 64;                   // tokens per launch
-int g_target_blocks = 1024;  // blocks a plan aims for (bench override)
+constexpr int kMinSegK = 256;                    // shortest segment a plan makes
+constexpr int kUnitOverheadK = 128;              // a unit's start-up, in k
+constexpr int kPlanBlocks = 264;                 // 2 per SM on a 132-SM H100/H200
+int g_force_segs = 0;                            // bench override (0: plan)
 
 struct MmaArgs {
   MatmulParams p;
@@ -64,9 +79,17 @@ struct MmaArgs {
   int tokens;      // tokens in this launch (<= NT·8)
   int64_t kseg;    // K elements per segment (multiple of kTileK)
   int segs;        // segments
+  int64_t tiles;   // output tiles (kTileOut rows)
   float* partial;  // [segs][tokens][out] when segs > 1
-  int* counters;   // [gridDim.x], zero on entry and on exit
+  int* counters;   // [tiles], zero on entry and on exit
 };
+
+__device__ __forceinline__ void LetNextKernelLaunch() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void WaitForPrecedingKernel() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
 
 __device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                     uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -77,11 +100,7 @@ __device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uin
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// Packs rn_bf16(a) (low half) and rn_bf16(b); returns the residuals.
+// Packs rn_bf16(a) (low half) and rn_bf16(b); leaves the residuals in a, b.
 __device__ __forceinline__ uint32_t SplitPair(float& a, float& b) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
   const uint32_t bits = *reinterpret_cast<const uint32_t*>(&h);
@@ -90,123 +109,169 @@ __device__ __forceinline__ uint32_t SplitPair(float& a, float& b) {
   return bits;
 }
 
+// A unit as one lane sees it: its rows g and g+8 from k = kbeg + q·16.
+struct UnitView {
+  int64_t tile = 0;
+  int seg = 0;
+  int64_t kbeg = 0;
+  int klen = 0;    // elements in the segment
+  int nsteps = 0;  // 64-k steps holding data
+  int padded = 0;  // nsteps rounded up to kRing (the ring's unit length)
+  const uint16_t* w0 = nullptr;
+  const uint16_t* w1 = nullptr;
+};
+
+__device__ __forceinline__ UnitView ViewUnit(const MmaArgs& a, int64_t unit, int warp, int g,
+                                             int q) {
+  const MatmulParams& p = a.p;
+  UnitView v;
+  v.seg = static_cast<int>(unit / a.tiles);
+  v.tile = unit - v.seg * a.tiles;
+  v.kbeg = v.seg * a.kseg;
+  v.klen = static_cast<int>(min(p.in, v.kbeg + a.kseg) - v.kbeg);
+  v.nsteps = (v.klen + kStepK - 1) / kStepK;
+  v.padded = (v.nsteps + kRing - 1) / kRing * kRing;
+  const int64_t o_base = v.tile * kTileOut + warp * kRowsPerWarp;
+  const int64_t r0 = min(o_base + g, p.out - 1);
+  const int64_t r1 = min(o_base + g + 8, p.out - 1);
+  const uint16_t* w = static_cast<const uint16_t*>(p.w) + v.kbeg + q * 16;
+  v.w0 = w + r0 * p.in;
+  v.w1 = w + r1 * p.in;
+  return v;
+}
+
 template <int NT, int SPLITS>
 __global__ void __launch_bounds__(kThreads) MmaMatmulKernel(MmaArgs a) {
   extern __shared__ uint4 xs[];  // [kRing][SPLITS][NT][2 halves][32 lanes]
+  __shared__ int is_last;
+  LetNextKernelLaunch();
   const MatmulParams& p = a.p;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
-  const int64_t tile = blockIdx.x;
-  const int seg = blockIdx.y;
-  const int64_t in = p.in;
-  const int64_t kbeg = seg * a.kseg;
-  const int64_t kend = min(in, kbeg + a.kseg);
-  const int nsteps = static_cast<int>((kend - kbeg + kStepK - 1) / kStepK);
-  const int ntiles = (nsteps + kRing - 1) / kRing;
+  const int64_t units = a.tiles * a.segs;
 
-  const int64_t o_base = tile * kTileOut + warp * kRowsPerWarp;
-  const int64_t r0 = min(o_base + g, p.out - 1);
-  const int64_t r1 = min(o_base + g + 8, p.out - 1);
-  const uint16_t* w0 = static_cast<const uint16_t*>(p.w) + r0 * in;
-  const uint16_t* w1 = static_cast<const uint16_t*>(p.w) + r1 * in;
-
+  // The loader runs kRing steps ahead of the consumer, across units.
+  int64_t lu = blockIdx.x;
+  int lj = 0;
+  UnitView lv = ViewUnit(a, lu, warp, g, q);
   uint4 ring[kRing][4];  // per slot: row r0 half 0/1, row r1 half 0/1
-  auto load = [&](int j, int u) {
+  auto load_next = [&](int u) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t k = kbeg + static_cast<int64_t>(j) * kStepK + q * 16 + h * 8;
-      if (j < nsteps && k < kend) {
-        ring[u][h] = __ldg(reinterpret_cast<const uint4*>(w0 + k));
-        ring[u][2 + h] = __ldg(reinterpret_cast<const uint4*>(w1 + k));
+      const int k = lj * kStepK + h * 8;
+      if (lu < units && lj < lv.nsteps && k + q * 16 < lv.klen) {
+        ring[u][h] = __ldg(reinterpret_cast<const uint4*>(lv.w0 + k));
+        ring[u][2 + h] = __ldg(reinterpret_cast<const uint4*>(lv.w1 + k));
       } else {
         ring[u][h] = make_uint4(0, 0, 0, 0);
         ring[u][2 + h] = make_uint4(0, 0, 0, 0);
       }
     }
+    if (lu < units && ++lj == lv.padded) {
+      lj = 0;
+      lu += gridDim.x;
+      if (lu < units) lv = ViewUnit(a, lu, warp, g, q);
+    }
   };
 #pragma unroll
-  for (int u = 0; u < kRing; ++u) load(u, u);
-
-  float acc[NT][4];
-#pragma unroll
-  for (int n = 0; n < NT; ++n) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
-  }
+  for (int u = 0; u < kRing; ++u) load_next(u);
+  WaitForPrecedingKernel();
 
   const bool x_vec = (reinterpret_cast<uintptr_t>(p.x) % 16 == 0) && (p.x_stride % 4 == 0);
   const float* xb = p.x + a.t0 * p.x_stride;
 
-  for (int kt = 0; kt < ntiles; ++kt) {
-    __syncthreads();  // the previous tile's fragments are consumed
-    // Stage x[tokens][kt's 256 k] as split bf16 fragments.
-    const int64_t ktile = kbeg + static_cast<int64_t>(kt) * kTileK;
+  for (int64_t cu = blockIdx.x; cu < units; cu += gridDim.x) {
+    const UnitView cv = ViewUnit(a, cu, warp, g, q);
+    const int64_t kend = cv.kbeg + cv.klen;
+    float acc[NT][4];
 #pragma unroll
-    for (int it = 0; it < NT; ++it) {
-      const int item = it * kThreads + tid;  // (token, 8-wide chunk)
-      const int tok = item >> 5, c = item & 31;
-      const int64_t k = ktile + c * 8;
-      float v[8];
-      if (tok < a.tokens && k < kend) {
-        const float* src = xb + tok * p.x_stride + k;
-        if (x_vec) {
-          const float4 lo = *reinterpret_cast<const float4*>(src);
-          const float4 hi = *reinterpret_cast<const float4*>(src + 4);
-          v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
-          v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
+    }
+    for (int kt = 0; kt < cv.padded / kRing; ++kt) {
+      __syncthreads();  // the previous tile's fragments are consumed
+      // Stage x[tokens][kt's 256 k] as split bf16 fragments.
+      const int64_t ktile = cv.kbeg + static_cast<int64_t>(kt) * kTileK;
+#pragma unroll
+      for (int it = 0; it < NT; ++it) {
+        const int item = it * kThreads + tid;  // (token, 8-wide chunk)
+        const int tok = item >> 5, c = item & 31;
+        const int64_t k = ktile + c * 8;
+        float v[8];
+        if (tok < a.tokens && k < kend) {
+          const float* src = xb + tok * p.x_stride + k;
+          if (x_vec) {
+            const float4 lo = *reinterpret_cast<const float4*>(src);
+            const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+            v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
+            v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+          } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = src[e];
+          }
         } else {
 #pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = src[e];
+          for (int e = 0; e < 8; ++e) v[e] = 0.0f;
         }
-      } else {
+        const int kl = c * 8;  // 0..255 within the tile
+        const int u = kl >> 6, qq = (kl >> 4) & 3, h = (kl >> 3) & 1;
+        const int dst_lane = (tok & 7) * 4 + qq, n = tok >> 3;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+        for (int s = 0; s < SPLITS; ++s) {
+          uint4 f;
+          f.x = SplitPair(v[0], v[1]);
+          f.y = SplitPair(v[2], v[3]);
+          f.z = SplitPair(v[4], v[5]);
+          f.w = SplitPair(v[6], v[7]);
+          xs[(((u * SPLITS + s) * NT + n) * 2 + h) * 32 + dst_lane] = f;
+        }
       }
-      const int kl = c * 8;  // 0..255 within the tile
-      const int u = kl >> 6, qq = (kl >> 4) & 3, h = (kl >> 3) & 1;
-      const int dst_lane = (tok & 7) * 4 + qq, n = tok >> 3;
-#pragma unroll
-      for (int s = 0; s < SPLITS; ++s) {
-        uint4 f;
-        f.x = SplitPair(v[0], v[1]);
-        f.y = SplitPair(v[2], v[3]);
-        f.z = SplitPair(v[4], v[5]);
-        f.w = SplitPair(v[6], v[7]);
-        xs[(((u * SPLITS + s) * NT + n) * 2 + h) * 32 + dst_lane] = f;
-      }
-    }
-    __syncthreads();
+      __syncthreads();
 
 #pragma unroll
-    for (int u = 0; u < kRing; ++u) {
-      const int j = kt * kRing + u;
-      if (j < nsteps) {
+      for (int u = 0; u < kRing; ++u) {
+        if (kt * kRing + u < cv.nsteps) {
+          const uint4& wa0 = ring[u][0];
+          const uint4& wa1 = ring[u][1];
+          const uint4& wb0 = ring[u][2];
+          const uint4& wb1 = ring[u][3];
 #pragma unroll
-        for (int s = SPLITS - 1; s >= 0; --s) {
+          for (int s = SPLITS - 1; s >= 0; --s) {
 #pragma unroll
-          for (int n = 0; n < NT; ++n) {
-            const uint4 x0 = xs[(((u * SPLITS + s) * NT + n) * 2 + 0) * 32 + lane];
-            const uint4 x1 = xs[(((u * SPLITS + s) * NT + n) * 2 + 1) * 32 + lane];
-#pragma unroll
-            for (int m = 0; m < 4; ++m) {
-              const uint4& wa = ring[u][m >> 1];  // row r0, words 2m, 2m+1
-              const uint4& wb = ring[u][2 + (m >> 1)];
-              const uint4& xv = m < 2 ? x0 : x1;
-              const int w = (2 * m) & 3;
-              Mma(acc[n], Word(wa, w), Word(wb, w), Word(wa, w + 1), Word(wb, w + 1),
-                  Word(xv, w), Word(xv, w + 1));
+            for (int n = 0; n < NT; ++n) {
+              const uint4 x0 = xs[(((u * SPLITS + s) * NT + n) * 2 + 0) * 32 + lane];
+              const uint4 x1 = xs[(((u * SPLITS + s) * NT + n) * 2 + 1) * 32 + lane];
+              Mma(acc[n], wa0.x, wb0.x, wa0.y, wb0.y, x0.x, x0.y);
+              Mma(acc[n], wa0.z, wb0.z, wa0.w, wb0.w, x0.z, x0.w);
+              Mma(acc[n], wa1.x, wb1.x, wa1.y, wb1.y, x1.x, x1.y);
+              Mma(acc[n], wa1.z, wb1.z, wa1.w, wb1.w, x1.z, x1.w);
             }
           }
         }
+        load_next(u);
       }
-      load(j + kRing, u);
     }
-  }
 
-  // acc[n] = (row g, tokens 2q, 2q+1), (row g+8, tokens 2q, 2q+1) of N-tile n.
-  if (a.segs == 1) {
+    // acc[n] = (row g, tokens 2q, 2q+1), (row g+8, tokens 2q, 2q+1) of N-tile n.
+    const int64_t o_base = cv.tile * kTileOut + warp * kRowsPerWarp;
+    if (a.segs == 1) {
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int64_t o = o_base + g + (i >> 1) * 8;
+          const int tok = n * 8 + 2 * q + (i & 1);
+          if (o < p.out && tok < a.tokens) {
+            float* y = p.y + (a.t0 + tok) * p.y_stride + o;
+            *y = p.accumulate ? __fadd_rn(*y, acc[n][i]) : acc[n][i];
+          }
+        }
+      }
+      continue;
+    }
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
 #pragma unroll
@@ -214,68 +279,79 @@ __global__ void __launch_bounds__(kThreads) MmaMatmulKernel(MmaArgs a) {
         const int64_t o = o_base + g + (i >> 1) * 8;
         const int tok = n * 8 + 2 * q + (i & 1);
         if (o < p.out && tok < a.tokens) {
-          float* y = p.y + (a.t0 + tok) * p.y_stride + o;
-          *y = p.accumulate ? __fadd_rn(*y, acc[n][i]) : acc[n][i];
+          a.partial[(static_cast<int64_t>(cv.seg) * a.tokens + tok) * p.out + o] = acc[n][i];
         }
       }
     }
-    return;
-  }
-#pragma unroll
-  for (int n = 0; n < NT; ++n) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t o = o_base + g + (i >> 1) * 8;
-      const int tok = n * 8 + 2 * q + (i & 1);
-      if (o < p.out && tok < a.tokens) {
-        a.partial[(static_cast<int64_t>(seg) * a.tokens + tok) * p.out + o] = acc[n][i];
-      }
-    }
-  }
-  __threadfence();
-  __syncthreads();
-  __shared__ int is_last;
-  if (tid == 0) is_last = atomicAdd(&a.counters[tile], 1) == a.segs - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  const int64_t o0 = tile * kTileOut;
-  for (int idx = tid; idx < a.tokens * kTileOut; idx += kThreads) {
-    const int tok = idx / kTileOut;
-    const int64_t o = o0 + idx % kTileOut;
-    if (o >= p.out) continue;
-    const float* src = a.partial + static_cast<int64_t>(tok) * p.out + o;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) is_last = atomicAdd(&a.counters[cv.tile], 1) == a.segs - 1;
+    __syncthreads();
+    if (!is_last) continue;  // (is_last is rewritten only after two more barriers)
+    __threadfence();
+    const int64_t o0 = cv.tile * kTileOut;
     const int64_t seg_stride = static_cast<int64_t>(a.tokens) * p.out;
-    float sum = __ldcg(src);
-    for (int s = 1; s < a.segs; ++s) sum = __fadd_rn(sum, __ldcg(src + s * seg_stride));
-    float* y = p.y + (a.t0 + tok) * p.y_stride + o;
-    *y = p.accumulate ? __fadd_rn(*y, sum) : sum;
+    for (int idx = tid; idx < a.tokens * kTileOut; idx += kThreads) {
+      const int tok = idx / kTileOut;
+      const int64_t o = o0 + idx % kTileOut;
+      if (o >= p.out) continue;
+      const float* src = a.partial + static_cast<int64_t>(tok) * p.out + o;
+      float sum = __ldcg(src);
+      for (int s = 1; s < a.segs; ++s) sum = __fadd_rn(sum, __ldcg(src + s * seg_stride));
+      float* y = p.y + (a.t0 + tok) * p.y_stride + o;
+      *y = p.accumulate ? __fadd_rn(*y, sum) : sum;
+    }
+    if (tid == 0) a.counters[cv.tile] = 0;
   }
-  if (tid == 0) a.counters[tile] = 0;
+}
+
+// Blocks of one kernel instance resident on the device at once (cached;
+// every device a process uses is the same model).
+template <int NT, int SPLITS>
+int64_t ResidentBlocks(size_t smem) {
+  static const int64_t blocks = [&] {
+    auto kernel = MmaMatmulKernel<NT, SPLITS>;
+    int device = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem)) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) !=
+            cudaSuccess) {
+      return int64_t{0};
+    }
+    return static_cast<int64_t>(sms) * per_sm;
+  }();
+  return blocks;
 }
 
 template <int NT, int SPLITS>
-absl::Status Launch(const MmaArgs& a, int64_t tiles, cudaStream_t stream) {
+absl::Status Launch(const MmaArgs& a, bool programmatic, cudaStream_t stream) {
   const size_t smem = sizeof(uint4) * kRing * SPLITS * NT * 2 * 32;
-  auto kernel = MmaMatmulKernel<NT, SPLITS>;
-  if (smem + 64 > 48 * 1024) {  // (+ static smem) per device: on every such launch
-    SS_CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem)),
-        "matmul smem attribute");
-  }
-  kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(a.segs)), kThreads, smem,
-           stream>>>(a);
+  const int64_t resident = ResidentBlocks<NT, SPLITS>(smem);
+  if (resident <= 0) return absl::InternalError("matmul: no occupancy for the kernel");
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(std::min(a.tiles * a.segs, resident)));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = programmatic ? 1 : 0;
+  SS_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, MmaMatmulKernel<NT, SPLITS>, a),
+                          "matmul (tensor core) launch");
   return LaunchStatus("matmul (tensor core) launch");
 }
 
 template <int SPLITS>
-absl::Status LaunchSplits(const MmaArgs& a, int64_t tiles, cudaStream_t stream) {
+absl::Status LaunchSplits(const MmaArgs& a, bool programmatic, cudaStream_t stream) {
   const int nt = (a.tokens + 7) / 8;
-  if (nt <= 1) return Launch<1, SPLITS>(a, tiles, stream);
-  if (nt <= 2) return Launch<2, SPLITS>(a, tiles, stream);
-  if (nt <= 4) return Launch<4, SPLITS>(a, tiles, stream);
-  return Launch<8, SPLITS>(a, tiles, stream);
+  if (nt <= 1) return Launch<1, SPLITS>(a, programmatic, stream);
+  if (nt <= 2) return Launch<2, SPLITS>(a, programmatic, stream);
+  if (nt <= 4) return Launch<4, SPLITS>(a, programmatic, stream);
+  return Launch<8, SPLITS>(a, programmatic, stream);
 }
 
 }  // namespace
@@ -288,17 +364,34 @@ bool MmaMatmulApplies(const MatmulParams& p) {
 MmaPlan PlanMmaMatmul(int64_t in, int64_t out) {
   MmaPlan plan;
   plan.tiles = CeilDiv(out, kTileOut);
-  const int64_t want = std::max<int64_t>(1, CeilDiv(g_target_blocks, plan.tiles));
-  plan.kseg = std::max<int64_t>(kTileK, CeilDiv(CeilDiv(in, want), kTileK) * kTileK);
-  plan.segs = CeilDiv(in, plan.kseg);
+  // Time model over kPlanBlocks blocks (fitted on the H200): units run in
+  // rounds of kPlanBlocks, a round costs a unit's K plus a start-up of
+  // kUnitOverheadK, and each extra segment costs 3% (partial sums, and
+  // their traffic at large T). Pick the segment count with the least.
+  const int64_t max_segs = std::max<int64_t>(1, in / kMinSegK);
+  double best = 0;
+  for (int64_t want = 1; want <= std::min<int64_t>(max_segs, 64); ++want) {
+    const int64_t kseg = CeilDiv(CeilDiv(in, want), kTileK) * kTileK;
+    const int64_t segs = CeilDiv(in, kseg);
+    const int64_t rounds = CeilDiv(plan.tiles * segs, kPlanBlocks);
+    const double cost = static_cast<double>(rounds * (kseg + kUnitOverheadK)) *
+                        (1.0 + 0.03 * static_cast<double>(segs - 1));
+    if (plan.segs == 0 || cost < best) {
+      best = cost;
+      plan.kseg = kseg;
+      plan.segs = segs;
+    }
+  }
+  if (g_force_segs > 0) {
+    plan.kseg = CeilDiv(CeilDiv(in, g_force_segs), kTileK) * kTileK;
+    plan.segs = CeilDiv(in, plan.kseg);
+  }
   return plan;
 }
 
-int64_t MmaMatmulCounters() { return 4096; }
+int64_t MmaMatmulCounters() { return 16384; }
 
-void SetMmaMatmulTargetBlocksForBenchmark(int blocks) {
-  g_target_blocks = blocks > 0 ? blocks : 1024;
-}
+void SetMmaMatmulSegsForBenchmark(int segs) { g_force_segs = std::max(segs, 0); }
 
 absl::Status LaunchMmaMatmul(const MatmulParams& p, int splits, const Workspace& ws,
                              int* counters, cudaStream_t stream) {
@@ -306,7 +399,7 @@ absl::Status LaunchMmaMatmul(const MatmulParams& p, int splits, const Workspace&
     return absl::InvalidArgumentError("matmul: splits must be 2 or 3");
   }
   const MmaPlan plan = PlanMmaMatmul(p.in, p.out);
-  if (plan.tiles > 0x7fffffff || plan.segs > 65535) {
+  if (plan.tiles * plan.segs > 0x7fffffff) {
     return absl::InvalidArgumentError("matmul: shape too large for the grid");
   }
   int64_t per_launch = kMaxTokens;
@@ -325,10 +418,11 @@ absl::Status LaunchMmaMatmul(const MatmulParams& p, int splits, const Workspace&
     a.tokens = static_cast<int>(std::min(per_launch, p.rows - t0));
     a.kseg = plan.kseg;
     a.segs = static_cast<int>(plan.segs);
+    a.tiles = plan.tiles;
     a.partial = static_cast<float*>(ws.data);
     a.counters = counters;
-    absl::Status s = splits == 3 ? LaunchSplits<3>(a, plan.tiles, stream)
-                                 : LaunchSplits<2>(a, plan.tiles, stream);
+    absl::Status s = splits == 3 ? LaunchSplits<3>(a, /*programmatic=*/true, stream)
+                                 : LaunchSplits<2>(a, /*programmatic=*/true, stream);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

@@ -20,15 +20,16 @@ bool MmaMatmulApplies(const MatmulParams& p);
 
 // How the K range is cut (a function of the shape only).
 struct MmaPlan {
-  int64_t tiles = 0;  // blocks along out (128 outputs each)
-  int64_t kseg = 0;   // K per segment
-  int64_t segs = 0;   // segments (grid.y)
+  int64_t tiles = 0;      // output tiles (128 outputs each)
+  int64_t kseg = 0;       // K per segment (a multiple of 256)
+  int64_t segs = 0;       // segments
 };
 MmaPlan PlanMmaMatmul(int64_t in, int64_t out);
 
-// Benchmarks only: the number of blocks plans aim for (default 1024, <= 4096
-// tiles split; changes the reduction order of every later call).
-void SetMmaMatmulTargetBlocksForBenchmark(int blocks);
+// Benchmarks only: every plan made after this uses about `segs` K segments
+// (<= 0: back to the plan's own choice); changes the reduction order of
+// later calls.
+void SetMmaMatmulSegsForBenchmark(int segs);
 
 // Ints of zeroed device memory LaunchMmaMatmul needs for its counters.
 int64_t MmaMatmulCounters();

@@ -57,7 +57,7 @@ absl::Status LaunchEmbed(const EmbedParams& p, int* error, cudaStream_t stream);
 struct MatmulResources {
   Workspace ws;
   int* counters = nullptr;
-  int x_splits = 3;
+  int x_splits = 2;
 };
 
 // Weight-streaming GEMV/GEMM for any T (see matmul.cu and matmul_mma.cu

@@ -124,6 +124,11 @@ struct Ctx {
 };
 
 // ---- 2. matmul sweep.
+// Calls timed together between one pair of events: a decode step issues its
+// matmuls back to back, so the time per call is what it costs there (an
+// isolated call would add the idle launch latency).
+constexpr int kBackToBack = 10;
+
 void MatmulSweep(Ctx* ctx) {
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
       {5120, 17408}, {17408, 5120}, {248320, 5120}, {1024, 5120}};
@@ -138,7 +143,7 @@ void MatmulSweep(Ctx* ctx) {
     const char* name;
     int splits;
   };
-  const Path paths[] = {{"mma-x3", 3}, {"mma-x2", 2}, {"fma", 0}};
+  const Path paths[] = {{"mma-x2", 2}, {"mma-x3", 3}, {"fma", 0}};
   for (const Path& path : paths) {
     auto owner = MakeBackend(path.splits);
     auto* be = static_cast<CudaBackend*>(owner.get());
@@ -158,7 +163,10 @@ void MatmulSweep(Ctx* ctx) {
       double t1 = 0;
       for (int t : ts) {
         const auto p = kernels::DenseMatmul(t, x->f32(), *w, y->f32());
-        const double ms = EventMs(be->stream(), 3, 15, [&] { BENCH_CHECK(be->Matmul(p)); });
+        // Back to back, as in a decode step: launch gaps overlap the work.
+        const double ms = EventMs(be->stream(), 3, 15, [&] {
+                            for (int i = 0; i < kBackToBack; ++i) BENCH_CHECK(be->Matmul(p));
+                          }) / kBackToBack;
         if (t == 1) t1 = ms;
         char shape[32];
         std::snprintf(shape, sizeof(shape), "[%lld][%lld]", (long long)out, (long long)in);
@@ -187,32 +195,41 @@ void MatmulSweep(Ctx* ctx) {
   }
   ctx->out["matmul"] = rows;
 
-  // Plan variants (blocks the K split aims for), mma-x3, [5120][17408].
-  std::printf("\n== plan variants, mma-x3 [5120][17408] (floor %.1f us)\n%8s %6s %4s %9s\n",
-              5120.0 * 17408 * 2 / (ctx->copy_gbs * 1e3), "target", "segs", "T", "us");
-  auto owner = MakeBackend(3);
+  // Plan variants: K segments forced per call (0 = the plan's choice), mma-x2.
+  std::printf("\n== plan variants, mma-x2 (segs 0 = the plan's own choice)\n%-16s %6s %6s %4s %9s %8s\n",
+              "[out][in]", "force", "segs", "T", "us", "%floor");
+  auto owner = MakeBackend(2);
   auto* be = static_cast<CudaBackend*>(owner.get());
   RandomWeightsBackend rb(be, 0.02f);
-  auto w = rb.UploadWeight(kernels::DType::kBF16, nullptr, 5120, 17408);
   auto x = be->AllocateFloats(64 * 17408);
-  auto y = be->AllocateFloats(64 * 5120);
-  BENCH_CHECK(w.status());
+  auto y = be->AllocateFloats(64 * 17408);
   BENCH_CHECK(x.status());
   BENCH_CHECK(y.status());
   BENCH_CHECK(kernels::cuda::LaunchFillRandom(kernels::DType::kF32, x->data(), 64 * 17408, 99,
                                               1.0f, be->stream()));
   json jp = json::array();
-  for (int target : {264, 528, 1024, 2048, 4096}) {
-    kernels::cuda::SetMmaMatmulTargetBlocksForBenchmark(target);
-    const auto plan = kernels::cuda::PlanMmaMatmul(17408, 5120);
-    for (int t : {1, 8, 64}) {
-      const auto p = kernels::DenseMatmul(t, x->f32(), *w, y->f32());
-      const double ms = EventMs(be->stream(), 3, 15, [&] { BENCH_CHECK(be->Matmul(p)); });
-      std::printf("%8d %6lld %4d %9.1f\n", target, (long long)plan.segs, t, ms * 1e3);
-      jp.push_back({{"target", target}, {"segs", plan.segs}, {"T", t}, {"us", ms * 1e3}});
+  for (auto [out, in] : std::vector<std::pair<int64_t, int64_t>>{{5120, 17408}, {17408, 5120}}) {
+    auto w = rb.UploadWeight(kernels::DType::kBF16, nullptr, out, in);
+    BENCH_CHECK(w.status());
+    const double floor_us = w->bytes() / (ctx->copy_gbs * 1e3);
+    for (int force : {0, 1, 2, 3, 5, 7, 10}) {
+      kernels::cuda::SetMmaMatmulSegsForBenchmark(force);
+      const auto plan = kernels::cuda::PlanMmaMatmul(in, out);
+      for (int t : {1, 4, 64}) {
+        const auto p = kernels::DenseMatmul(t, x->f32(), *w, y->f32());
+        const double ms = EventMs(be->stream(), 3, 15, [&] {
+                            for (int i = 0; i < kBackToBack; ++i) BENCH_CHECK(be->Matmul(p));
+                          }) / kBackToBack;
+        char shape[32];
+        std::snprintf(shape, sizeof(shape), "[%lld][%lld]", (long long)out, (long long)in);
+        std::printf("%-16s %6d %6lld %4d %9.1f %7.1f%%\n", shape, force, (long long)plan.segs, t,
+                    ms * 1e3, 100 * floor_us / (ms * 1e3));
+        jp.push_back({{"out", out}, {"in", in}, {"force", force}, {"segs", plan.segs}, {"T", t},
+                      {"us", ms * 1e3}});
+      }
     }
   }
-  kernels::cuda::SetMmaMatmulTargetBlocksForBenchmark(0);
+  kernels::cuda::SetMmaMatmulSegsForBenchmark(0);
   ctx->out["plan_variants"] = jp;
 }
 
