@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -65,6 +66,16 @@ class Backend {
   // outlive the Weight); others copy it into backend memory.
   virtual absl::StatusOr<Weight> UploadWeight(DType dtype, const void* host,
                                               int64_t rows, int64_t cols) = 0;
+  // One [Σ rows][cols] weight made of parts stacked in order (a fused
+  // projection: one matmul instead of several over the same x). Always a
+  // copy into backend memory (backend.cc), so `parts` need not outlive it.
+  struct WeightPart {
+    const void* host = nullptr;
+    int64_t rows = 0;
+  };
+  virtual absl::StatusOr<Weight> UploadStackedWeight(DType dtype,
+                                                     const std::vector<WeightPart>& parts,
+                                                     int64_t cols);
   // Waits until every issued op has finished.
   virtual absl::Status Synchronize() = 0;
 

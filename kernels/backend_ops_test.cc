@@ -241,6 +241,39 @@ TEST_P(BackendOpsTest, GatedRmsNorm) {
   }
 }
 
+// A grouped gate (heads inside wider token rows) gives the bits of the same
+// gate values laid out densely.
+TEST_P(BackendOpsTest, GatedRmsNormGroupedGate) {
+  const int tokens = 3, heads = 4, dim = 8, wide = heads * dim + 5;
+  const int rows = tokens * heads;
+  std::vector<float> x = Random(rows * dim, &rng_), w = Random(dim, &rng_),
+                     dense = Random(rows * dim, &rng_, -3, 3);
+  std::vector<float> grouped(tokens * wide, 1e9f);  // poison outside the gates
+  for (int t = 0; t < tokens; ++t) {
+    for (int i = 0; i < heads * dim; ++i) grouped[t * wide + 2 + i] = dense[t * heads * dim + i];
+  }
+  Buffer xb = Up(x), wb = Up(w), db = Up(dense), gb = Up(grouped);
+  std::vector<float> out[2];
+  for (int g : {0, 1}) {
+    Buffer yb = Up(std::vector<float>(rows * dim));
+    GatedRmsNormParams p;
+    p.rows = rows;
+    p.dim = dim;
+    p.x = xb.f32();
+    p.x_stride = dim;
+    p.z = g ? gb.f32() + 2 : db.f32();
+    p.z_stride = dim;
+    p.z_group = g ? heads : 0;
+    p.z_group_stride = g ? wide : 0;
+    p.y = yb.f32();
+    p.y_stride = dim;
+    p.weight = wb.f32();
+    ASSERT_TRUE(backend_->GatedRmsNorm(p).ok());
+    out[g] = Down(yb, rows * dim);
+  }
+  EXPECT_EQ(out[0], out[1]);
+}
+
 TEST_P(BackendOpsTest, Rope) {
   for (int rows : kSizes) {
     for (int heads : {1, 3}) {

@@ -23,6 +23,9 @@ absl::Status Validate(const GatedRmsNormParams& p) {
       "gated_rms_norm: stride < dim");
   SS_KERNEL_CHECK(p.x != p.y || p.x_stride == p.y_stride,
                   "gated_rms_norm: in place needs equal strides");
+  SS_KERNEL_CHECK(p.z_group >= 0 && (p.z_group == 0 ||
+                                     p.z_group_stride >= p.z_group * p.z_stride),
+                  "gated_rms_norm: z group stride < group · z_stride");
   return absl::OkStatus();
 }
 

@@ -31,8 +31,13 @@ struct GatedRmsNormParams {
   int64_t dim = 0;
   const float* x = nullptr;
   int64_t x_stride = 0;
-  const float* z = nullptr;  // gate, same layout as x
+  const float* z = nullptr;  // gate, same layout as x unless grouped:
   int64_t z_stride = 0;
+  // z_group > 0: vector r's gate is at z + (r / z_group)·z_group_stride +
+  // (r % z_group)·z_stride (heads inside wider token rows, e.g. the z part
+  // of a fused in_proj output); 0: at z + r·z_stride.
+  int64_t z_group = 0;
+  int64_t z_group_stride = 0;
   float* y = nullptr;  // may equal x
   int64_t y_stride = 0;
   const float* weight = nullptr;  // [dim] fp32

@@ -115,6 +115,13 @@ absl::StatusOr<kernels::Weight> RandomWeightsBackend::UploadWeight(kernels::DTyp
   return w;
 }
 
+absl::StatusOr<kernels::Weight> RandomWeightsBackend::UploadStackedWeight(
+    kernels::DType dtype, const std::vector<WeightPart>& parts, int64_t cols) {
+  int64_t rows = 0;
+  for (const WeightPart& part : parts) rows += part.rows;
+  return UploadWeight(dtype, nullptr, rows, cols);
+}
+
 void RandomWeightsBackend::StartTimeline() {
   if (events_.empty()) {
     events_.resize(4096);

@@ -70,6 +70,9 @@ class RandomWeightsBackend : public kernels::Backend {
   // Fills on the GPU; `host` is not read.
   absl::StatusOr<kernels::Weight> UploadWeight(kernels::DType dtype, const void* host,
                                                int64_t rows, int64_t cols) override;
+  absl::StatusOr<kernels::Weight> UploadStackedWeight(kernels::DType dtype,
+                                                      const std::vector<WeightPart>& parts,
+                                                      int64_t cols) override;
   absl::Status Synchronize() override { return inner_->Synchronize(); }
 
   absl::Status Embed(const kernels::EmbedParams& p) override { ++ops_;

@@ -188,12 +188,14 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
   kernels::Backend& be = *backend_;
   Workspace& ws = *ws_;
   const LinearAttentionWeights& l = w.linear;
-  const float* xn = ws.xn.f32();
-  SS_RETURN_IF_ERROR(
-      be.Matmul(DenseMatmul(rows, xn, l.in_proj_qkv, ws.mixed.f32())));
-  SS_RETURN_IF_ERROR(be.Matmul(DenseMatmul(rows, xn, l.in_proj_z, ws.z.f32())));
-  SS_RETURN_IF_ERROR(be.Matmul(DenseMatmul(rows, xn, l.in_proj_b, ws.b.f32())));
-  SS_RETURN_IF_ERROR(be.Matmul(DenseMatmul(rows, xn, l.in_proj_a, ws.a.f32())));
+  // One matmul for qkv, z, b and a: row r of `mixed` is
+  // [qkv conv_dim | z value_dim | b nv | a nv], P wide.
+  const int64_t P = c.in_proj_dim();
+  float* const mixed = ws.mixed.f32();
+  const float* const z = mixed + conv_dim;
+  const float* const b = z + value_dim;
+  const float* const a = b + nv;
+  SS_RETURN_IF_ERROR(be.Matmul(DenseMatmul(rows, ws.xn.f32(), l.in_proj, mixed)));
 
   // Commit: states update in place. Verify: the committed state is only
   // read; the state after column t goes to capture slot t.
@@ -216,8 +218,8 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
     cv.rows = s.rows;
     cv.channels = conv_dim;
     cv.kernel = kc;
-    cv.x = ws.mixed.f32() + s.row0 * conv_dim;
-    cv.x_stride = conv_dim;
+    cv.x = mixed + s.row0 * P;
+    cv.x_stride = P;
     cv.y = conv_out;
     cv.y_stride = conv_dim;
     cv.weight = l.conv.f32();
@@ -241,9 +243,9 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
     g.k = conv_out + key_dim;
     g.v = conv_out + 2 * key_dim;
     g.qkv_stride = conv_dim;
-    g.a = ws.a.f32() + s.row0 * nv;
-    g.b = ws.b.f32() + s.row0 * nv;
-    g.ab_stride = nv;
+    g.a = a + s.row0 * P;
+    g.b = b + s.row0 * P;
+    g.ab_stride = P;
     g.a_log = l.a_log.f32();
     g.dt_bias = l.dt_bias.f32();
     if (batch != nullptr) {
@@ -264,8 +266,10 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
   gn.dim = dv;
   gn.x = gn.y = ws.core.f32();
   gn.x_stride = gn.y_stride = dv;
-  gn.z = ws.z.f32();
+  gn.z = z;
   gn.z_stride = dv;
+  gn.z_group = nv;  // the nv heads of one token row, rows P apart
+  gn.z_group_stride = P;
   gn.weight = l.norm.f32();
   gn.eps = c.rms_norm_eps;
   SS_RETURN_IF_ERROR(be.GatedRmsNorm(gn));

@@ -54,11 +54,8 @@ absl::Status Model::EnsureWorkspace() {
   SS_RETURN_IF_ERROR(floats(&ws->h, H));
   SS_RETURN_IF_ERROR(floats(&ws->xn, H));
   SS_RETURN_IF_ERROR(floats(&ws->hidden, H));
-  SS_RETURN_IF_ERROR(floats(&ws->mixed, c.conv_dim()));
+  SS_RETURN_IF_ERROR(floats(&ws->mixed, c.in_proj_dim()));
   SS_RETURN_IF_ERROR(floats(&ws->conv_out, c.conv_dim()));
-  SS_RETURN_IF_ERROR(floats(&ws->z, c.value_dim()));
-  SS_RETURN_IF_ERROR(floats(&ws->a, c.linear_num_value_heads));
-  SS_RETURN_IF_ERROR(floats(&ws->b, c.linear_num_value_heads));
   SS_RETURN_IF_ERROR(floats(&ws->core, c.value_dim()));
   SS_RETURN_IF_ERROR(floats(&ws->q, 2 * c.num_attention_heads * c.head_dim));
   SS_RETURN_IF_ERROR(floats(&ws->attn, c.num_attention_heads * c.head_dim));

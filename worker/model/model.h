@@ -66,10 +66,10 @@ struct AttentionWeights {  // gated full attention
 };
 
 struct LinearAttentionWeights {  // Gated DeltaNet
-  Weight in_proj_qkv;  // [conv_dim][H]: [q nk·dk | k nk·dk | v nv·dv]
-  Weight in_proj_z;    // [value_dim][H]
-  Weight in_proj_b;    // [nv][H]
-  Weight in_proj_a;    // [nv][H]
+  // [in_proj_dim][H]: the checkpoint's in_proj_qkv ([q nk·dk | k nk·dk |
+  // v nv·dv]), in_proj_z [value_dim], in_proj_b [nv] and in_proj_a [nv]
+  // stacked in that order, so one matmul projects all four.
+  Weight in_proj;
   Weight out_proj;     // [H][value_dim]
   Buffer conv;         // [conv_dim][Kc]
   Buffer dt_bias;      // [nv]

@@ -33,6 +33,27 @@ class Loader {
     return absl::OkStatus();
   }
 
+  // Matrices [rows_i][cols] of one dtype stacked into one weight, in order.
+  absl::Status Stacked(const std::vector<std::pair<std::string, int64_t>>& parts,
+                       int64_t cols, Weight* out) {
+    std::vector<kernels::Backend::WeightPart> host;
+    kernels::DType dtype = ck_.Get(parts.front().first).dtype;
+    for (const auto& [name, rows] : parts) {
+      const Tensor& t = ck_.Get(name);
+      if (t.numel() != rows * cols) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, ": ", t.numel(), " elements, expected ", rows, "x", cols));
+      }
+      if (t.dtype != dtype) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ": dtype differs from ", parts.front().first));
+      }
+      host.push_back({t.data, rows});
+    }
+    SS_ASSIGN_OR_RETURN(*out, backend_->UploadStackedWeight(dtype, host, cols));
+    return absl::OkStatus();
+  }
+
   // Any tensor of n elements, widened to fp32 in backend memory.
   absl::Status Vector(const std::string& name, int64_t n, Buffer* out) {
     const Tensor& t = ck_.Get(name);
@@ -80,12 +101,11 @@ absl::Status LoadLayer(const ModelConfig& c, const std::string& prefix,
     const int64_t nv = c.linear_num_value_heads, dv = c.linear_value_head_dim;
     const std::string p = prefix + "linear_attn.";
     LinearAttentionWeights& l = w->linear;
-    SS_RETURN_IF_ERROR(
-        ld->Matrix(p + "in_proj_qkv.weight", c.conv_dim(), H, &l.in_proj_qkv));
-    SS_RETURN_IF_ERROR(
-        ld->Matrix(p + "in_proj_z.weight", c.value_dim(), H, &l.in_proj_z));
-    SS_RETURN_IF_ERROR(ld->Matrix(p + "in_proj_b.weight", nv, H, &l.in_proj_b));
-    SS_RETURN_IF_ERROR(ld->Matrix(p + "in_proj_a.weight", nv, H, &l.in_proj_a));
+    SS_RETURN_IF_ERROR(ld->Stacked({{p + "in_proj_qkv.weight", c.conv_dim()},
+                                    {p + "in_proj_z.weight", c.value_dim()},
+                                    {p + "in_proj_b.weight", nv},
+                                    {p + "in_proj_a.weight", nv}},
+                                   H, &l.in_proj));
     SS_RETURN_IF_ERROR(
         ld->Matrix(p + "out_proj.weight", H, c.value_dim(), &l.out_proj));
     SS_RETURN_IF_ERROR(
@@ -154,9 +174,7 @@ uint64_t Model::decode_weight_bytes() const {
       n += l.attn.q_proj.bytes() + l.attn.k_proj.bytes() +
            l.attn.v_proj.bytes() + l.attn.o_proj.bytes();
     } else {
-      n += l.linear.in_proj_qkv.bytes() + l.linear.in_proj_z.bytes() +
-           l.linear.in_proj_a.bytes() + l.linear.in_proj_b.bytes() +
-           l.linear.out_proj.bytes();
+      n += l.linear.in_proj.bytes() + l.linear.out_proj.bytes();
     }
     n += l.mlp.gate_proj.bytes() + l.mlp.up_proj.bytes() +
          l.mlp.down_proj.bytes();

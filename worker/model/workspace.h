@@ -17,11 +17,9 @@ struct Model::Workspace {
   Buffer h;         // [R][H] residual stream
   Buffer xn;        // [R][H] normed block input
   Buffer hidden;    // [R][H] final-norm hidden (lm_head input)
-  Buffer mixed;     // [R][conv_dim] raw in_proj_qkv output
+  Buffer mixed;     // [R][in_proj_dim] in_proj output: [qkv conv_dim |
+                    // z value_dim (output gate) | b nv | a nv]
   Buffer conv_out;  // [R][conv_dim] after conv + SiLU: [q | k | v]
-  Buffer z;         // [R][value_dim] output-gate projection
-  Buffer a;         // [R][nv]
-  Buffer b;         // [R][nv]
   Buffer core;      // [R][value_dim] delta-rule output, gated-normed in place
   Buffer q;         // [R][nh][2·hd] per head [query | gate]
   Buffer attn;      // [R][nh·hd] gated attention output

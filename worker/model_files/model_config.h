@@ -43,6 +43,8 @@ struct ModelConfig {
   int key_dim() const { return linear_num_key_heads * linear_key_head_dim; }
   int value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
   int conv_dim() const { return 2 * key_dim() + value_dim(); }
+  // Rows of the fused linear-attention input projection: qkv, z, b, a.
+  int in_proj_dim() const { return conv_dim() + value_dim() + 2 * linear_num_value_heads; }
   // Rotated dims per head: head_dim * partial_rotary_factor (even).
   int rotary_dim() const;
   int num_full_attention_layers() const;

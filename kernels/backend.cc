@@ -1,0 +1,37 @@
+#include "kernels/backend.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace specserve::kernels {
+
+absl::StatusOr<Weight> Backend::UploadStackedWeight(DType dtype,
+                                                    const std::vector<WeightPart>& parts,
+                                                    int64_t cols) {
+  int64_t rows = 0;
+  for (const WeightPart& part : parts) {
+    if (part.host == nullptr || part.rows < 1) {
+      return absl::InvalidArgumentError("stacked weight: empty part");
+    }
+    rows += part.rows;
+  }
+  if (rows < 1 || cols < 1) return absl::InvalidArgumentError("stacked weight: empty");
+  Weight w;
+  w.dtype = dtype;
+  w.rows = rows;
+  w.cols = cols;
+  absl::StatusOr<Buffer> storage = Allocate(w.bytes());
+  if (!storage.ok()) return storage.status();
+  w.storage = std::move(*storage);
+  w.data = w.storage.data();
+  size_t offset = 0;
+  for (const WeightPart& part : parts) {
+    const size_t bytes = static_cast<size_t>(part.rows * cols) * DTypeSize(dtype);
+    absl::Status s =
+        CopyToDevice(static_cast<char*>(w.storage.data()) + offset, part.host, bytes);
+    if (!s.ok()) return s;
+    offset += bytes;
+  }
+  return w;
+}
+
+}  // namespace specserve::kernels
