@@ -20,6 +20,7 @@ constexpr int kMaxKernel = 64;  // Validate() bound
 // size p.kernel (window in local memory).
 template <int K>
 __global__ void __launch_bounds__(kThreads) Conv1dKernel(Conv1dParams p) {
+  PdlBegin();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= p.channels) return;
   // Tokens [t0, t1) with their state: all rows, or row blockIdx.y of a batch.
@@ -72,16 +73,16 @@ absl::Status LaunchConv1d(const Conv1dParams& p, cudaStream_t stream) {
                     p.states != nullptr ? static_cast<unsigned>(p.rows) : 1u);
   switch (p.kernel) {
     case 2:
-      Conv1dKernel<2><<<blocks, kThreads, 0, stream>>>(p);
+      LaunchPdl(Conv1dKernel<2>, blocks, kThreads, 0, stream, p);
       break;
     case 3:
-      Conv1dKernel<3><<<blocks, kThreads, 0, stream>>>(p);
+      LaunchPdl(Conv1dKernel<3>, blocks, kThreads, 0, stream, p);
       break;
     case 4:
-      Conv1dKernel<4><<<blocks, kThreads, 0, stream>>>(p);
+      LaunchPdl(Conv1dKernel<4>, blocks, kThreads, 0, stream, p);
       break;
     default:
-      Conv1dKernel<0><<<blocks, kThreads, 0, stream>>>(p);
+      LaunchPdl(Conv1dKernel<0>, blocks, kThreads, 0, stream, p);
       break;
   }
   return LaunchStatus("conv1d launch");

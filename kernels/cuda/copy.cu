@@ -16,6 +16,7 @@ struct InlineBytes {
 };
 
 __global__ void InlineCopyKernel(InlineBytes src, unsigned char* dst, int n) {
+  PdlBegin();
   for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src.b[i];
 }
 
@@ -23,6 +24,7 @@ constexpr int kScatterThreads = 256;
 
 // Block (column tile, row t) copies its slice of row t.
 __global__ void __launch_bounds__(kScatterThreads) ScatterRowsKernel(ScatterRowsParams p) {
+  PdlBegin();
   const int64_t t = blockIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kScatterThreads + threadIdx.x;
   if (c >= p.cols) return;
@@ -38,7 +40,7 @@ absl::Status LaunchScatterRows(const ScatterRowsParams& p, cudaStream_t stream) 
   }
   const dim3 grid(static_cast<unsigned>(CeilDiv(p.cols, kScatterThreads)),
                   static_cast<unsigned>(p.rows));
-  ScatterRowsKernel<<<grid, kScatterThreads, 0, stream>>>(p);
+  LaunchPdl(ScatterRowsKernel, grid, kScatterThreads, 0, stream, p);
   return LaunchStatus("scatter_rows launch");
 }
 
@@ -49,8 +51,8 @@ absl::Status LaunchInlineCopy(void* dst, const void* host_src, size_t bytes,
   }
   InlineBytes src;
   std::memcpy(src.b, host_src, bytes);
-  InlineCopyKernel<<<1, 128, 0, stream>>>(src, static_cast<unsigned char*>(dst),
-                                          static_cast<int>(bytes));
+  LaunchPdl(InlineCopyKernel, 1, 128, 0, stream, src, static_cast<unsigned char*>(dst),
+            static_cast<int>(bytes));
   return LaunchStatus("inline copy launch");
 }
 

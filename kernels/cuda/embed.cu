@@ -11,6 +11,7 @@ constexpr int kThreads = 256;
 
 template <DType D>
 __global__ void __launch_bounds__(kThreads) EmbedKernel(EmbedParams p, int* error) {
+  PdlBegin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= p.dim) return;
   for (int64_t t = blockIdx.y; t < p.rows; t += gridDim.y) {
@@ -34,13 +35,13 @@ absl::Status LaunchEmbed(const EmbedParams& p, int* error, cudaStream_t stream) 
                   static_cast<unsigned>(p.rows < 65535 ? p.rows : 65535));
   switch (p.table_dtype) {
     case DType::kF32:
-      EmbedKernel<DType::kF32><<<grid, kThreads, 0, stream>>>(p, error);
+      LaunchPdl(EmbedKernel<DType::kF32>, grid, kThreads, 0, stream, p, error);
       break;
     case DType::kBF16:
-      EmbedKernel<DType::kBF16><<<grid, kThreads, 0, stream>>>(p, error);
+      LaunchPdl(EmbedKernel<DType::kBF16>, grid, kThreads, 0, stream, p, error);
       break;
     case DType::kF16:
-      EmbedKernel<DType::kF16><<<grid, kThreads, 0, stream>>>(p, error);
+      LaunchPdl(EmbedKernel<DType::kF16>, grid, kThreads, 0, stream, p, error);
       break;
   }
   return LaunchStatus("embed launch");

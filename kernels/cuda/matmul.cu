@@ -42,6 +42,7 @@ __host__ __device__ constexpr int64_t ElemBytes() {
 template <DType D, int NO, int NT, int U>
 __global__ void __launch_bounds__(kWarps * 32)
     MatmulKernel(MatmulParams p, bool vec) {
+  PdlBegin();
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int64_t o0 = (static_cast<int64_t>(blockIdx.y) * kWarps + warp) * NO;
@@ -151,8 +152,9 @@ absl::Status Run(const MatmulParams& p, bool vec, cudaStream_t stream) {
   if (gy > 65535 || gx > 0x7fffffff) {
     return absl::InvalidArgumentError("matmul: shape too large for the grid");
   }
-  MatmulKernel<D, NO, NT, U><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)),
-                               kWarps * 32, 0, stream>>>(p, vec);
+  LaunchPdl(MatmulKernel<D, NO, NT, U>,
+            dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kWarps * 32, 0, stream,
+            p, vec);
   return LaunchStatus("matmul launch");
 }
 

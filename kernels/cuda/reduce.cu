@@ -53,6 +53,7 @@ __device__ __forceinline__ bool Better(float bv, int64_t bi, float av, int64_t a
 }
 
 __global__ void __launch_bounds__(kThreads) ArgmaxKernel(ArgmaxParams p) {
+  PdlBegin();
   __shared__ float sm_v[kThreads / 32];
   __shared__ int64_t sm_i[kThreads / 32];
   const int64_t r = blockIdx.x;
@@ -95,6 +96,7 @@ __global__ void __launch_bounds__(kThreads) ArgmaxKernel(ArgmaxParams p) {
 }
 
 __global__ void __launch_bounds__(kThreads) LogSumExpKernel(LogSumExpParams p) {
+  PdlBegin();
   __shared__ float sm_f[kThreads / 32];
   __shared__ double sm_d[kThreads / 32];
   const int64_t r = blockIdx.x;
@@ -110,6 +112,7 @@ __global__ void __launch_bounds__(kThreads) LogSumExpKernel(LogSumExpParams p) {
 }
 
 __global__ void __launch_bounds__(kThreads) SoftmaxKernel(SoftmaxParams p) {
+  PdlBegin();
   __shared__ float sm_f[kThreads / 32];
   __shared__ double sm_d[kThreads / 32];
   const int64_t r = blockIdx.x;
@@ -141,21 +144,21 @@ absl::Status CheckRows(int64_t rows, const char* op) {
 absl::Status LaunchArgmax(const ArgmaxParams& p, cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (absl::Status s = CheckRows(p.rows, "argmax"); !s.ok()) return s;
-  ArgmaxKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
+  LaunchPdl(ArgmaxKernel, static_cast<unsigned>(p.rows), kThreads, 0, stream, p);
   return LaunchStatus("argmax launch");
 }
 
 absl::Status LaunchLogSumExp(const LogSumExpParams& p, cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (absl::Status s = CheckRows(p.rows, "logsumexp"); !s.ok()) return s;
-  LogSumExpKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
+  LaunchPdl(LogSumExpKernel, static_cast<unsigned>(p.rows), kThreads, 0, stream, p);
   return LaunchStatus("logsumexp launch");
 }
 
 absl::Status LaunchSoftmax(const SoftmaxParams& p, cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (absl::Status s = CheckRows(p.rows, "softmax"); !s.ok()) return s;
-  SoftmaxKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
+  LaunchPdl(SoftmaxKernel, static_cast<unsigned>(p.rows), kThreads, 0, stream, p);
   return LaunchStatus("softmax launch");
 }
 

@@ -29,6 +29,7 @@ __device__ __forceinline__ float InvRms(const float* x, int64_t dim, float eps,
 }
 
 __global__ void __launch_bounds__(kWarps * 32) RmsNormKernel(RmsNormParams p) {
+  PdlBegin();
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (r >= p.rows) return;
@@ -47,6 +48,7 @@ constexpr int64_t kBlockDim = 1024;
 constexpr int kBlockThreads = 256;
 
 __global__ void __launch_bounds__(kBlockThreads) RmsNormRowKernel(RmsNormParams p) {
+  PdlBegin();
   __shared__ double sm_part[kBlockThreads / 32];
   __shared__ float sm_inv;
   const int lane = threadIdx.x & 31;
@@ -79,6 +81,7 @@ __global__ void __launch_bounds__(kBlockThreads) RmsNormRowKernel(RmsNormParams 
 
 __global__ void __launch_bounds__(kWarps * 32)
     GatedRmsNormKernel(GatedRmsNormParams p) {
+  PdlBegin();
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (r >= p.rows) return;
@@ -99,12 +102,12 @@ absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (p.dim >= kBlockDim) {  // chosen by dim only: row invariance holds
     if (p.rows > 0x7fffffff) return absl::InvalidArgumentError("rms_norm: too many rows");
-    RmsNormRowKernel<<<static_cast<unsigned>(p.rows), kBlockThreads, 0, stream>>>(p);
+    LaunchPdl(RmsNormRowKernel, static_cast<unsigned>(p.rows), kBlockThreads, 0, stream, p);
     return LaunchStatus("rms_norm launch");
   }
   const int64_t blocks = CeilDiv(p.rows, kWarps);
   if (blocks > 0x7fffffff) return absl::InvalidArgumentError("rms_norm: too many rows");
-  RmsNormKernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(p);
+  LaunchPdl(RmsNormKernel, static_cast<unsigned>(blocks), kWarps * 32, 0, stream, p);
   return LaunchStatus("rms_norm launch");
 }
 
@@ -114,7 +117,7 @@ absl::Status LaunchGatedRmsNorm(const GatedRmsNormParams& p, cudaStream_t stream
   if (blocks > 0x7fffffff) {
     return absl::InvalidArgumentError("gated_rms_norm: too many rows");
   }
-  GatedRmsNormKernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(p);
+  LaunchPdl(GatedRmsNormKernel, static_cast<unsigned>(blocks), kWarps * 32, 0, stream, p);
   return LaunchStatus("gated_rms_norm launch");
 }
 

@@ -13,6 +13,7 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads) RopeKernel(RopeParams p) {
+  PdlBegin();
   const int64_t half = p.rotary_dim / 2;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (idx >= p.heads * half) return;
@@ -40,7 +41,7 @@ absl::Status LaunchRope(const RopeParams& p, cudaStream_t stream) {
   if (p.rotary_dim == 0) return absl::OkStatus();
   const dim3 grid(static_cast<unsigned>(CeilDiv(p.heads * (p.rotary_dim / 2), kThreads)),
                   static_cast<unsigned>(p.rows < 65535 ? p.rows : 65535));
-  RopeKernel<<<grid, kThreads, 0, stream>>>(p);
+  LaunchPdl(RopeKernel, grid, kThreads, 0, stream, p);
   return LaunchStatus("rope launch");
 }
 

@@ -10,6 +10,7 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads) SwigluKernel(SwigluParams p) {
+  PdlBegin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= p.dim) return;
   for (int64_t t = blockIdx.y; t < p.rows; t += gridDim.y) {
@@ -25,7 +26,7 @@ absl::Status LaunchSwiglu(const SwigluParams& p, cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   const dim3 grid(static_cast<unsigned>(CeilDiv(p.dim, kThreads)),
                   static_cast<unsigned>(p.rows < 65535 ? p.rows : 65535));
-  SwigluKernel<<<grid, kThreads, 0, stream>>>(p);
+  LaunchPdl(SwigluKernel, grid, kThreads, 0, stream, p);
   return LaunchStatus("swiglu launch");
 }
 
