@@ -7,12 +7,10 @@
 
 namespace specserve::scheduler {
 
-using telemetry::FinishUnary;
-
 constexpr char kVersion[] = "0.1.0";
 
-grpc::ServerUnaryReactor* AdminService::GetServerInfo(
-    grpc::CallbackServerContext* ctx, const specserve::v1::GetServerInfoRequest*,
+grpc::Status AdminService::GetServerInfo(
+    grpc::ServerContext*, const specserve::v1::GetServerInfoRequest*,
     specserve::v1::ServerInfo* response) {
   response->set_version(kVersion);
   response->set_draining(telemetry::DrainRequested());
@@ -22,54 +20,53 @@ grpc::ServerUnaryReactor* AdminService::GetServerInfo(
     }
     *response->add_workers() = std::move(status);
   }
-  return FinishUnary(ctx, grpc::Status::OK);
+  return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* AdminService::GetModelInfo(
-    grpc::CallbackServerContext* ctx, const specserve::v1::GetModelInfoRequest*,
+grpc::Status AdminService::GetModelInfo(
+    grpc::ServerContext*, const specserve::v1::GetModelInfoRequest*,
     specserve::v1::ModelInfo* response) {
   for (const auto& status : ctx_->workers->Snapshot()) {
     if (status.available()) {
       *response = status.model();
-      return FinishUnary(ctx, grpc::Status::OK);
+      return grpc::Status::OK;
     }
   }
-  return FinishUnary(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                       "no worker is available to report the "
-                                       "model; see GetServerInfo for details"));
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "no worker is available to report the "
+                      "model; see GetServerInfo for details");
 }
 
-grpc::ServerUnaryReactor* AdminService::LoadModel(
-    grpc::CallbackServerContext* ctx, const specserve::v1::LoadModelRequest*,
-    specserve::v1::LoadModelResponse*) {
-  return FinishUnary(
-      ctx, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                        "LoadModel: hot model reload is not implemented yet; "
-                        "restart the workers with --model DIR"));
+grpc::Status AdminService::LoadModel(grpc::ServerContext*,
+                                     const specserve::v1::LoadModelRequest*,
+                                     specserve::v1::LoadModelResponse*) {
+  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                      "LoadModel: hot model reload is not implemented yet; "
+                      "restart the workers with --model DIR");
 }
 
-grpc::ServerUnaryReactor* AdminService::Abort(
-    grpc::CallbackServerContext* ctx, const specserve::v1::AbortRequest* request,
-    specserve::v1::AbortResponse* response) {
+grpc::Status AdminService::Abort(grpc::ServerContext*,
+                                 const specserve::v1::AbortRequest* request,
+                                 specserve::v1::AbortResponse* response) {
   int n = 0;
   if (request->has_request_id()) {
     n = ctx_->requests->AbortRequest(request->request_id());
   } else if (request->has_session_id()) {
     n = ctx_->requests->AbortSession(request->session_id());
   } else {
-    return FinishUnary(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                         "give a request_id or a session_id"));
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "give a request_id or a session_id");
   }
   response->set_aborted(n);
-  return FinishUnary(ctx, grpc::Status::OK);
+  return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* AdminService::Drain(
-    grpc::CallbackServerContext* ctx, const specserve::v1::DrainRequest*,
-    specserve::v1::DrainResponse* response) {
+grpc::Status AdminService::Drain(grpc::ServerContext*,
+                                 const specserve::v1::DrainRequest*,
+                                 specserve::v1::DrainResponse* response) {
   response->set_in_flight(telemetry::InFlightCount());
   telemetry::RequestDrain();
-  return FinishUnary(ctx, grpc::Status::OK);
+  return grpc::Status::OK;
 }
 
 }  // namespace specserve::scheduler

@@ -8,30 +8,25 @@
 
 namespace specserve::scheduler {
 
-class AdminService final : public specserve::v1::Admin::CallbackService {
+class AdminService final : public specserve::v1::Admin::Service {
  public:
   explicit AdminService(SchedulerContext* ctx) : ctx_(ctx) {}
 
-  grpc::ServerUnaryReactor* GetServerInfo(
-      grpc::CallbackServerContext* ctx,
-      const specserve::v1::GetServerInfoRequest* request,
-      specserve::v1::ServerInfo* response) override;
-  grpc::ServerUnaryReactor* GetModelInfo(
-      grpc::CallbackServerContext* ctx,
-      const specserve::v1::GetModelInfoRequest* request,
-      specserve::v1::ModelInfo* response) override;
-  grpc::ServerUnaryReactor* LoadModel(
-      grpc::CallbackServerContext* ctx,
-      const specserve::v1::LoadModelRequest* request,
-      specserve::v1::LoadModelResponse* response) override;
-  grpc::ServerUnaryReactor* Abort(
-      grpc::CallbackServerContext* ctx,
-      const specserve::v1::AbortRequest* request,
-      specserve::v1::AbortResponse* response) override;
-  grpc::ServerUnaryReactor* Drain(
-      grpc::CallbackServerContext* ctx,
-      const specserve::v1::DrainRequest* request,
-      specserve::v1::DrainResponse* response) override;
+  grpc::Status GetServerInfo(grpc::ServerContext* ctx,
+                             const specserve::v1::GetServerInfoRequest* request,
+                             specserve::v1::ServerInfo* response) override;
+  grpc::Status GetModelInfo(grpc::ServerContext* ctx,
+                            const specserve::v1::GetModelInfoRequest* request,
+                            specserve::v1::ModelInfo* response) override;
+  grpc::Status LoadModel(grpc::ServerContext* ctx,
+                         const specserve::v1::LoadModelRequest* request,
+                         specserve::v1::LoadModelResponse* response) override;
+  grpc::Status Abort(grpc::ServerContext* ctx,
+                     const specserve::v1::AbortRequest* request,
+                     specserve::v1::AbortResponse* response) override;
+  grpc::Status Drain(grpc::ServerContext* ctx,
+                     const specserve::v1::DrainRequest* request,
+                     specserve::v1::DrainResponse* response) override;
 
  private:
   SchedulerContext* const ctx_;

@@ -1,64 +1,21 @@
 #include "scheduler/burst_client.h"
 
-#include <atomic>
+#include <chrono>
 
-#include "absl/synchronization/notification.h"
+#include "glog/logging.h"
 
 namespace specserve::scheduler {
 namespace {
 
 using specserve::worker::v1::BurstEvent;
 
-// Reads the burst stream on gRPC's own threads: each token event is handed
-// to `on_tokens` where it arrives, with no wake-up of the calling thread per
-// token (thread hand-offs dominated the scheduler's per-token cost).
-class BurstReader final : public grpc::ClientReadReactor<BurstEvent> {
- public:
-  BurstReader(grpc::ClientContext* ctx,
-              const std::function<bool(absl::Span<const uint32_t>)>* on_tokens,
-              BurstOutcome* out, std::atomic<int>* cancelled_by)
-      : ctx_(ctx), on_tokens_(on_tokens), out_(out),
-        cancelled_by_(cancelled_by) {}
+// Completion-queue tags of the one stream this queue carries.
+enum Tag : intptr_t { kStart = 1, kRead, kFinish };
 
-  void Start() {
-    StartRead(&event_);
-    StartCall();
-  }
+void* AsTag(Tag t) { return reinterpret_cast<void*>(t); }
 
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // the stream ended; OnDone follows
-    if (event_.has_tokens()) {
-      const auto& ids = event_.tokens().ids();
-      if (!stopped_ && !(*on_tokens_)(absl::MakeConstSpan(ids.data(), ids.size()))) {
-        stopped_ = true;
-        *cancelled_by_ = 1;
-        ctx_->TryCancel();
-      }
-    } else if (event_.has_summary()) {
-      out_->summary = event_.summary();
-    }
-    StartRead(&event_);
-  }
-
-  void OnDone(const grpc::Status& s) override {
-    out_->status = s;
-    done_.Notify();
-  }
-
-  // True once the call is over (OnDone ran).
-  bool WaitDone(absl::Duration timeout) {
-    return done_.WaitForNotificationWithTimeout(timeout);
-  }
-
- private:
-  grpc::ClientContext* const ctx_;
-  const std::function<bool(absl::Span<const uint32_t>)>* const on_tokens_;
-  BurstOutcome* const out_;
-  std::atomic<int>* const cancelled_by_;
-  BurstEvent event_;
-  bool stopped_ = false;  // only touched by OnReadDone (serialized by gRPC)
-  absl::Notification done_;
-};
+// How often the watch is polled while no event arrives.
+constexpr auto kWatchInterval = std::chrono::milliseconds(20);
 
 }  // namespace
 
@@ -71,25 +28,69 @@ BurstOutcome RunBurstOnWorker(
   if (watch.deadline != absl::InfiniteFuture()) {
     ctx.set_deadline(absl::ToChronoTime(watch.deadline));
   }
-  std::atomic<int> cancelled_by{0};
-  BurstReader reader(&ctx, &on_tokens, &out, &cancelled_by);
-  stub->async()->Burst(&ctx, &request, &reader);
-  reader.Start();
-  // The calling thread only watches: a worker that hangs sends nothing, so
-  // only an outside check can end the call.
-  while (!reader.WaitDone(absl::Milliseconds(20))) {
-    if (cancelled_by != 0) continue;  // already cancelling
-    if (watch.client_cancelled && watch.client_cancelled()) {
-      cancelled_by = 1;
-      ctx.TryCancel();
-    } else if (watch.worker_available && !watch.worker_available()) {
-      cancelled_by = 2;
-      ctx.TryCancel();
+  // The stream is driven from the calling thread through a queue only it
+  // waits on, and the watch runs between events. Under the caller's
+  // IdlePoller::StreamingScope this thread is the process's only poller while
+  // it waits (scheduler/idle_poller.h): it wakes straight from epoll for each
+  // token event and handles it, with no other thread involved.
+  grpc::CompletionQueue cq;
+  std::unique_ptr<grpc::ClientAsyncReader<BurstEvent>> reader =
+      stub->PrepareAsyncBurst(&ctx, request, &cq);
+  BurstEvent event;
+  reader->StartCall(AsTag(kStart));
+  reader->Read(&event, AsTag(kRead));
+  // Invariant: exactly one of Read and Finish is outstanding until Finish's
+  // tag returns; the start tag returns once on the way.
+  bool finished = false;
+  bool stopped = false;  // on_tokens asked to stop: tokens are no longer fed
+  while (!finished) {
+    void* tag = nullptr;
+    bool ok = false;
+    const auto next = cq.AsyncNext(
+        &tag, &ok, std::chrono::system_clock::now() + kWatchInterval);
+    if (next == grpc::CompletionQueue::TIMEOUT) {
+      // A worker that hangs sends nothing: only this check ends the call.
+      if (out.cancelled_by != BurstOutcome::CancelledBy::kNone) continue;
+      if (watch.client_cancelled && watch.client_cancelled()) {
+        out.cancelled_by = BurstOutcome::CancelledBy::kClient;
+        ctx.TryCancel();
+      } else if (watch.worker_available && !watch.worker_available()) {
+        out.cancelled_by = BurstOutcome::CancelledBy::kWorkerDown;
+        ctx.TryCancel();
+      }
+      continue;
+    }
+    CHECK(next == grpc::CompletionQueue::GOT_EVENT) << "burst queue shut down";
+    switch (static_cast<Tag>(reinterpret_cast<intptr_t>(tag))) {
+      case kStart:
+        break;  // a failed start also fails the read
+      case kRead:
+        if (!ok) {  // the stream ended
+          reader->Finish(&out.status, AsTag(kFinish));
+          break;
+        }
+        if (event.has_tokens()) {
+          const auto& ids = event.tokens().ids();
+          if (!stopped &&
+              !on_tokens(absl::MakeConstSpan(ids.data(), ids.size()))) {
+            stopped = true;
+            out.cancelled_by = BurstOutcome::CancelledBy::kClient;
+            ctx.TryCancel();
+          }
+        } else if (event.has_summary()) {
+          out.summary = std::move(*event.mutable_summary());
+        }
+        reader->Read(&event, AsTag(kRead));
+        break;
+      case kFinish:
+        finished = true;
+        break;
     }
   }
-  if (cancelled_by == 1) out.cancelled_by = BurstOutcome::CancelledBy::kClient;
-  if (cancelled_by == 2) {
-    out.cancelled_by = BurstOutcome::CancelledBy::kWorkerDown;
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
   }
   return out;
 }

@@ -1,7 +1,8 @@
 // Runs one burst on a worker and streams its tokens back (RELIABILITY.md rows
-// 1–4): a watcher cancels the call when the client cancels, the request is
-// aborted, or the worker stops answering health checks (a hung worker never
-// ends the stream by itself), so no request waits on a dead worker.
+// 1–4): between events the calling thread checks a watch and cancels the call
+// when the client cancels, the request is aborted, or the worker stops
+// answering health checks (a hung worker never ends the stream by itself), so
+// no request waits on a dead worker.
 #ifndef SPECSERVE_SCHEDULER_BURST_CLIENT_H_
 #define SPECSERVE_SCHEDULER_BURST_CLIENT_H_
 
@@ -24,14 +25,15 @@ struct BurstOutcome {
 };
 
 struct BurstWatch {
-  // Polled every few milliseconds while the burst runs.
+  // Polled every 20 ms while the burst runs and no event arrives.
   std::function<bool()> client_cancelled;
   std::function<bool()> worker_available;
   absl::Time deadline = absl::InfiniteFuture();
 };
 
-// `on_tokens` receives each token event, on a gRPC thread (it must not block);
-// returning false cancels the burst. Returns when the call is over.
+// `on_tokens` receives each token event on the calling thread, as it arrives
+// (the watch waits while it runs); returning false cancels the burst. Returns
+// when the call is over.
 BurstOutcome RunBurstOnWorker(
     specserve::worker::v1::Worker::Stub* stub,
     const specserve::worker::v1::BurstRequest& request, const BurstWatch& watch,

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "scheduler/burst_client.h"
+#include "scheduler/idle_poller.h"
 #include "scheduler/output_stream.h"
 #include "scheduler/placement.h"
 #include "telemetry/grpc_reactors.h"
@@ -44,7 +45,7 @@ class Call {
         out_(out),
         inject_nan_at_(inject_nan_at) {}
 
-  void Run(AdmissionTicket ticket);
+  grpc::Status Run(AdmissionTicket ticket);
 
  private:
   bool Cancelled() const {
@@ -109,14 +110,13 @@ class Call {
   telemetry::SpecTelemetry spec_totals_;
 };
 
-void Call::Run(AdmissionTicket ticket) {
+grpc::Status Call::Run(AdmissionTicket ticket) {
   request_id_ = req_.request_id().empty() ? NewRequestId() : req_.request_id();
   cancel_ = ctx_->requests->Register(request_id_);
   if (cancel_ == nullptr) {
-    out_->Finish(grpc::Status(
+    return grpc::Status(
         grpc::StatusCode::ALREADY_EXISTS,
-        absl::StrCat("request_id ", request_id_, " is already running")));
-    return;
+        absl::StrCat("request_id ", request_id_, " is already running"));
   }
   // Admin.Abort by session id reaches a turn on a named session while it is
   // still queued, too (an opened session's id is known from the start).
@@ -148,15 +148,16 @@ void Call::Run(AdmissionTicket ticket) {
     if (lease_.valid()) lease_.Release();
   }
   ctx_->requests->Unregister(request_id_);  // the id is reusable at once too
+  grpc::Status status = grpc::Status::OK;
   if (!s.ok()) {
-    out_->Finish(Fail(s));
+    status = Fail(s);
   } else {
     SendFinal();
-    out_->Finish(grpc::Status::OK);
   }
   ctx_->metrics->num_requests_running()->Add(-1);
   ctx_->metrics->e2e_request_latency()->Observe(
       absl::ToDoubleSeconds(absl::Now() - start_));
+  return status;
 }
 
 grpc::Status Call::Fail(const absl::Status& s) {
@@ -433,6 +434,7 @@ absl::Status Call::RunBursts() {
     const int w = worker_;
     watch.worker_available = [this, w] { return ctx_->workers->Available(w); };
     watch.deadline = deadline_;
+    IdlePoller::StreamingScope streaming(ctx_->idle_poller);
     BurstOutcome o = RunBurstOnWorker(
         ctx_->workers->stub(worker_), b, watch,
         [&](absl::Span<const uint32_t> tokens) {
@@ -615,11 +617,12 @@ void Call::SendFinal() {
 
 }  // namespace
 
-void RunGenerateCall(SchedulerContext* ctx, const GenerateRequest& request,
-                     absl::Time deadline, AdmissionTicket ticket,
-                     GenerateWriter* out, uint32_t inject_nan_at) {
+grpc::Status RunGenerateCall(SchedulerContext* ctx,
+                             const GenerateRequest& request,
+                             absl::Time deadline, AdmissionTicket ticket,
+                             GenerateWriter* out, uint32_t inject_nan_at) {
   Call call(ctx, request, deadline, out, inject_nan_at);
-  call.Run(std::move(ticket));
+  return call.Run(std::move(ticket));
 }
 
 }  // namespace specserve::scheduler

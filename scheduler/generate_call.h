@@ -11,35 +11,50 @@
 #ifndef SPECSERVE_SCHEDULER_GENERATE_CALL_H_
 #define SPECSERVE_SCHEDULER_GENERATE_CALL_H_
 
+#include <atomic>
+
 #include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
 #include "proto/specserve.pb.h"
 #include "scheduler/admission.h"
 #include "scheduler/scheduler_context.h"
-#include "telemetry/stream_reactor.h"
 
 namespace specserve::scheduler {
 
-// The client stream. Deltas queued behind an in-flight write are merged (ids
-// appended, text concatenated), so a slow client costs fewer messages.
-class GenerateWriter final
-    : public telemetry::StreamReactor<specserve::v1::GenerateEvent> {
- protected:
-  bool Merge(specserve::v1::GenerateEvent* into,
-             const specserve::v1::GenerateEvent& next) override {
-    if (!into->has_delta() || !next.has_delta()) return false;
-    into->mutable_delta()->mutable_ids()->MergeFrom(next.delta().ids());
-    into->mutable_delta()->mutable_text()->append(next.delta().text());
-    return true;
+// The client stream of one Generate call, written from the request's own
+// thread (a synchronous handler): each delta goes out as soon as it is made,
+// with no hand-off to another thread (hand-offs between gRPC threads were most
+// of the scheduler's CPU per token). A client that stops reading blocks Write
+// once HTTP/2 flow control is exhausted, which holds the worker's burst back
+// too (the worker then merges its token messages).
+class GenerateWriter {
+ public:
+  GenerateWriter(grpc::ServerContext* ctx,
+                 grpc::ServerWriter<specserve::v1::GenerateEvent>* stream)
+      : ctx_(ctx), stream_(stream) {}
+
+  // Sends `event`; false once the client is gone (nothing more is sent).
+  bool Write(const specserve::v1::GenerateEvent& event) {
+    if (cancelled()) return false;
+    if (!stream_->Write(event)) broken_ = true;
+    return !broken_;
   }
+  // Whether the client cancelled or the stream broke. Any thread.
+  bool cancelled() const { return broken_ || ctx_->IsCancelled(); }
+
+ private:
+  grpc::ServerContext* const ctx_;
+  grpc::ServerWriter<specserve::v1::GenerateEvent>* const stream_;
+  std::atomic<bool> broken_{false};
 };
 
-// Runs `request` and finishes `out` (the caller then calls out->Done()).
+// Runs `request`, writing its events to `out`; returns the call's status.
 // `inject_nan_at` (tests only, 0 = off): the request's n-th generated token
 // gets NaN logits on the worker (kInjectNanAtMetadata).
-void RunGenerateCall(SchedulerContext* ctx,
-                     const specserve::v1::GenerateRequest& request,
-                     absl::Time deadline, AdmissionTicket ticket,
-                     GenerateWriter* out, uint32_t inject_nan_at = 0);
+grpc::Status RunGenerateCall(SchedulerContext* ctx,
+                             const specserve::v1::GenerateRequest& request,
+                             absl::Time deadline, AdmissionTicket ticket,
+                             GenerateWriter* out, uint32_t inject_nan_at = 0);
 
 }  // namespace specserve::scheduler
 

@@ -1,7 +1,6 @@
 #include "scheduler/public_services.h"
 
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -14,7 +13,6 @@ namespace specserve::scheduler {
 namespace {
 
 using specserve::v1::GenerateEvent;
-using telemetry::FinishUnary;
 using telemetry::ToGrpc;
 
 grpc::Status Draining() {
@@ -29,15 +27,14 @@ grpc::Status NoTokenizer() {
 
 }  // namespace
 
-grpc::ServerWriteReactor<GenerateEvent>* GenerationService::Generate(
-    grpc::CallbackServerContext* ctx,
-    const specserve::v1::GenerateRequest* request) {
-  using Refused = telemetry::FinishedWriteReactor<GenerateEvent>;
+grpc::Status GenerationService::Generate(
+    grpc::ServerContext* ctx, const specserve::v1::GenerateRequest* request,
+    grpc::ServerWriter<GenerateEvent>* stream) {
   auto refuse = [this](absl::Status s) {
     ctx_->metrics->requests_rejected(s.code())->Increment();
-    return new Refused(ToGrpc(s));
+    return ToGrpc(s);
   };
-  if (telemetry::DrainRequested()) return new Refused(Draining());
+  if (telemetry::DrainRequested()) return Draining();
   if (ctx_->workers->NumAvailable() == 0) {
     return refuse(absl::UnavailableError(
         "no worker is available; see Admin.GetServerInfo"));
@@ -45,7 +42,8 @@ grpc::ServerWriteReactor<GenerateEvent>* GenerationService::Generate(
   // Cheap checks first: nothing is tokenized or queued for a bad request.
   Limits limits;
   if (!ctx_->CurrentLimits(&limits)) {
-    return refuse(absl::UnavailableError("no worker has reported its model yet"));
+    return refuse(
+        absl::UnavailableError("no worker has reported its model yet"));
   }
   absl::Status valid = ValidateGenerateRequest(*request, limits);
   if (!valid.ok()) return refuse(valid);
@@ -55,9 +53,9 @@ grpc::ServerWriteReactor<GenerateEvent>* GenerationService::Generate(
     const auto& md = ctx->client_metadata();
     auto it = md.find(kInjectNanAtMetadata);
     if (it != md.end() &&
-        !absl::SimpleAtoi(absl::string_view(it->second.data(),
-                                            it->second.size()),
-                          &inject_nan_at)) {
+        !absl::SimpleAtoi(
+            absl::string_view(it->second.data(), it->second.size()),
+            &inject_nan_at)) {
       return refuse(absl::InvalidArgumentError(
           absl::StrCat(kInjectNanAtMetadata, " must be a token index")));
     }
@@ -65,15 +63,10 @@ grpc::ServerWriteReactor<GenerateEvent>* GenerationService::Generate(
   auto ticket = ctx_->admission->TryAdmit();
   if (!ticket.ok()) return refuse(ticket.status());
 
-  auto* writer = new GenerateWriter();
-  const absl::Time deadline = absl::FromChrono(ctx->deadline());
-  std::thread([this, req = *request, deadline, writer, inject_nan_at,
-               t = std::move(*ticket)]() mutable {
-    telemetry::InFlightGuard in_flight;
-    RunGenerateCall(ctx_, req, deadline, std::move(t), writer, inject_nan_at);
-    writer->Done();
-  }).detach();
-  return writer;
+  telemetry::InFlightGuard in_flight;
+  GenerateWriter writer(ctx, stream);
+  return RunGenerateCall(ctx_, *request, absl::FromChrono(ctx->deadline()),
+                         std::move(*ticket), &writer, inject_nan_at);
 }
 
 std::vector<std::string> SessionsService::WorkerAddresses() const {
@@ -84,87 +77,80 @@ std::vector<std::string> SessionsService::WorkerAddresses() const {
   return out;
 }
 
-grpc::ServerUnaryReactor* SessionsService::OpenSession(
-    grpc::CallbackServerContext* ctx,
-    const specserve::v1::OpenSessionRequest* request,
+grpc::Status SessionsService::OpenSession(
+    grpc::ServerContext*, const specserve::v1::OpenSessionRequest* request,
     specserve::v1::SessionInfo* response) {
-  if (telemetry::DrainRequested()) return FinishUnary(ctx, Draining());
+  if (telemetry::DrainRequested()) return Draining();
   Limits limits;
   if (ctx_->CurrentLimits(&limits) &&
       request->capacity() > limits.max_context) {
-    return FinishUnary(
-        ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("capacity ", request->capacity(),
-                                       " exceeds the model context of ",
-                                       limits.max_context)));
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("capacity ", request->capacity(),
+                     " exceeds the model context of ", limits.max_context));
   }
   auto snap = ctx_->sessions->Open(request->capacity(), "");
-  if (!snap.ok()) return FinishUnary(ctx, ToGrpc(snap.status()));
+  if (!snap.ok()) return ToGrpc(snap.status());
   *response = snap->ToProto(WorkerAddresses());
-  return FinishUnary(ctx, grpc::Status::OK);
+  return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* SessionsService::GetSession(
-    grpc::CallbackServerContext* ctx,
-    const specserve::v1::GetSessionRequest* request,
+grpc::Status SessionsService::GetSession(
+    grpc::ServerContext*, const specserve::v1::GetSessionRequest* request,
     specserve::v1::SessionInfo* response) {
   auto snap = ctx_->sessions->Get(request->session_id(), "");
-  if (!snap.ok()) return FinishUnary(ctx, ToGrpc(snap.status()));
+  if (!snap.ok()) return ToGrpc(snap.status());
   *response = snap->ToProto(WorkerAddresses());
-  return FinishUnary(ctx, grpc::Status::OK);
+  return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* SessionsService::ListSessions(
-    grpc::CallbackServerContext* ctx, const specserve::v1::ListSessionsRequest*,
+grpc::Status SessionsService::ListSessions(
+    grpc::ServerContext*, const specserve::v1::ListSessionsRequest*,
     specserve::v1::ListSessionsResponse* response) {
   const std::vector<std::string> addresses = WorkerAddresses();
   for (const SessionSnapshot& s : ctx_->sessions->List("")) {
     *response->add_sessions() = s.ToProto(addresses);
   }
-  return FinishUnary(ctx, grpc::Status::OK);
+  return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* SessionsService::CloseSession(
-    grpc::CallbackServerContext* ctx,
-    const specserve::v1::CloseSessionRequest* request,
+grpc::Status SessionsService::CloseSession(
+    grpc::ServerContext*, const specserve::v1::CloseSessionRequest* request,
     specserve::v1::CloseSessionResponse*) {
   auto closed = ctx_->sessions->Close(request->session_id(), "");
-  if (!closed.ok()) return FinishUnary(ctx, ToGrpc(closed.status()));
+  if (!closed.ok()) return ToGrpc(closed.status());
   if (closed->was_busy) ctx_->requests->AbortSession(request->session_id());
   // Free the worker's copy (best effort: a dead worker has none anyway).
   // (Unreachable now, e.g. hung or restarting: freed when it answers again.)
   if (closed->worker >= 0 && !closed->was_busy) {
     ctx_->workers->ReleaseNowOrLater(closed->worker, request->session_id());
   }
-  return FinishUnary(ctx, grpc::Status::OK);
+  return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* TokenizationService::Tokenize(
-    grpc::CallbackServerContext* ctx,
-    const specserve::v1::TokenizeRequest* request,
+grpc::Status TokenizationService::Tokenize(
+    grpc::ServerContext*, const specserve::v1::TokenizeRequest* request,
     specserve::v1::TokenizeResponse* response) {
-  if (ctx_->tokenizer == nullptr) return FinishUnary(ctx, NoTokenizer());
+  if (ctx_->tokenizer == nullptr) return NoTokenizer();
   if (request->text().size() > ctx_->limits.max_text_bytes) {
-    return FinishUnary(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                         "text is too long"));
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "text is too long");
   }
   for (uint32_t id :
        ctx_->tokenizer->Encode(request->text(), request->parse_special())) {
     response->add_ids(id);
   }
-  return FinishUnary(ctx, grpc::Status::OK);
+  return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* TokenizationService::Detokenize(
-    grpc::CallbackServerContext* ctx,
-    const specserve::v1::DetokenizeRequest* request,
+grpc::Status TokenizationService::Detokenize(
+    grpc::ServerContext*, const specserve::v1::DetokenizeRequest* request,
     specserve::v1::DetokenizeResponse* response) {
-  if (ctx_->tokenizer == nullptr) return FinishUnary(ctx, NoTokenizer());
+  if (ctx_->tokenizer == nullptr) return NoTokenizer();
   std::vector<uint32_t> ids(request->ids().begin(), request->ids().end());
   auto text = ctx_->tokenizer->Decode(ids, request->skip_special());
-  if (!text.ok()) return FinishUnary(ctx, ToGrpc(text.status()));
+  if (!text.ok()) return ToGrpc(text.status());
   response->set_text(std::move(*text));
-  return FinishUnary(ctx, grpc::Status::OK);
+  return grpc::Status::OK;
 }
 
 }  // namespace specserve::scheduler

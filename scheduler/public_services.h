@@ -1,7 +1,9 @@
 // specserve.v1 Generation, Sessions and Tokenization over the shared
-// SchedulerContext. Generate runs each request on its own thread
-// (generate_call.h); the cheap refusals (draining, malformed input, a full
-// queue) happen before any thread or tokenization.
+// SchedulerContext. Generate is a synchronous handler: each request runs to
+// completion on the gRPC thread that received it (generate_call.h), so its
+// tokens go from the worker's stream to the client's on one thread; the cheap
+// refusals (draining, malformed input, a full queue) happen before any
+// tokenization.
 #ifndef SPECSERVE_SCHEDULER_PUBLIC_SERVICES_H_
 #define SPECSERVE_SCHEDULER_PUBLIC_SERVICES_H_
 
@@ -10,35 +12,32 @@
 
 namespace specserve::scheduler {
 
-class GenerationService final
-    : public specserve::v1::Generation::CallbackService {
+class GenerationService final : public specserve::v1::Generation::Service {
  public:
   explicit GenerationService(SchedulerContext* ctx) : ctx_(ctx) {}
-  grpc::ServerWriteReactor<specserve::v1::GenerateEvent>* Generate(
-      grpc::CallbackServerContext* ctx,
-      const specserve::v1::GenerateRequest* request) override;
+  grpc::Status Generate(
+      grpc::ServerContext* ctx, const specserve::v1::GenerateRequest* request,
+      grpc::ServerWriter<specserve::v1::GenerateEvent>* stream) override;
 
  private:
   SchedulerContext* const ctx_;
 };
 
-class SessionsService final : public specserve::v1::Sessions::CallbackService {
+class SessionsService final : public specserve::v1::Sessions::Service {
  public:
   explicit SessionsService(SchedulerContext* ctx) : ctx_(ctx) {}
-  grpc::ServerUnaryReactor* OpenSession(
-      grpc::CallbackServerContext* ctx,
-      const specserve::v1::OpenSessionRequest* request,
-      specserve::v1::SessionInfo* response) override;
-  grpc::ServerUnaryReactor* GetSession(
-      grpc::CallbackServerContext* ctx,
-      const specserve::v1::GetSessionRequest* request,
-      specserve::v1::SessionInfo* response) override;
-  grpc::ServerUnaryReactor* ListSessions(
-      grpc::CallbackServerContext* ctx,
+  grpc::Status OpenSession(grpc::ServerContext* ctx,
+                           const specserve::v1::OpenSessionRequest* request,
+                           specserve::v1::SessionInfo* response) override;
+  grpc::Status GetSession(grpc::ServerContext* ctx,
+                          const specserve::v1::GetSessionRequest* request,
+                          specserve::v1::SessionInfo* response) override;
+  grpc::Status ListSessions(
+      grpc::ServerContext* ctx,
       const specserve::v1::ListSessionsRequest* request,
       specserve::v1::ListSessionsResponse* response) override;
-  grpc::ServerUnaryReactor* CloseSession(
-      grpc::CallbackServerContext* ctx,
+  grpc::Status CloseSession(
+      grpc::ServerContext* ctx,
       const specserve::v1::CloseSessionRequest* request,
       specserve::v1::CloseSessionResponse* response) override;
 
@@ -47,18 +46,15 @@ class SessionsService final : public specserve::v1::Sessions::CallbackService {
   SchedulerContext* const ctx_;
 };
 
-class TokenizationService final
-    : public specserve::v1::Tokenization::CallbackService {
+class TokenizationService final : public specserve::v1::Tokenization::Service {
  public:
   explicit TokenizationService(SchedulerContext* ctx) : ctx_(ctx) {}
-  grpc::ServerUnaryReactor* Tokenize(
-      grpc::CallbackServerContext* ctx,
-      const specserve::v1::TokenizeRequest* request,
-      specserve::v1::TokenizeResponse* response) override;
-  grpc::ServerUnaryReactor* Detokenize(
-      grpc::CallbackServerContext* ctx,
-      const specserve::v1::DetokenizeRequest* request,
-      specserve::v1::DetokenizeResponse* response) override;
+  grpc::Status Tokenize(grpc::ServerContext* ctx,
+                        const specserve::v1::TokenizeRequest* request,
+                        specserve::v1::TokenizeResponse* response) override;
+  grpc::Status Detokenize(grpc::ServerContext* ctx,
+                          const specserve::v1::DetokenizeRequest* request,
+                          specserve::v1::DetokenizeResponse* response) override;
 
  private:
   SchedulerContext* const ctx_;

@@ -42,6 +42,8 @@ struct SchedulerOptions {
 // --enable_fault_injection).
 inline constexpr char kInjectNanAtMetadata[] = "x-specserve-inject-nan-at";
 
+class IdlePoller;  // scheduler/idle_poller.h
+
 struct SchedulerContext {
   SchedulerOptions options;
   // Request limits; vocab_size and max_context come from the workers' model
@@ -54,6 +56,8 @@ struct SchedulerContext {
   const tokenizer::Tokenizer* tokenizer = nullptr;
   telemetry::SchedulerMetrics* metrics = nullptr;
   RequestRegistry* requests = nullptr;
+  // Steps aside while a burst streams (null: no effect).
+  IdlePoller* idle_poller = nullptr;
   // `limits` with the model's vocabulary and context filled in from the
   // first available worker; false when no worker has reported a model.
   bool CurrentLimits(Limits* out) const {

@@ -17,10 +17,12 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "scheduler/admin_service.h"
 #include "scheduler/admission.h"
+#include "scheduler/idle_poller.h"
 #include "scheduler/public_services.h"
 #include "scheduler/request_registry.h"
 #include "scheduler/scheduler_context.h"
@@ -30,6 +32,7 @@
 #include "telemetry/metrics_http.h"
 #include "telemetry/scheduler_metrics.h"
 #include "telemetry/server_lifecycle.h"
+#include "telemetry/sync_health.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "Address to serve specserve.v1 on (host:port; port 0 picks a free "
@@ -66,6 +69,10 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  // Debian's Abseil is built without NDEBUG, which leaves Mutex deadlock
+  // detection on: every lock then updates a global lock graph, gRPC's own
+  // locks included (gpr_mu is an absl::Mutex), several times per token.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   std::vector<std::string> addresses =
       absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipEmpty());
@@ -169,6 +176,14 @@ int main(int argc, char** argv) {
   // larger requests first, as RESOURCE_EXHAUSTED, which reads as "retry".
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(context.limits.max_text_bytes) + (1 << 20));
+  // Every service here is synchronous, health included: one callback
+  // service would start gRPC's callback threads, which poll every socket and
+  // hand each event between themselves (telemetry/sync_health.h). Each call
+  // runs on a thread of the synchronous server's pool, whose idle threads
+  // wait without polling: only idle_poller's thread (or a streaming
+  // request's) polls the sockets.
+  specserve::telemetry::InstallSyncHealthService(&builder);
+  sched::IdlePoller idle_poller(&builder);
   builder.RegisterService(&admin);
   builder.RegisterService(&generation);
   builder.RegisterService(&sessions_service);
@@ -178,6 +193,8 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_listen);
     return 1;
   }
+  context.idle_poller = &idle_poller;
+  idle_poller.Start();
   std::printf("specserve_scheduler listening on port %d\n", port);
   std::fflush(stdout);
 
@@ -186,8 +203,9 @@ int main(int argc, char** argv) {
       {"specserve.v1.Generation", "specserve.v1.Sessions",
        "specserve.v1.Tokenization", "specserve.v1.Admin"},
       absl::Seconds(absl::GetFlag(FLAGS_drain_grace_seconds)));
-  // Requests cut off at the end of the grace period run on their own
-  // threads and use what main() owns (admission, sessions, workers): stop
+  idle_poller.Stop();
+  // Requests cut off at the end of the grace period still run on the
+  // server's handler threads and use what main() owns (admission, sessions, workers): stop
   // them and wait before tearing that down (destroying the admission
   // controller under a live ticket aborted the process). One stuck in a
   // worker call past the bound would touch freed state: exit without
