@@ -149,6 +149,36 @@ TEST_P(BackendOpsTest, Matmul) {
   }
 }
 
+// A fused-norm matmul gives the bits of RmsNorm into a buffer followed by
+// the plain matmul: short vectors (a warp per vector on CUDA) and long ones
+// (a block), few rows (fused in the CUDA kernel) and many (normalised
+// first), with accumulation and a row stride.
+TEST_P(BackendOpsTest, MatmulFusedNormEqualsRmsNormThenMatmul) {
+  for (int in : {256, 1032}) {
+    for (int rows : {1, 3, 8, 9, 20}) {
+      const int out = 45, xs = in + 4;
+      std::vector<float> x = Random(rows * xs, &rng_, -3, 3), nw = Random(in, &rng_),
+                         y0 = Random(rows * out, &rng_);
+      std::vector<uint16_t> wh = RandomHalf(out * in, DType::kBF16, &rng_);
+      Buffer xb = Up(x), nb = Up(nw), wb = UpRaw(wh.data(), wh.size() * 2);
+      auto w = backend_->UploadWeight(DType::kBF16, wb.data(), out, in);
+      ASSERT_TRUE(w.ok());
+      MatmulParams p = DenseMatmul(rows, xb.f32(), *w, nullptr, /*accumulate=*/true);
+      p.x_stride = xs;
+      p.norm_weight = nb.f32();
+      p.norm_eps = 1e-6f;
+      Buffer fused = Up(y0), separate = Up(y0), normed = Up(std::vector<float>(rows * in));
+      p.y = fused.f32();
+      ASSERT_TRUE(backend_->Matmul(p).ok());
+      ASSERT_TRUE(backend_->RmsNorm(FusedNormOf(p, normed.f32())).ok());
+      MatmulParams plain = DenseMatmul(rows, normed.f32(), *w, separate.f32(), true);
+      ASSERT_TRUE(backend_->Matmul(plain).ok());
+      EXPECT_EQ(Down(fused, rows * out), Down(separate, rows * out))
+          << "in=" << in << " rows=" << rows;
+    }
+  }
+}
+
 TEST_P(BackendOpsTest, MatmulStridedRowsAreRowInvariant) {
   // Large enough that 16 rows run on the thread pool and 1 row does not.
   const int in = 301, out = 67, rows = 16, xs = 304, ys = 70;

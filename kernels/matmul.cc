@@ -20,6 +20,20 @@ MatmulParams DenseMatmul(int64_t rows, const float* x, const Weight& w,
   return p;
 }
 
+RmsNormParams FusedNormOf(const MatmulParams& p, float* y) {
+  RmsNormParams n;
+  n.rows = p.rows;
+  n.dim = p.in;
+  n.x = p.x;
+  n.x_stride = p.x_stride;
+  n.y = y;
+  n.y_stride = p.in;
+  n.weight = p.norm_weight;
+  n.plus_one = p.norm_plus_one;
+  n.eps = p.norm_eps;
+  return n;
+}
+
 absl::Status Validate(const MatmulParams& p) {
   SS_KERNEL_CHECK(p.rows >= 1 && p.in >= 1 && p.out >= 1,
                   "matmul: empty shape");

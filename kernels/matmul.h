@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/rms_norm.h"
 #include "kernels/types.h"
 
 namespace specserve::kernels {
@@ -27,11 +28,22 @@ struct MatmulParams {
   int64_t y_stride = 0;  // elements between rows of y (>= out)
   // true: y += x·Wᵀ (the residual add, fused); false: y = x·Wᵀ.
   bool accumulate = false;
+  // Optional RMSNorm of each x row fused in front (a block's input norm):
+  // with norm_weight set, x is read as RmsNorm(x) with these fields
+  // (kernels/rms_norm.h: plus_one, eps; dim = in), and the result equals an
+  // RmsNorm into a buffer followed by this matmul, bit for bit.
+  const float* norm_weight = nullptr;  // [in]
+  bool norm_plus_one = true;
+  float norm_eps = 1e-6f;
 };
 
 // Fills the params for y = x·Wᵀ with dense strides.
 MatmulParams DenseMatmul(int64_t rows, const float* x, const Weight& w,
                          float* y, bool accumulate = false);
+
+// The RmsNorm a fused-norm matmul applies to x, as its own op's params
+// (x rows normalised into `y`, dense).
+RmsNormParams FusedNormOf(const MatmulParams& p, float* y);
 
 absl::Status Validate(const MatmulParams& p);
 

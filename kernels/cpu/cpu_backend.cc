@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/attention.h"
@@ -86,7 +87,18 @@ absl::Status CpuBackend::Embed(const EmbedParams& p) {
 
 absl::Status CpuBackend::Matmul(const MatmulParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  cpu::Matmul(p, pool_.get());
+  if (p.norm_weight == nullptr) {
+    cpu::Matmul(p, pool_.get());
+    return absl::OkStatus();
+  }
+  // The fused norm is, by definition, RmsNorm then the plain matmul.
+  std::vector<float> normed(static_cast<size_t>(p.rows * p.in));
+  cpu::RmsNorm(FusedNormOf(p, normed.data()));
+  MatmulParams plain = p;
+  plain.x = normed.data();
+  plain.x_stride = p.in;
+  plain.norm_weight = nullptr;
+  cpu::Matmul(plain, pool_.get());
   return absl::OkStatus();
 }
 

@@ -228,6 +228,18 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
   r.ws = Workspace{workspace_.get(), workspace_bytes_};
   r.counters = static_cast<int*>(matmul_counters_.get());
   r.x_splits = matmul_x_splits_;
+  if (p.norm_weight != nullptr) {  // (fused or not: LaunchMatmul decides)
+    const size_t need = static_cast<size_t>(p.rows * p.in) * sizeof(float);
+    if (need > norm_scratch_bytes_) {
+      // The stream may still use the old buffer: wait before freeing it.
+      SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "norm scratch sync");
+      norm_scratch_.reset();
+      norm_scratch_bytes_ = 0;
+      SS_ASSIGN_OR_RETURN(norm_scratch_, AllocateDevice(need));
+      norm_scratch_bytes_ = need;
+    }
+  }
+  r.norm_scratch = Workspace{norm_scratch_.get(), norm_scratch_bytes_};
   return LaunchMatmul(p, r, stream_.get());
 }
 

@@ -108,6 +108,9 @@ class CudaBackend : public Backend {
   DeviceMemory workspace_;
   const size_t workspace_bytes_;
   DeviceMemory matmul_counters_;  // MmaMatmulCounters() ints, kept zero
+  // Unfused fused-norm matmuls (ops.h MatmulResources); grows on demand.
+  DeviceMemory norm_scratch_;
+  size_t norm_scratch_bytes_ = 0;
   const int matmul_x_splits_;
   // One pinned int the Embed kernel sets to 1 on a bad id (host-mapped).
   PinnedMemory error_flag_;

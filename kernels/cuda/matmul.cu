@@ -176,7 +176,22 @@ absl::Status RunTyped(const MatmulParams& p, cudaStream_t stream) {
 absl::Status LaunchMatmul(const MatmulParams& p, const MatmulResources& r,
                           cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
-  if (r.x_splits != 0 && MmaMatmulApplies(p)) {
+  const bool mma = r.x_splits != 0 && MmaMatmulApplies(p);
+  if (p.norm_weight != nullptr && !(mma && p.rows <= kMaxFusedNormRows)) {
+    // Unfused: the same RmsNorm into scratch, then the plain matmul.
+    const size_t need = static_cast<size_t>(p.rows * p.in) * sizeof(float);
+    if (r.norm_scratch.bytes < need) {
+      return absl::InternalError("matmul: norm scratch too small");
+    }
+    float* normed = static_cast<float*>(r.norm_scratch.data);
+    if (absl::Status s = LaunchRmsNorm(FusedNormOf(p, normed), stream); !s.ok()) return s;
+    MatmulParams plain = p;
+    plain.x = normed;
+    plain.x_stride = p.in;
+    plain.norm_weight = nullptr;
+    return LaunchMatmul(plain, r, stream);
+  }
+  if (mma) {
     return LaunchMmaMatmul(p, r.x_splits, r.ws, r.counters, stream);
   }
   switch (p.w_dtype) {

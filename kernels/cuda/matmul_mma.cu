@@ -56,6 +56,8 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/matmul_mma.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/rms_inv.cuh"
 
 namespace specserve::kernels::cuda {
 namespace {
@@ -72,6 +74,7 @@ constexpr int kMinSegK = 256;                    // shortest segment a plan make
 constexpr int kUnitOverheadK = 128;              // a unit's start-up, in k
 constexpr int kPlanBlocks = 264;                 // 2 per SM on a 132-SM H100/H200
 int g_force_segs = 0;                            // bench override (0: plan)
+static_assert(kThreads == kRmsBlockThreads, "the fused norm reduces with the whole block");
 
 struct MmaArgs {
   MatmulParams p;
@@ -144,6 +147,8 @@ template <int NT, int SPLITS>
 __global__ void __launch_bounds__(kThreads) MmaMatmulKernel(MmaArgs a) {
   extern __shared__ uint4 xs[];  // [kRing][SPLITS][NT][2 halves][32 lanes]
   __shared__ int is_last;
+  __shared__ double sm_part[8][kRmsBlockThreads / 32];
+  __shared__ float sm_inv[8];  // fused norm: 1/rms of each token (NT == 1)
   LetNextKernelLaunch();
   const MatmulParams& p = a.p;
   const int tid = threadIdx.x;
@@ -182,6 +187,24 @@ __global__ void __launch_bounds__(kThreads) MmaMatmulKernel(MmaArgs a) {
   const bool x_vec = (reinterpret_cast<uintptr_t>(p.x) % 16 == 0) && (p.x_stride % 4 == 0);
   const float* xb = p.x + a.t0 * p.x_stride;
 
+  // Fused norm (at most 8 tokens, so NT == 1): each token's 1/rms exactly
+  // as RmsNorm computes it (rms_inv.cuh), then x is normalised as staged.
+  bool fused_norm = false;
+  if constexpr (NT == 1) {
+    fused_norm = p.norm_weight != nullptr;
+    if (fused_norm) {
+      if (p.in >= kRmsBlockDim) {
+        BlockInvRmsRows<8>(xb, p.x_stride, a.tokens, p.in, p.norm_eps, sm_part, sm_inv);
+      } else {
+        if (warp < a.tokens) {
+          const float inv = WarpInvRms(xb + warp * p.x_stride, p.in, p.norm_eps, lane);
+          if (lane == 0) sm_inv[warp] = inv;
+        }
+        __syncthreads();
+      }
+    }
+  }
+
   for (int64_t cu = blockIdx.x; cu < units; cu += gridDim.x) {
     const UnitView cv = ViewUnit(a, cu, warp, g, q);
     const int64_t kend = cv.kbeg + cv.klen;
@@ -211,6 +234,12 @@ __global__ void __launch_bounds__(kThreads) MmaMatmulKernel(MmaArgs a) {
           } else {
 #pragma unroll
             for (int e = 0; e < 8; ++e) v[e] = src[e];
+          }
+          if (fused_norm) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              v[e] = NormedElem(v[e], sm_inv[tok], p.norm_weight, k + e, p.norm_plus_one);
+            }
           }
         } else {
 #pragma unroll
@@ -397,6 +426,9 @@ absl::Status LaunchMmaMatmul(const MatmulParams& p, int splits, const Workspace&
                              int* counters, cudaStream_t stream) {
   if (splits != 2 && splits != 3) {
     return absl::InvalidArgumentError("matmul: splits must be 2 or 3");
+  }
+  if (p.norm_weight != nullptr && p.rows > kMaxFusedNormRows) {
+    return absl::InternalError("matmul: a fused norm takes at most 8 rows here");
   }
   const MmaPlan plan = PlanMmaMatmul(p.in, p.out);
   if (plan.tiles * plan.segs > 0x7fffffff) {

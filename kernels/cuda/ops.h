@@ -58,7 +58,14 @@ struct MatmulResources {
   Workspace ws;
   int* counters = nullptr;
   int x_splits = 2;
+  // A fused-norm matmul the tensor-core kernel does not fuse (more than
+  // kMaxFusedNormRows rows, or another path) normalises x here first:
+  // needs rows·in floats.
+  Workspace norm_scratch;
 };
+
+// Rows up to which the tensor-core matmul applies a fused norm itself.
+constexpr int64_t kMaxFusedNormRows = 8;
 
 // Weight-streaming GEMV/GEMM for any T (see matmul.cu and matmul_mma.cu
 // for the fixed reduction orders).

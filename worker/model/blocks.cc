@@ -1,6 +1,7 @@
 // The three sublayers of a decoder layer, on `rows` rows of the workspace:
-// each reads the normed input from ws.xn and adds its output to the residual
-// stream ws.h (the matmul's fused accumulate). Math: MODEL.md.
+// each reads the residual stream ws.h through its layer norm (fused into its
+// first matmuls: kernels/matmul.h norm_weight) and adds its output to ws.h
+// (the matmul's fused accumulate). Math: MODEL.md.
 // The rows may belong to several sessions (Model::Slice, DecodeBatch):
 // matmuls and norms run once over all rows (row-invariant, so each row is
 // bit-identical to a pass of its session alone); RoPE, attention, conv and
@@ -19,6 +20,20 @@ namespace specserve::model {
 
 using kernels::DenseMatmul;
 using kernels::MatmulParams;
+
+namespace {
+
+// y = RmsNorm(h; norm)·Wᵀ, the norm fused into the matmul.
+MatmulParams NormedMatmul(int rows, const float* h, const Buffer& norm, float eps,
+                          const kernels::Weight& w, float* y) {
+  MatmulParams p = DenseMatmul(rows, h, w, y);
+  p.norm_weight = norm.f32();
+  p.norm_plus_one = true;
+  p.norm_eps = eps;
+  return p;
+}
+
+}  // namespace
 
 absl::Status Model::FullAttentionBlock(const LayerWeights& w,
                                        absl::Span<KvCache* const> kvs,
@@ -40,11 +55,11 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w,
       direct ? kvs[0]->k.f32() + slices[0].start * kv_dim : ws.k.f32();
   float* v_rows =
       direct ? kvs[0]->v.f32() + slices[0].start * kv_dim : ws.v.f32();
-  SS_RETURN_IF_ERROR(be.Matmul(DenseMatmul(rows, ws.xn.f32(), a.q_proj, q)));
-  SS_RETURN_IF_ERROR(
-      be.Matmul(DenseMatmul(rows, ws.xn.f32(), a.k_proj, k_rows)));
-  SS_RETURN_IF_ERROR(
-      be.Matmul(DenseMatmul(rows, ws.xn.f32(), a.v_proj, v_rows)));
+  const float* h = ws.h.f32();
+  const float eps = c.rms_norm_eps;
+  SS_RETURN_IF_ERROR(be.Matmul(NormedMatmul(rows, h, w.input_norm, eps, a.q_proj, q)));
+  SS_RETURN_IF_ERROR(be.Matmul(NormedMatmul(rows, h, w.input_norm, eps, a.k_proj, k_rows)));
+  SS_RETURN_IF_ERROR(be.Matmul(NormedMatmul(rows, h, w.input_norm, eps, a.v_proj, v_rows)));
 
   // q_norm over the query half of every head (stride 2·hd), k_norm per kv head.
   kernels::RmsNormParams qn;
@@ -195,7 +210,8 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
   const float* const z = mixed + conv_dim;
   const float* const b = z + value_dim;
   const float* const a = b + nv;
-  SS_RETURN_IF_ERROR(be.Matmul(DenseMatmul(rows, ws.xn.f32(), l.in_proj, mixed)));
+  SS_RETURN_IF_ERROR(be.Matmul(
+      NormedMatmul(rows, ws.h.f32(), w.input_norm, c.rms_norm_eps, l.in_proj, mixed)));
 
   // Commit: states update in place. Verify: the committed state is only
   // read; the state after column t goes to capture slot t.
@@ -282,10 +298,13 @@ absl::Status Model::MlpBlock(const LayerWeights& w, int rows) {
   kernels::Backend& be = *backend_;
   Workspace& ws = *ws_;
   float* gate = ws.mlp.f32();  // [rows][2I]: gate half then up half
-  MatmulParams g = DenseMatmul(rows, ws.xn.f32(), w.mlp.gate_proj, gate);
+  const float eps = config_.rms_norm_eps;
+  MatmulParams g =
+      NormedMatmul(rows, ws.h.f32(), w.post_attention_norm, eps, w.mlp.gate_proj, gate);
   g.y_stride = 2 * I;
   SS_RETURN_IF_ERROR(be.Matmul(g));
-  MatmulParams u = DenseMatmul(rows, ws.xn.f32(), w.mlp.up_proj, gate + I);
+  MatmulParams u =
+      NormedMatmul(rows, ws.h.f32(), w.post_attention_norm, eps, w.mlp.up_proj, gate + I);
   u.y_stride = 2 * I;
   SS_RETURN_IF_ERROR(be.Matmul(u));
   kernels::SwigluParams s;

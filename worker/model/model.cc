@@ -52,7 +52,6 @@ absl::Status Model::EnsureWorkspace() {
   const size_t H = c.hidden_size;
   SS_RETURN_IF_ERROR(floats(&ws->ids, 1));
   SS_RETURN_IF_ERROR(floats(&ws->h, H));
-  SS_RETURN_IF_ERROR(floats(&ws->xn, H));
   SS_RETURN_IF_ERROR(floats(&ws->hidden, H));
   SS_RETURN_IF_ERROR(floats(&ws->mixed, c.in_proj_dim()));
   SS_RETURN_IF_ERROR(floats(&ws->conv_out, c.conv_dim()));
@@ -172,21 +171,11 @@ absl::Status Model::RunTrunk(absl::Span<ModelState* const> states,
   e.out_stride = c.hidden_size;
   SS_RETURN_IF_ERROR(be.Embed(e));
 
-  kernels::RmsNormParams norm;
-  norm.rows = rows;
-  norm.dim = c.hidden_size;
-  norm.x = ws.h.f32();
-  norm.x_stride = c.hidden_size;
-  norm.y = ws.xn.f32();
-  norm.y_stride = c.hidden_size;
-  norm.eps = c.rms_norm_eps;
 
   size_t kv_i = 0, lin_i = 0;
   std::vector<KvCache*> kvs(states.size());
   std::vector<LinearCache*> linear(states.size());
   for (const LayerWeights& layer : weights_.layers) {
-    norm.weight = layer.input_norm.f32();
-    SS_RETURN_IF_ERROR(be.RmsNorm(norm));
     if (layer.type == LayerType::kFullAttention) {
       for (size_t i = 0; i < states.size(); ++i) kvs[i] = &states[i]->kv_[kv_i];
       batch.k = table(2 * kv_i);
@@ -203,12 +192,17 @@ absl::Status Model::RunTrunk(absl::Span<ModelState* const> states,
       SS_RETURN_IF_ERROR(LinearAttentionBlock(
           layer, linear, slices, mode, rows, session_batch ? &batch : nullptr));
     }
-    norm.weight = layer.post_attention_norm.f32();
-    SS_RETURN_IF_ERROR(be.RmsNorm(norm));
     SS_RETURN_IF_ERROR(MlpBlock(layer, rows));
   }
-  norm.weight = weights_.final_norm.f32();
+  kernels::RmsNormParams norm;
+  norm.rows = rows;
+  norm.dim = c.hidden_size;
+  norm.x = ws.h.f32();
+  norm.x_stride = c.hidden_size;
   norm.y = ws.hidden.f32();
+  norm.y_stride = c.hidden_size;
+  norm.weight = weights_.final_norm.f32();
+  norm.eps = c.rms_norm_eps;
   return be.RmsNorm(norm);
 }
 

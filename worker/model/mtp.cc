@@ -86,21 +86,17 @@ absl::Status Model::MtpForward(ModelState* state,
     SS_RETURN_IF_ERROR(be.Matmul(
         kernels::DenseMatmul(rows, ws.mtp_cat.f32(), m.fc, ws.h.f32())));
 
-    // One decoder layer on the MTP cache, then the head's norm.
-    norm.x = ws.h.f32();
-    norm.y = ws.xn.f32();
-    norm.y_stride = H;
-    norm.weight = m.layer.input_norm.f32();
-    SS_RETURN_IF_ERROR(be.RmsNorm(norm));
+    // One decoder layer on the MTP cache (its norms fused into the
+    // blocks' matmuls), then the head's norm.
     KvCache* kv = &state->mtp_kv_;
     const Slice slice{0, rows, start};
     SS_RETURN_IF_ERROR(FullAttentionBlock(m.layer, absl::MakeConstSpan(&kv, 1),
                                           absl::MakeConstSpan(&slice, 1),
                                           rows, /*batch=*/nullptr));
-    norm.weight = m.layer.post_attention_norm.f32();
-    SS_RETURN_IF_ERROR(be.RmsNorm(norm));
     SS_RETURN_IF_ERROR(MlpBlock(m.layer, rows));
+    norm.x = ws.h.f32();
     norm.y = ws.hidden.f32();
+    norm.y_stride = H;
     norm.weight = m.norm.f32();
     SS_RETURN_IF_ERROR(be.RmsNorm(norm));
     state->mtp_length_ = start + rows;

@@ -15,7 +15,6 @@ namespace specserve::model {
 struct Model::Workspace {
   Buffer ids;       // int32 [R]
   Buffer h;         // [R][H] residual stream
-  Buffer xn;        // [R][H] normed block input
   Buffer hidden;    // [R][H] final-norm hidden (lm_head input)
   Buffer mixed;     // [R][in_proj_dim] in_proj output: [qkv conv_dim |
                     // z value_dim (output gate) | b nv | a nv]

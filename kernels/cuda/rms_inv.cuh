@@ -1,0 +1,109 @@
+// The inverse RMS of one vector and the normalised element, exactly as
+// RmsNorm (rms_norm.cu) computes them. The tensor-core matmul's fused norm
+// (matmul_mma.cu) uses the same functions, so a fused-norm matmul gives
+// the bits of RmsNorm followed by a plain matmul.
+//
+// Order: Σx² is accumulated in double (x·x is exact in double). Vectors
+// shorter than kRmsBlockDim take one warp: lane sums i ≡ lane (mod 32),
+// then a xor butterfly. Longer ones (the hidden-size norms) take a block of
+// kRmsBlockThreads: thread sums i ≡ tid (mod 256), butterflies per warp,
+// then warp partials 0..7 in order. As on the CPU the mean is rounded to
+// float and inv = 1/sqrt(mean + eps) in fp32. Which variant runs depends
+// on dim only.
+#ifndef SPECSERVE_KERNELS_CUDA_RMS_INV_CUH_
+#define SPECSERVE_KERNELS_CUDA_RMS_INV_CUH_
+
+#include "kernels/cuda/common.cuh"
+
+namespace specserve::kernels::cuda {
+
+constexpr int64_t kRmsBlockDim = 1024;
+constexpr int kRmsBlockThreads = 256;
+
+// Every lane of the warp returns the same value.
+__device__ __forceinline__ float WarpInvRms(const float* x, int64_t dim, float eps, int lane) {
+  double ss = 0.0;
+  for (int64_t i = lane; i < dim; i += 32) {
+    const double v = x[i];
+    ss = __dadd_rn(ss, __dmul_rn(v, v));
+  }
+  ss = WarpSumD(ss);
+  const float mean = static_cast<float>(ss / static_cast<double>(dim));
+  return 1.0f / sqrtf(__fadd_rn(mean, eps));
+}
+
+// Called by all kRmsBlockThreads threads of the block (two barriers; the
+// first also orders every read of x before anything after the call).
+// `sm_part` holds kRmsBlockThreads / 32 doubles.
+__device__ __forceinline__ float BlockInvRms(const float* x, int64_t dim, float eps,
+                                             double* sm_part, float* sm_inv) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  double ss = 0.0;
+#pragma unroll 4
+  for (int64_t i = threadIdx.x; i < dim; i += kRmsBlockThreads) {
+    const double v = x[i];
+    ss = __dadd_rn(ss, __dmul_rn(v, v));
+  }
+  ss = WarpSumD(ss);
+  if (lane == 0) sm_part[warp] = ss;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < kRmsBlockThreads / 32; ++w) total = __dadd_rn(total, sm_part[w]);
+    const float mean = static_cast<float>(total / static_cast<double>(dim));
+    *sm_inv = 1.0f / sqrtf(__fadd_rn(mean, eps));
+  }
+  __syncthreads();
+  return *sm_inv;
+}
+
+// BlockInvRms of rows x, x + x_stride, ... (rows <= MAXT) in one pass: each
+// row's sum runs in exactly BlockInvRms's order, so each gets the same bits.
+// Called by all kRmsBlockThreads threads; sm_inv[r] holds row r's value
+// after the call (two barriers).
+template <int MAXT>
+__device__ __forceinline__ void BlockInvRmsRows(const float* x, int64_t x_stride, int rows,
+                                                int64_t dim, float eps,
+                                                double (*sm_part)[kRmsBlockThreads / 32],
+                                                float* sm_inv) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  double ss[MAXT];
+#pragma unroll
+  for (int r = 0; r < MAXT; ++r) ss[r] = 0.0;
+#pragma unroll 4
+  for (int64_t i = threadIdx.x; i < dim; i += kRmsBlockThreads) {
+#pragma unroll
+    for (int r = 0; r < MAXT; ++r) {
+      if (r < rows) {
+        const double v = x[r * x_stride + i];
+        ss[r] = __dadd_rn(ss[r], __dmul_rn(v, v));
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < MAXT; ++r) {
+    const double s = WarpSumD(ss[r]);
+    if (lane == 0 && r < rows) sm_part[r][warp] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x < rows) {
+    const int r = threadIdx.x;
+    double total = 0.0;
+    for (int w = 0; w < kRmsBlockThreads / 32; ++w) total = __dadd_rn(total, sm_part[r][w]);
+    const float mean = static_cast<float>(total / static_cast<double>(dim));
+    sm_inv[r] = 1.0f / sqrtf(__fadd_rn(mean, eps));
+  }
+  __syncthreads();
+}
+
+// Element i of the normalised vector: (x·inv)·w, w = 1 + weight[i] when
+// plus_one (two roundings, as on the CPU).
+__device__ __forceinline__ float NormedElem(float x, float inv, const float* weight, int64_t i,
+                                            bool plus_one) {
+  const float w = plus_one ? __fadd_rn(1.0f, weight[i]) : weight[i];
+  return __fmul_rn(__fmul_rn(x, inv), w);
+}
+
+}  // namespace specserve::kernels::cuda
+
+#endif  // SPECSERVE_KERNELS_CUDA_RMS_INV_CUH_
