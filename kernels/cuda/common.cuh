@@ -138,9 +138,17 @@ inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // matmul_mma.cu, even reads its weights before it waits). The delta rule
 // and attention keep plain launches: launched this way the delta rule ran
 // 2x slower on the H200 (cause not found), and neither gains.
-__device__ __forceinline__ void PdlBegin() {
+__device__ __forceinline__ void PdlLetNextLaunch() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+// Waits until the previous grid has finished and its writes are visible (a
+// no-op for a plain launch).
+__device__ __forceinline__ void PdlWait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+__device__ __forceinline__ void PdlBegin() {
+  PdlLetNextLaunch();
+  PdlWait();
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) as a programmatic

@@ -87,13 +87,6 @@ struct MmaArgs {
   int* counters;   // [tiles], zero on entry and on exit
 };
 
-__device__ __forceinline__ void LetNextKernelLaunch() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-__device__ __forceinline__ void WaitForPrecedingKernel() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-}
-
 __device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                     uint32_t a3, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -149,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) MmaMatmulKernel(MmaArgs a) {
   __shared__ int is_last;
   __shared__ double sm_part[8][kRmsBlockThreads / 32];
   __shared__ float sm_inv[8];  // fused norm: 1/rms of each token (NT == 1)
-  LetNextKernelLaunch();
+  PdlLetNextLaunch();
   const MatmulParams& p = a.p;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -182,7 +175,7 @@ __global__ void __launch_bounds__(kThreads) MmaMatmulKernel(MmaArgs a) {
   };
 #pragma unroll
   for (int u = 0; u < kRing; ++u) load_next(u);
-  WaitForPrecedingKernel();
+  PdlWait();  // only the weights were read before this
 
   const bool x_vec = (reinterpret_cast<uintptr_t>(p.x) % 16 == 0) && (p.x_stride % 4 == 0);
   const float* xb = p.x + a.t0 * p.x_stride;
@@ -286,32 +279,27 @@ __global__ void __launch_bounds__(kThreads) MmaMatmulKernel(MmaArgs a) {
 
     // acc[n] = (row g, tokens 2q, 2q+1), (row g+8, tokens 2q, 2q+1) of N-tile n.
     const int64_t o_base = cv.tile * kTileOut + warp * kRowsPerWarp;
-    if (a.segs == 1) {
+    auto each_output = [&](auto&& fn) {
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int64_t o = o_base + g + (i >> 1) * 8;
           const int tok = n * 8 + 2 * q + (i & 1);
-          if (o < p.out && tok < a.tokens) {
-            float* y = p.y + (a.t0 + tok) * p.y_stride + o;
-            *y = p.accumulate ? __fadd_rn(*y, acc[n][i]) : acc[n][i];
-          }
+          if (o < p.out && tok < a.tokens) fn(o, tok, acc[n][i]);
         }
       }
+    };
+    if (a.segs == 1) {
+      each_output([&](int64_t o, int tok, float v) {
+        float* y = p.y + (a.t0 + tok) * p.y_stride + o;
+        *y = p.accumulate ? __fadd_rn(*y, v) : v;
+      });
       continue;
     }
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t o = o_base + g + (i >> 1) * 8;
-        const int tok = n * 8 + 2 * q + (i & 1);
-        if (o < p.out && tok < a.tokens) {
-          a.partial[(static_cast<int64_t>(cv.seg) * a.tokens + tok) * p.out + o] = acc[n][i];
-        }
-      }
-    }
+    each_output([&](int64_t o, int tok, float v) {
+      a.partial[(static_cast<int64_t>(cv.seg) * a.tokens + tok) * p.out + o] = v;
+    });
     __threadfence();
     __syncthreads();
     if (tid == 0) is_last = atomicAdd(&a.counters[cv.tile], 1) == a.segs - 1;
@@ -355,32 +343,23 @@ int64_t ResidentBlocks(size_t smem) {
 }
 
 template <int NT, int SPLITS>
-absl::Status Launch(const MmaArgs& a, bool programmatic, cudaStream_t stream) {
+absl::Status Launch(const MmaArgs& a, cudaStream_t stream) {
   const size_t smem = sizeof(uint4) * kRing * SPLITS * NT * 2 * 32;
   const int64_t resident = ResidentBlocks<NT, SPLITS>(smem);
   if (resident <= 0) return absl::InternalError("matmul: no occupancy for the kernel");
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(std::min(a.tiles * a.segs, resident)));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = programmatic ? 1 : 0;
-  SS_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, MmaMatmulKernel<NT, SPLITS>, a),
-                          "matmul (tensor core) launch");
+  LaunchPdl(MmaMatmulKernel<NT, SPLITS>,
+            dim3(static_cast<unsigned>(std::min(a.tiles * a.segs, resident))), kThreads, smem,
+            stream, a);
   return LaunchStatus("matmul (tensor core) launch");
 }
 
 template <int SPLITS>
-absl::Status LaunchSplits(const MmaArgs& a, bool programmatic, cudaStream_t stream) {
+absl::Status LaunchSplits(const MmaArgs& a, cudaStream_t stream) {
   const int nt = (a.tokens + 7) / 8;
-  if (nt <= 1) return Launch<1, SPLITS>(a, programmatic, stream);
-  if (nt <= 2) return Launch<2, SPLITS>(a, programmatic, stream);
-  if (nt <= 4) return Launch<4, SPLITS>(a, programmatic, stream);
-  return Launch<8, SPLITS>(a, programmatic, stream);
+  if (nt <= 1) return Launch<1, SPLITS>(a, stream);
+  if (nt <= 2) return Launch<2, SPLITS>(a, stream);
+  if (nt <= 4) return Launch<4, SPLITS>(a, stream);
+  return Launch<8, SPLITS>(a, stream);
 }
 
 }  // namespace
@@ -453,8 +432,7 @@ absl::Status LaunchMmaMatmul(const MatmulParams& p, int splits, const Workspace&
     a.tiles = plan.tiles;
     a.partial = static_cast<float*>(ws.data);
     a.counters = counters;
-    absl::Status s = splits == 3 ? LaunchSplits<3>(a, /*programmatic=*/true, stream)
-                                 : LaunchSplits<2>(a, /*programmatic=*/true, stream);
+    absl::Status s = splits == 3 ? LaunchSplits<3>(a, stream) : LaunchSplits<2>(a, stream);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
