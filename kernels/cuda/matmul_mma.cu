@@ -43,6 +43,11 @@
 // in segment order. The plan (segments per shape) balances the units over
 // kPlanBlocks blocks; it depends on the shape only.
 //
+// Fused norm (MatmulParams.norm_weight, at most kMaxFusedNormRows tokens):
+// after the wait, the block computes each token's 1/rms exactly as RmsNorm
+// does (rms_inv.cuh) and normalises x while staging it, so the result is
+// that of RmsNorm followed by this matmul, bit for bit.
+//
 // Launch overlap: the kernel is a programmatic dependent of the previous
 // one and lets the next kernel launch at once (griddepcontrol): its weight
 // ring fills while the previous kernel drains; x, y, the workspace and the
