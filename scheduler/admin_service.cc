@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "scheduler/load_model.h"
 #include "telemetry/grpc_reactors.h"
 #include "telemetry/server_lifecycle.h"
 
@@ -37,12 +38,13 @@ grpc::Status AdminService::GetModelInfo(
                       "model; see GetServerInfo for details");
 }
 
-grpc::Status AdminService::LoadModel(grpc::ServerContext*,
-                                     const specserve::v1::LoadModelRequest*,
-                                     specserve::v1::LoadModelResponse*) {
-  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                      "LoadModel: hot model reload is not implemented yet; "
-                      "restart the workers with --model DIR");
+grpc::Status AdminService::LoadModel(grpc::ServerContext* ctx,
+                                     const specserve::v1::LoadModelRequest* request,
+                                     specserve::v1::LoadModelResponse* response) {
+  // Without a client deadline: long enough for a large model to load.
+  absl::Time deadline = absl::FromChrono(ctx->deadline());
+  if (deadline > absl::Now() + absl::Minutes(30)) deadline = absl::Now() + absl::Minutes(10);
+  return LoadModelEverywhere(ctx_, request->model_dir(), deadline, response->mutable_model());
 }
 
 grpc::Status AdminService::Abort(grpc::ServerContext*,

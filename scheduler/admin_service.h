@@ -1,5 +1,5 @@
-// specserve.v1.Admin: server and model info (from the worker pool), abort by
-// request or session, drain. LoadModel answers UNIMPLEMENTED (no hot reload).
+// specserve.v1.Admin: server and model info (from the worker pool), model
+// switch (load_model.h), abort by request or session, drain.
 #ifndef SPECSERVE_SCHEDULER_ADMIN_SERVICE_H_
 #define SPECSERVE_SCHEDULER_ADMIN_SERVICE_H_
 

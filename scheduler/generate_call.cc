@@ -71,6 +71,9 @@ class Call {
   const GenerateRequest& req_;
   Limits limits_;
   std::vector<uint32_t> eos_;
+  // The tokenizer this request started with (Admin.LoadModel may replace
+  // the context's); null: ids only.
+  std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
   const absl::Time deadline_;
   GenerateWriter* const out_;
   const uint32_t inject_nan_at_;  // tests only; 0 = off
@@ -128,6 +131,7 @@ grpc::Status Call::Run(AdmissionTicket ticket) {
     s = absl::UnavailableError("no worker has reported its model yet");
   }
   eos_ = ctx_->EosIds();
+  tokenizer_ = ctx_->Tokenizer();
   if (s.ok()) s = Tokenize();
   if (s.ok()) s = OpenSession();
   if (s.ok()) s = RunBursts();
@@ -181,12 +185,12 @@ absl::Status Call::Tokenize() {
   if (req_.has_token_ids()) {
     input_.assign(req_.token_ids().ids().begin(), req_.token_ids().ids().end());
   } else {
-    if (ctx_->tokenizer == nullptr) {
+    if (tokenizer_ == nullptr) {
       return absl::FailedPreconditionError(
           "this model directory has no tokenizer.json: send token_ids "
           "instead of text");
     }
-    input_ = ctx_->tokenizer->Encode(req_.text(), /*parse_special=*/true);
+    input_ = tokenizer_->Encode(req_.text(), /*parse_special=*/true);
     input_was_text_ = true;
   }
   ctx_->metrics->prompt_tokens()->Increment(input_.size());
@@ -244,7 +248,7 @@ absl::Status Call::OpenSession() {
   const bool want_ids = req_.response().ids() || !input_was_text_;
   std::vector<std::string> stops(req_.stopping().stop().begin(),
                                  req_.stopping().stop().end());
-  output_ = std::make_unique<OutputStream>(ctx_->tokenizer, want_text,
+  output_ = std::make_unique<OutputStream>(tokenizer_.get(), want_text,
                                            want_ids, stop_ids, stops);
   return absl::OkStatus();
 }

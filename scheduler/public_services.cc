@@ -131,12 +131,13 @@ grpc::Status SessionsService::CloseSession(
 grpc::Status TokenizationService::Tokenize(
     grpc::ServerContext*, const specserve::v1::TokenizeRequest* request,
     specserve::v1::TokenizeResponse* response) {
-  if (ctx_->tokenizer == nullptr) return NoTokenizer();
+  const auto tokenizer = ctx_->Tokenizer();
+  if (tokenizer == nullptr) return NoTokenizer();
   if (request->text().size() > ctx_->limits.max_text_bytes) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "text is too long");
   }
   for (uint32_t id :
-       ctx_->tokenizer->Encode(request->text(), request->parse_special())) {
+       tokenizer->Encode(request->text(), request->parse_special())) {
     response->add_ids(id);
   }
   return grpc::Status::OK;
@@ -145,9 +146,10 @@ grpc::Status TokenizationService::Tokenize(
 grpc::Status TokenizationService::Detokenize(
     grpc::ServerContext*, const specserve::v1::DetokenizeRequest* request,
     specserve::v1::DetokenizeResponse* response) {
-  if (ctx_->tokenizer == nullptr) return NoTokenizer();
+  const auto tokenizer = ctx_->Tokenizer();
+  if (tokenizer == nullptr) return NoTokenizer();
   std::vector<uint32_t> ids(request->ids().begin(), request->ids().end());
-  auto text = ctx_->tokenizer->Decode(ids, request->skip_special());
+  auto text = tokenizer->Decode(ids, request->skip_special());
   if (!text.ok()) return ToGrpc(text.status());
   response->set_text(std::move(*text));
   return grpc::Status::OK;

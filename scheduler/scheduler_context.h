@@ -5,8 +5,10 @@
 #define SPECSERVE_SCHEDULER_SCHEDULER_CONTEXT_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "scheduler/admission.h"
 #include "scheduler/request_registry.h"
@@ -52,8 +54,17 @@ struct SchedulerContext {
   WorkerPool* workers = nullptr;
   SessionTable* sessions = nullptr;
   AdmissionController* admission = nullptr;
-  // Null when the model directory has no tokenizer.json (ids only).
-  const tokenizer::Tokenizer* tokenizer = nullptr;
+  // The current model's tokenizer; null when its directory has no
+  // tokenizer.json (ids only). Admin.LoadModel replaces it: a request
+  // takes one snapshot and keeps it.
+  std::shared_ptr<const tokenizer::Tokenizer> Tokenizer() const {
+    absl::MutexLock lock(&tokenizer_mu_);
+    return tokenizer_;
+  }
+  void SetTokenizer(std::shared_ptr<const tokenizer::Tokenizer> t) {
+    absl::MutexLock lock(&tokenizer_mu_);
+    tokenizer_ = std::move(t);
+  }
   telemetry::SchedulerMetrics* metrics = nullptr;
   RequestRegistry* requests = nullptr;
   // Steps aside while a burst streams (null: no effect).
@@ -74,6 +85,7 @@ struct SchedulerContext {
   }
   // EOS ids: the tokenizer's, else the model config's.
   std::vector<uint32_t> EosIds() const {
+    const std::shared_ptr<const tokenizer::Tokenizer> tokenizer = Tokenizer();
     if (tokenizer != nullptr && !tokenizer->eos_token_ids().empty()) {
       return tokenizer->eos_token_ids();
     }
@@ -86,6 +98,10 @@ struct SchedulerContext {
     }
     return {};
   }
+
+ private:
+  mutable absl::Mutex tokenizer_mu_;
+  std::shared_ptr<const tokenizer::Tokenizer> tokenizer_ ABSL_GUARDED_BY(tokenizer_mu_);
 };
 
 }  // namespace specserve::scheduler

@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
   sched::WorkerPool pool(addresses, pool_options);
 
   // The tokenizer is optional: without tokenizer.json the API takes ids only.
-  std::unique_ptr<specserve::tokenizer::Tokenizer> tokenizer;
+  std::shared_ptr<const specserve::tokenizer::Tokenizer> tokenizer;
   const std::string tokenizer_path =
       absl::GetFlag(FLAGS_model) + "/tokenizer.json";
   if (std::filesystem::exists(tokenizer_path)) {
@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
   context.workers = &pool;
   context.sessions = &sessions;
   context.admission = &admission;
-  context.tokenizer = tokenizer.get();
+  context.SetTokenizer(tokenizer);
   context.metrics = &metrics;
   context.requests = &requests;
 

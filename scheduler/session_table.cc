@@ -302,6 +302,17 @@ absl::StatusOr<SessionTable::Closed> SessionTable::Close(
   return closed;
 }
 
+int SessionTable::CloseAll() {
+  absl::MutexLock lock(&mu_);
+  const int n = static_cast<int>(sessions_.size());
+  for (auto& [id, record] : sessions_) {
+    record->closed = true;
+    record->meta.residency = v1::CLOSED;
+  }
+  sessions_.clear();
+  return n;
+}
+
 absl::StatusOr<SessionLease> SessionTable::Acquire(const std::string& id,
                                                    const std::string& tenant) {
   absl::MutexLock lock(&mu_);

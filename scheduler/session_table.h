@@ -156,6 +156,10 @@ class SessionTable {
   absl::StatusOr<Closed> Close(const std::string& id,
                                const std::string& tenant);
 
+  // Closes every session (Admin.LoadModel: caches and histories belong to
+  // the old model); a lease still held sees closed(). Returns how many.
+  int CloseAll();
+
   // NOT_FOUND, or ABORTED "session X already has a request in flight".
   absl::StatusOr<SessionLease> Acquire(const std::string& id,
                                        const std::string& tenant);

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -12,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
@@ -21,6 +23,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #endif
 #include "worker/model/model.h"
+#include "worker/restart.h"
 #include "worker/step_costs.h"
 #include "worker/worker_service.h"
 
@@ -125,6 +128,16 @@ int main(int argc, char** argv) {
     return 1;
   }
   options.costs = *costs;
+  // Worker.LoadModel: drain, then restart this process on the new model.
+  absl::Mutex reload_mu;
+  std::string reload_dir;
+  options.on_load_model = [&](const std::string& dir) {
+    {
+      absl::MutexLock lock(&reload_mu);
+      reload_dir = dir;
+    }
+    specserve::telemetry::RequestDrain();
+  };
   specserve::worker::WorkerService service(options, model->get());
 
   int port = 0;
@@ -151,6 +164,26 @@ int main(int argc, char** argv) {
   const absl::Time give_up = absl::Now() + absl::Seconds(5);
   while (specserve::telemetry::InFlightCount() > 0 && absl::Now() < give_up) {
     absl::SleepFor(absl::Milliseconds(10));
+  }
+  std::string restart_on;
+  {
+    absl::MutexLock lock(&reload_mu);
+    restart_on = reload_dir;
+  }
+  if (!restart_on.empty()) {
+    // Same port even when --listen asked for port 0, so the scheduler
+    // finds the worker again. The kernel frees this process's memory
+    // (device memory included) at exec.
+    const std::string listen_flag = absl::GetFlag(FLAGS_listen);
+    const std::string host = listen_flag.substr(0, listen_flag.rfind(':'));
+    const std::vector<std::string> args = specserve::worker::RestartArgs(
+        std::vector<std::string>(argv, argv + argc), restart_on,
+        absl::StrCat(host, ":", port));
+    LOG(INFO) << "restarting on model " << restart_on;
+    server.reset();
+    const absl::Status s = specserve::worker::ExecSelf(args);
+    LOG(ERROR) << s.message();
+    return 1;
   }
   if (specserve::telemetry::InFlightCount() > 0) {
     LOG(WARNING) << specserve::telemetry::InFlightCount()

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -12,6 +13,7 @@
 #include "telemetry/server_lifecycle.h"
 #include "telemetry/status_macros.h"
 #include "telemetry/stream_reactor.h"
+#include "worker/model_files/checkpoint.h"
 #include "worker/model_info.h"
 #include "worker/session_state.h"
 #include "worker/spec/sampling.h"
@@ -80,6 +82,7 @@ WorkerService::WorkerService(WorkerOptions options, model::Model* model)
     : options_(std::move(options)),
       model_(model),
       model_info_(DescribeModel(model->checkpoint())),
+      instance_((uint64_t{std::random_device{}()} << 32) | std::random_device{}()),
       executor_(model),
       engine_(&executor_),
       pool_(options_.pool, &executor_) {}
@@ -109,6 +112,7 @@ grpc::ServerUnaryReactor* WorkerService::GetWorkerInfo(
   response->set_active_bursts(active_bursts_.load());
   *response->mutable_costs() = options_.costs;
   response->set_pid(static_cast<uint32_t>(getpid()));
+  response->set_instance(instance_);
   return FinishUnary(ctx, grpc::Status::OK);
 }
 
@@ -329,6 +333,32 @@ grpc::ServerUnaryReactor* WorkerService::Release(
     const specserve::worker::v1::SessionRef* request,
     specserve::worker::v1::ReleaseResponse*) {
   return FinishUnary(ctx, ToGrpc(pool_.Release(request->session_id())));
+}
+
+grpc::ServerUnaryReactor* WorkerService::LoadModel(
+    grpc::CallbackServerContext* ctx,
+    const specserve::worker::v1::LoadModelRequest* request,
+    specserve::worker::v1::LoadModelResponse*) {
+  if (request->model_dir().empty()) {
+    return FinishUnary(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                         "LoadModel: model_dir is empty"));
+  }
+  // The same checks as start-up (memory-mapped: no weights are copied).
+  auto checkpoint = model_files::Checkpoint::Open(request->model_dir());
+  if (!checkpoint.ok()) {
+    return FinishUnary(
+        ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("cannot load ", request->model_dir(), ": ",
+                                       checkpoint.status().message())));
+  }
+  if (!request->validate_only()) {
+    if (!options_.on_load_model) {
+      return FinishUnary(ctx, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                           "this worker cannot switch models"));
+    }
+    options_.on_load_model(request->model_dir());
+  }
+  return FinishUnary(ctx, grpc::Status::OK);
 }
 
 }  // namespace specserve::worker

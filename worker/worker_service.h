@@ -27,6 +27,10 @@ struct WorkerOptions {
   // Honour BurstRequest.inject_nan_at (tests of RELIABILITY.md row 8).
   bool enable_fault_injection = false;
   specserve::worker::v1::StepCosts costs;  // measured at start-up
+  // LoadModel: called with a checked model directory after the answer is
+  // decided; the process then restarts on it (worker_main). Null: LoadModel
+  // answers FAILED_PRECONDITION.
+  std::function<void(const std::string& model_dir)> on_load_model;
 };
 
 class WorkerService final : public specserve::worker::v1::Worker::CallbackService {
@@ -73,6 +77,10 @@ class WorkerService final : public specserve::worker::v1::Worker::CallbackServic
       grpc::CallbackServerContext* ctx,
       const specserve::worker::v1::SessionRef* request,
       specserve::worker::v1::SessionState* response) override;
+  grpc::ServerUnaryReactor* LoadModel(
+      grpc::CallbackServerContext* ctx,
+      const specserve::worker::v1::LoadModelRequest* request,
+      specserve::worker::v1::LoadModelResponse* response) override;
 
  private:
   using SessionOp = std::function<absl::Status(spec::SpecSession*)>;
@@ -93,6 +101,8 @@ class WorkerService final : public specserve::worker::v1::Worker::CallbackServic
   const WorkerOptions options_;
   model::Model* const model_;
   const specserve::v1::ModelInfo model_info_;
+  // WorkerInfo.instance: random per process start.
+  const uint64_t instance_;
   spec::ModelExecutor executor_;
   spec::SpecEngine engine_;
   SessionPool pool_;

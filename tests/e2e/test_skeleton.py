@@ -83,12 +83,12 @@ def test_worker_serves_reflection_and_health(cluster):
         client.close()
 
 
-def test_unimplemented_rpcs_say_what_is_missing(cluster):
+def test_load_model_of_a_missing_directory_says_so(cluster):
     client = cluster["client"]
     with pytest.raises(grpc.RpcError) as e:
         client.call("specserve.v1.Admin/LoadModel", model_dir="/nonexistent")
-    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "not implemented" in e.value.details()
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "cannot load /nonexistent" in e.value.details()
 
 
 def _available(client):

@@ -1,0 +1,30 @@
+// Admin.LoadModel: switch every worker, and the scheduler's tokenizer, to
+// another model directory (a path the scheduler and the workers can read).
+//
+// Order, so that a bad directory changes nothing: the scheduler loads the
+// tokenizer (if the directory has one) and every worker checks the
+// directory (Worker.LoadModel validate_only); only then do the workers
+// restart on it (same port) and the scheduler waits until each reports it.
+// The sessions are then closed: their caches are gone and their token
+// histories belong to the old model.
+#ifndef SPECSERVE_SCHEDULER_LOAD_MODEL_H_
+#define SPECSERVE_SCHEDULER_LOAD_MODEL_H_
+
+#include <string>
+
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/specserve.pb.h"
+#include "scheduler/scheduler_context.h"
+
+namespace specserve::scheduler {
+
+// INVALID_ARGUMENT (bad directory; nothing changed), FAILED_PRECONDITION
+// (requests are running), UNAVAILABLE (a worker is down, or did not come
+// back on the new model by `deadline`).
+grpc::Status LoadModelEverywhere(SchedulerContext* ctx, const std::string& model_dir,
+                                 absl::Time deadline, specserve::v1::ModelInfo* model);
+
+}  // namespace specserve::scheduler
+
+#endif  // SPECSERVE_SCHEDULER_LOAD_MODEL_H_
