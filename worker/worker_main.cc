@@ -181,6 +181,14 @@ int main(int argc, char** argv) {
         absl::StrCat(host, ":", port));
     LOG(INFO) << "restarting on model " << restart_on;
     server.reset();
+#ifdef SPECSERVE_WITH_CUDA
+    // Free the GPU now rather than trust the exec to: the service, the
+    // sessions and the model are never used again.
+    if (device.rfind("cuda:", 0) == 0) {
+      int n = 0;
+      if (absl::SimpleAtoi(device.substr(5), &n)) specserve::kernels::cuda::ResetCudaDevice(n);
+    }
+#endif
     const absl::Status s = specserve::worker::ExecSelf(args);
     LOG(ERROR) << s.message();
     return 1;

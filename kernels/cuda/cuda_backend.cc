@@ -22,6 +22,10 @@ bool Overlaps(const void* a, const void* b, size_t bytes) {
 
 }  // namespace
 
+void ResetCudaDevice(int device) {
+  if (cudaSetDevice(device) == cudaSuccess) cudaDeviceReset();
+}
+
 int CudaDeviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

@@ -48,6 +48,11 @@ struct CudaBackendOptions {
 // Number of usable CUDA devices; 0 when there is no driver or no GPU.
 int CudaDeviceCount();
 
+// Destroys the process's context on `device`, freeing all its memory (a
+// worker about to exec itself on another model: open driver handles could
+// outlive the exec). No CUDA object of the process may be used afterwards.
+void ResetCudaDevice(int device);
+
 // FAILED_PRECONDITION when there is no such device (or no driver).
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device);
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
