@@ -51,6 +51,17 @@ class Call {
   bool Cancelled() const {
     return (cancel_ != nullptr && cancel_->load()) || out_->cancelled();
   }
+  // A stop after the deadline is DEADLINE_EXCEEDED however it was noticed
+  // first (the client's side giving up, or the worker call's own deadline):
+  // both happen at the same instant.
+  absl::Status StoppedByClient() {
+    if (absl::Now() >= deadline_) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the deadline passed after ", produced_, " generated tokens"));
+    }
+    finish_ = specserve::v1::CANCELLED;
+    return absl::OkStatus();
+  }
   absl::Status WaitForSlot(AdmissionTicket* ticket);
   absl::Status Tokenize();
   absl::Status OpenSession();
@@ -406,10 +417,7 @@ absl::Status Call::RunBursts() {
   bool first = true;
   int rebuilds = 0;  // consecutive failed attempts at the current burst
   while (true) {
-    if (Cancelled()) {
-      finish_ = specserve::v1::CANCELLED;
-      return absl::OkStatus();
-    }
+    if (Cancelled()) return StoppedByClient();
     specserve::worker::v1::BurstRequest b;
     b.set_session_id(lease_.id());
     if (first) {
@@ -482,8 +490,7 @@ absl::Status Call::RunBursts() {
     if (!o.status.ok() || !o.summary) {
       if (o.cancelled_by == BurstOutcome::CancelledBy::kClient) {
         DropWorkerCopy("burst cancelled by the client");
-        finish_ = specserve::v1::CANCELLED;
-        return absl::OkStatus();
+        return StoppedByClient();
       }
       const grpc::StatusCode code = o.cancelled_by ==
               BurstOutcome::CancelledBy::kWorkerDown
