@@ -43,23 +43,30 @@ BurstOutcome RunBurstOnWorker(
   // tag returns; the start tag returns once on the way.
   bool finished = false;
   bool stopped = false;  // on_tokens asked to stop: tokens are no longer fed
+  // The watch runs every kWatchInterval whether or not events arrive: a
+  // worker that hangs sends nothing (only the watch ends the call), and a
+  // steady stream must not delay noticing a cancel.
+  auto next_watch = std::chrono::system_clock::now() + kWatchInterval;
+  auto run_watch = [&] {
+    next_watch = std::chrono::system_clock::now() + kWatchInterval;
+    if (out.cancelled_by != BurstOutcome::CancelledBy::kNone) return;
+    if (watch.client_cancelled && watch.client_cancelled()) {
+      out.cancelled_by = BurstOutcome::CancelledBy::kClient;
+      ctx.TryCancel();
+    } else if (watch.worker_available && !watch.worker_available()) {
+      out.cancelled_by = BurstOutcome::CancelledBy::kWorkerDown;
+      ctx.TryCancel();
+    }
+  };
   while (!finished) {
     void* tag = nullptr;
     bool ok = false;
-    const auto next = cq.AsyncNext(
-        &tag, &ok, std::chrono::system_clock::now() + kWatchInterval);
+    const auto next = cq.AsyncNext(&tag, &ok, next_watch);
     if (next == grpc::CompletionQueue::TIMEOUT) {
-      // A worker that hangs sends nothing: only this check ends the call.
-      if (out.cancelled_by != BurstOutcome::CancelledBy::kNone) continue;
-      if (watch.client_cancelled && watch.client_cancelled()) {
-        out.cancelled_by = BurstOutcome::CancelledBy::kClient;
-        ctx.TryCancel();
-      } else if (watch.worker_available && !watch.worker_available()) {
-        out.cancelled_by = BurstOutcome::CancelledBy::kWorkerDown;
-        ctx.TryCancel();
-      }
+      run_watch();
       continue;
     }
+    if (std::chrono::system_clock::now() >= next_watch) run_watch();
     CHECK(next == grpc::CompletionQueue::GOT_EVENT) << "burst queue shut down";
     switch (static_cast<Tag>(reinterpret_cast<intptr_t>(tag))) {
       case kStart:

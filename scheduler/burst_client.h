@@ -25,7 +25,7 @@ struct BurstOutcome {
 };
 
 struct BurstWatch {
-  // Polled every 20 ms while the burst runs and no event arrives.
+  // Polled every 20 ms while the burst runs (between events).
   std::function<bool()> client_cancelled;
   std::function<bool()> worker_available;
   absl::Time deadline = absl::InfiniteFuture();

@@ -479,7 +479,7 @@ absl::Status Call::RunBursts() {
           if (delta->ids_size() > 0 || !delta->text().empty()) {
             GenerateEvent e;
             *e.mutable_delta() = std::move(*delta);
-            out_->Write(std::move(e));
+            if (!out_->Write(std::move(e))) return false;  // the client is gone
           }
           return true;
         });
