@@ -31,17 +31,7 @@ SPEC_ALWAYS_PAYS = "--step_costs=decode=1.0;verify=0.001"
 RPC_TIMEOUT = 60.0
 
 
-def wait_until(predicate, timeout=10.0, interval=0.02, what="condition"):
-    """Polls `predicate` until truthy; raises AssertionError after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out after %.1f s waiting for %s"
-                                 % (timeout, what))
-        time.sleep(interval)
+wait_until = procs.wait_until
 
 
 # ---------------------------------------------------------------------------

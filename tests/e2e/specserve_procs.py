@@ -86,13 +86,15 @@ def start_scheduler(worker_addresses, model=DEFAULT_MODEL, extra=()):
     return p
 
 
-def wait_until(predicate, timeout=10.0, interval=0.05):
-    """Polls `predicate` until it returns a truthy value or `timeout` passes."""
+def wait_until(predicate, timeout=10.0, interval=0.02, what="condition"):
+    """Polls `predicate` until truthy and returns its value; raises
+    AssertionError after `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            return value
+            raise AssertionError("timed out after %.1f s waiting for %s"
+                                 % (timeout, what))
         time.sleep(interval)

@@ -52,11 +52,7 @@ absl::Status Model::DecodeBatch(absl::Span<ModelState* const> states,
     }
     slices[i] = Slice{i, 1, s->length_};
   }
-  out->rows = 0;
-  out->first_position = -1;
-  out->logits.clear();
-  out->hidden.clear();
-  out->argmax.clear();
+  out->Clear(/*position=*/-1);
   SS_RETURN_IF_ERROR(RunTrunk(states, slices, tokens, Mode::kCommit));
   for (ModelState* s : states) ++s->length_;
   return EmitRows(0, n, out);

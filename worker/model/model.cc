@@ -158,18 +158,7 @@ absl::Status Model::RunTrunk(absl::Span<ModelState* const> states,
     return reinterpret_cast<float* const*>(dev_table + entry * B);
   };
 
-  SS_RETURN_IF_ERROR(
-      be.CopyToDevice(ws.ids.data(), tokens.data(), rows * sizeof(int32_t)));
-  kernels::EmbedParams e;
-  e.rows = rows;
-  e.ids = static_cast<const int32_t*>(ws.ids.data());
-  e.table_dtype = weights_.embed.dtype;
-  e.table = weights_.embed.data;
-  e.vocab = c.vocab_size;
-  e.dim = c.hidden_size;
-  e.out = ws.h.f32();
-  e.out_stride = c.hidden_size;
-  SS_RETURN_IF_ERROR(be.Embed(e));
+  SS_RETURN_IF_ERROR(EmbedTokens(tokens));
 
 
   size_t kv_i = 0, lin_i = 0;
@@ -206,6 +195,23 @@ absl::Status Model::RunTrunk(absl::Span<ModelState* const> states,
   return be.RmsNorm(norm);
 }
 
+absl::Status Model::EmbedTokens(absl::Span<const int32_t> tokens) {
+  Workspace& ws = *ws_;
+  const int rows = static_cast<int>(tokens.size());
+  SS_RETURN_IF_ERROR(backend_->CopyToDevice(ws.ids.data(), tokens.data(),
+                                            rows * sizeof(int32_t)));
+  kernels::EmbedParams e;
+  e.rows = rows;
+  e.ids = static_cast<const int32_t*>(ws.ids.data());
+  e.table_dtype = weights_.embed.dtype;
+  e.table = weights_.embed.data;
+  e.vocab = config_.vocab_size;
+  e.dim = config_.hidden_size;
+  e.out = ws.h.f32();
+  e.out_stride = config_.hidden_size;
+  return backend_->Embed(e);
+}
+
 absl::Status Model::EmitRows(int row0, int n, ForwardResult* out) {
   const int64_t H = config_.hidden_size, V = config_.vocab_size;
   kernels::Backend& be = *backend_;
@@ -233,15 +239,6 @@ absl::Status Model::EmitRows(int row0, int n, ForwardResult* out) {
                        n * sizeof(int32_t));
 }
 
-namespace {
-void ClearResult(int first_position, ForwardResult* out) {
-  out->rows = 0;
-  out->first_position = first_position;
-  out->logits.clear();
-  out->hidden.clear();
-  out->argmax.clear();
-}
-}  // namespace
 
 absl::Status Model::Prefill(ModelState* state, absl::Span<const int32_t> tokens,
                             const PrefillOptions& options, ForwardResult* out) {
@@ -258,7 +255,7 @@ absl::Status Model::Prefill(ModelState* state, absl::Span<const int32_t> tokens,
         absl::StrCat("prefill: ", state->length_, " committed + ", n,
                      " new rows exceed capacity ", state->capacity_));
   }
-  ClearResult(options.all_rows ? state->length_ : state->length_ + n - 1, out);
+  out->Clear(options.all_rows ? state->length_ : state->length_ + n - 1);
   const int64_t H = config_.hidden_size;
   if (options.all_hidden != nullptr) options.all_hidden->resize(n * H);
   for (int i = 0; i < n; i += kMaxRows) {
@@ -308,7 +305,7 @@ absl::Status Model::Verify(ModelState* state, absl::Span<const int32_t> tokens,
         absl::StrCat("verify: ", state->length_, " committed + ", n,
                      " columns exceed capacity ", state->capacity_));
   }
-  ClearResult(state->length_, out);
+  out->Clear(state->length_);
   const Slice slice{0, n, state->length_};
   SS_RETURN_IF_ERROR(RunTrunk(absl::MakeConstSpan(&state, 1),
                               absl::MakeConstSpan(&slice, 1), tokens,

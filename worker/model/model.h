@@ -213,6 +213,15 @@ struct ForwardResult {
   std::vector<float> logits;    // [rows][V]
   std::vector<float> hidden;    // [rows][H]: final-norm hidden (lm_head input)
   std::vector<int32_t> argmax;  // [rows]: greedy token of each row
+
+  // Empty, with row 0 at `position` (keeps the vectors' capacity).
+  void Clear(int position) {
+    rows = 0;
+    first_position = position;
+    logits.clear();
+    hidden.clear();
+    argmax.clear();
+  }
 };
 
 struct PrefillOptions {
@@ -403,6 +412,8 @@ class Model {
                                     absl::Span<const Slice> slices, Mode mode,
                                     int rows, const SessionBatch* batch);
   absl::Status MlpBlock(const LayerWeights& w, int rows);
+  // Uploads `tokens` and embeds them into rows 0.. of ws.h.
+  absl::Status EmbedTokens(absl::Span<const int32_t> tokens);
 
   ModelConfig config_;
   std::unique_ptr<model_files::Checkpoint> checkpoint_;

@@ -40,33 +40,16 @@ absl::Status Model::MtpForward(ModelState* state,
                      ") exceed capacity ", state->capacity_));
   }
   SS_RETURN_IF_ERROR(CheckTokens(next_tokens));
-  if (out != nullptr) {
-    out->rows = 0;
-    out->first_position = first_row;
-    out->logits.clear();
-    out->hidden.clear();
-    out->argmax.clear();
-  }
+  if (out != nullptr) out->Clear(first_row);
   kernels::Backend& be = *backend_;
   Workspace& ws = *ws_;
   const MtpWeights& m = weights_.mtp;
   for (int i0 = 0; i0 < n; i0 += kMaxRows) {
     const int rows = std::min(kMaxRows, n - i0);
     const int start = first_row + i0;
-    SS_RETURN_IF_ERROR(be.CopyToDevice(ws.ids.data(), next_tokens.data() + i0,
-                                       rows * sizeof(int32_t)));
     SS_RETURN_IF_ERROR(be.CopyToDevice(
         ws.mtp_in.data(), hiddens.data() + i0 * H, rows * H * sizeof(float)));
-    kernels::EmbedParams e;
-    e.rows = rows;
-    e.ids = static_cast<const int32_t*>(ws.ids.data());
-    e.table_dtype = weights_.embed.dtype;
-    e.table = weights_.embed.data;
-    e.vocab = c.vocab_size;
-    e.dim = H;
-    e.out = ws.h.f32();
-    e.out_stride = H;
-    SS_RETURN_IF_ERROR(be.Embed(e));
+    SS_RETURN_IF_ERROR(EmbedTokens(next_tokens.subspan(i0, rows)));
 
     // mtp_cat = [norm_emb(embed(t)) | norm_hid(h)], then u = fc(mtp_cat).
     kernels::RmsNormParams norm;
