@@ -124,10 +124,16 @@ struct Ctx {
 };
 
 // ---- 2. matmul sweep.
-// Calls timed together between one pair of events: a decode step issues its
-// matmuls back to back, so the time per call is what it costs there (an
-// isolated call would add the idle launch latency).
-constexpr int kBackToBack = 10;
+// Median ms per call of `p`, timed as 10 calls between one pair of events: a
+// decode step issues its matmuls back to back, so that is what a call costs
+// there (an isolated call would add the idle launch latency).
+double BackToBackMatmulMs(CudaBackend* be, const kernels::MatmulParams& p) {
+  constexpr int kCalls = 10;
+  return EventMs(be->stream(), 3, 15, [&] {
+           for (int i = 0; i < kCalls; ++i) BENCH_CHECK(be->Matmul(p));
+         }) /
+         kCalls;
+}
 
 void MatmulSweep(Ctx* ctx) {
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
@@ -163,10 +169,7 @@ void MatmulSweep(Ctx* ctx) {
       double t1 = 0;
       for (int t : ts) {
         const auto p = kernels::DenseMatmul(t, x->f32(), *w, y->f32());
-        // Back to back, as in a decode step: launch gaps overlap the work.
-        const double ms = EventMs(be->stream(), 3, 15, [&] {
-                            for (int i = 0; i < kBackToBack; ++i) BENCH_CHECK(be->Matmul(p));
-                          }) / kBackToBack;
+        const double ms = BackToBackMatmulMs(be, p);
         if (t == 1) t1 = ms;
         char shape[32];
         std::snprintf(shape, sizeof(shape), "[%lld][%lld]", (long long)out, (long long)in);
@@ -217,9 +220,7 @@ void MatmulSweep(Ctx* ctx) {
       const auto plan = kernels::cuda::PlanMmaMatmul(in, out);
       for (int t : {1, 4, 64}) {
         const auto p = kernels::DenseMatmul(t, x->f32(), *w, y->f32());
-        const double ms = EventMs(be->stream(), 3, 15, [&] {
-                            for (int i = 0; i < kBackToBack; ++i) BENCH_CHECK(be->Matmul(p));
-                          }) / kBackToBack;
+        const double ms = BackToBackMatmulMs(be, p);
         char shape[32];
         std::snprintf(shape, sizeof(shape), "[%lld][%lld]", (long long)out, (long long)in);
         std::printf("%-16s %6d %6lld %4d %9.1f %7.1f%%\n", shape, force, (long long)plan.segs, t,
