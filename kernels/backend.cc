@@ -34,4 +34,16 @@ absl::StatusOr<Weight> Backend::UploadStackedWeight(DType dtype,
   return w;
 }
 
+absl::Status Backend::BeginRecording() {
+  return absl::UnimplementedError(absl::StrCat(name(), " backend cannot record ops"));
+}
+
+absl::StatusOr<std::unique_ptr<Backend::Recording>> Backend::EndRecording() {
+  return absl::UnimplementedError(absl::StrCat(name(), " backend cannot record ops"));
+}
+
+absl::Status Backend::Replay(const Recording& /*recording*/) {
+  return absl::UnimplementedError(absl::StrCat(name(), " backend cannot record ops"));
+}
+
 }  // namespace specserve::kernels

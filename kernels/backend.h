@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,26 @@ class Backend {
                                                      int64_t cols);
   // Waits until every issued op has finished.
   virtual absl::Status Synchronize() = 0;
+
+  // ---- Recording: a sequence of ops captured once and replayed (CUDA
+  // graphs). Between BeginRecording and EndRecording the ops are recorded,
+  // not run. A recording keeps every argument as given, buffer addresses
+  // included, so the caller keeps those buffers alive and writes a step's
+  // varying inputs into them (with copies issued outside the recording)
+  // before each Replay. Host copies, Synchronize and allocation are refused
+  // while recording; EndRecording must always follow BeginRecording and
+  // returns the first refusal or capture failure (nothing ran).
+  // Backends that cannot record (CanRecord() false, the default) return
+  // UNIMPLEMENTED.
+  class Recording {
+   public:
+    virtual ~Recording() = default;
+  };
+  virtual bool CanRecord() const { return false; }
+  virtual absl::Status BeginRecording();
+  virtual absl::StatusOr<std::unique_ptr<Recording>> EndRecording();
+  // Runs a recording of this backend, ordered like any op.
+  virtual absl::Status Replay(const Recording& recording);
 
   // ---- Operations (see each Params header for the exact math).
   virtual absl::Status Embed(const EmbedParams& p) = 0;

@@ -37,6 +37,9 @@ ABSL_FLAG(int, default_capacity, 4096,
           "Rows a session's caches hold when the scheduler asks for none.");
 ABSL_FLAG(int, drain_grace_seconds, 30,
           "On SIGTERM: seconds in-flight bursts get to finish.");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "Record each decode step shape once as a CUDA graph and replay it "
+          "(GPU devices; results are bit-identical either way).");
 ABSL_FLAG(int, threads, 0, "CPU backend threads (0 = one per core).");
 ABSL_FLAG(int64_t, memory_budget_mb, 4096,
           "Device memory for session caches before idle sessions are "
@@ -105,6 +108,7 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "cannot load model: " << model.status().message();
     return 1;
   }
+  (*model)->set_use_graphs(absl::GetFlag(FLAGS_cuda_graphs));
   LOG(INFO) << "loaded " << (*model)->checkpoint().dir() << ": "
             << (*model)->checkpoint().parameter_count() << " parameters";
 

@@ -1,8 +1,9 @@
 // Causal GQA attention over a KV cache with the optional sigmoid output gate
 // (kernels/attention.h), split over the keys in two kernels:
 //  1. partial: block (chunk c, head h, row t). Row t sees n = first_position
-//     + t + 1 cache rows, cut into nc = min(64, ceil(n/256)) chunks of
-//     ceil(n/nc) rows. The block's 4 warps take groups of 4 consecutive keys
+//     + t + 1 cache rows, cut into nc = min(64, ceil(n/16)) chunks of
+//     ceil(n/nc) rows (16 rows: one key group per warp, so a short context
+//     costs one load round trip instead of one per 16 keys). The block's 4 warps take groups of 4 consecutive keys
 //     in turn (warp w: groups w, w+4, ...), each keeping an online softmax
 //     (running max m, sum l, acc[head_dim]); the 4 warp states are merged in
 //     warp order and (m, l, acc) of the chunk goes to the workspace.
@@ -28,7 +29,7 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kGroup = 4;          // keys per warp step
 constexpr int kMaxChunks = 64;
-constexpr int kMinChunkRows = 256;
+constexpr int kMinChunkRows = 16;
 constexpr int kMaxHeadDim = 256;
 constexpr int kMaxBatchRows = 65535;
 

@@ -101,6 +101,7 @@ absl::Status CudaBackend::UseDevice() const {
 // ---- Memory.
 
 absl::StatusOr<Buffer> CudaBackend::Allocate(size_t bytes) {
+  SS_RETURN_IF_ERROR(RefuseWhileRecording("Allocate"));
   SS_RETURN_IF_ERROR(UseDevice());
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
@@ -124,6 +125,9 @@ void CudaBackend::Free(void* data) {
 
 absl::Status CudaBackend::CopyToDevice(void* dst, const void* host_src, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
+  // A recorded copy would replay this call's bytes (or read the host
+  // buffer at replay time): step inputs are copied outside recordings.
+  SS_RETURN_IF_ERROR(RefuseWhileRecording("CopyToDevice"));
   SS_RETURN_IF_ERROR(UseDevice());
   cudaPointerAttributes attr;
   if (cudaPointerGetAttributes(&attr, host_src) != cudaSuccess) {
@@ -148,6 +152,7 @@ absl::Status CudaBackend::CopyToDevice(void* dst, const void* host_src, size_t b
 }
 
 absl::Status CudaBackend::CopyToHost(void* host_dst, const void* src, size_t bytes) {
+  SS_RETURN_IF_ERROR(RefuseWhileRecording("CopyToHost"));
   if (bytes == 0) return absl::OkStatus();
   SS_RETURN_IF_ERROR(UseDevice());
   SS_CUDA_RETURN_IF_ERROR(
@@ -213,9 +218,81 @@ absl::StatusOr<Weight> CudaBackend::UploadWeight(DType dtype, const void* host, 
 }
 
 absl::Status CudaBackend::Synchronize() {
+  SS_RETURN_IF_ERROR(RefuseWhileRecording("Synchronize"));
   SS_RETURN_IF_ERROR(UseDevice());
   SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "Synchronize");
   return TakeDeviceError();
+}
+
+// ---- Recording.
+
+namespace {
+
+class CudaRecording : public Backend::Recording {
+ public:
+  explicit CudaRecording(CudaGraphExec exec) : exec_(std::move(exec)) {}
+  cudaGraphExec_t exec() const { return exec_.get(); }
+
+ private:
+  CudaGraphExec exec_;
+};
+
+}  // namespace
+
+absl::Status CudaBackend::RefuseWhileRecording(const char* what) {
+  if (!recording_) return absl::OkStatus();
+  absl::Status s = absl::FailedPreconditionError(
+      absl::StrCat("cuda backend: ", what, " cannot be recorded (CUDA graph capture)"));
+  if (recording_error_.ok()) recording_error_ = s;
+  return s;
+}
+
+absl::Status CudaBackend::BeginRecording() {
+  if (recording_) return absl::FailedPreconditionError("cuda backend: already recording");
+  SS_RETURN_IF_ERROR(UseDevice());
+  SS_CUDA_RETURN_IF_ERROR(
+      cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal),
+      "cudaStreamBeginCapture");
+  recording_ = true;
+  recording_error_ = absl::OkStatus();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Backend::Recording>> CudaBackend::EndRecording() {
+  if (!recording_) return absl::FailedPreconditionError("cuda backend: not recording");
+  recording_ = false;
+  SS_RETURN_IF_ERROR(UseDevice());
+  cudaGraph_t raw = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream_.get(), &raw);
+  CudaGraph graph(raw);
+  if (!recording_error_.ok()) {
+    cudaGetLastError();  // the capture may also have been invalidated
+    return std::exchange(recording_error_, absl::OkStatus());
+  }
+  if (end != cudaSuccess || raw == nullptr) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda backend: graph capture failed: ", cudaGetErrorString(end)));
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiateWithFlags(&exec, graph.get(), 0);
+  if (inst != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(absl::StrCat("cuda backend: cudaGraphInstantiate: ",
+                                            cudaGetErrorString(inst)));
+  }
+  return std::unique_ptr<Recording>(new CudaRecording(CudaGraphExec(exec)));
+}
+
+absl::Status CudaBackend::Replay(const Recording& recording) {
+  SS_RETURN_IF_ERROR(RefuseWhileRecording("Replay"));
+  const auto* r = dynamic_cast<const CudaRecording*>(&recording);
+  if (r == nullptr) {
+    return absl::InvalidArgumentError("cuda backend: not a recording of a CUDA backend");
+  }
+  SS_RETURN_IF_ERROR(UseDevice());
+  SS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(r->exec(), stream_.get()), "cudaGraphLaunch");
+  return absl::OkStatus();
 }
 
 // ---- Operations.
@@ -235,11 +312,12 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
   if (p.norm_weight != nullptr) {  // (fused or not: LaunchMatmul decides)
     const size_t need = static_cast<size_t>(p.rows * p.in) * sizeof(float);
     if (need > norm_scratch_bytes_) {
-      // The stream may still use the old buffer: wait before freeing it.
-      SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "norm scratch sync");
-      norm_scratch_.reset();
-      norm_scratch_bytes_ = 0;
-      SS_ASSIGN_OR_RETURN(norm_scratch_, AllocateDevice(need));
+      SS_RETURN_IF_ERROR(RefuseWhileRecording("Matmul growing its norm scratch"));
+      // The old buffer stays allocated: queued ops and recordings may hold
+      // its address.
+      SS_ASSIGN_OR_RETURN(DeviceMemory grown, AllocateDevice(need));
+      retired_norm_scratch_.push_back(std::move(norm_scratch_));
+      norm_scratch_ = std::move(grown);
       norm_scratch_bytes_ = need;
     }
   }

@@ -5,8 +5,8 @@
 // Every op is issued on the backend's own non-blocking stream, in call
 // order; ops return after enqueueing (device faults surface at the next
 // Synchronize/CopyToHost). CopyToHost, UploadWeight and Synchronize wait
-// for the stream; no op does, so a decode step can be captured in a CUDA
-// graph. Embed reads the token ids on the device: an id outside [0, vocab)
+// for the stream; no op does, so a decode step can be recorded as a CUDA
+// graph (Backend::BeginRecording). Embed reads the token ids on the device: an id outside [0, vocab)
 // gives a NaN row and OUT_OF_RANGE from the next Synchronize/CopyToHost
 // (the model validates ids on the host before uploading them).
 // Matmul on bf16 weights runs on the tensor cores with x split into
@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
@@ -33,8 +34,8 @@ namespace specserve::kernels::cuda {
 struct CudaBackendOptions {
   int device = 0;
   // Scratch for split-KV attention and overlapping CopyOnDevice. Attention
-  // needs num_heads·min(64, ceil(n/256))·(head_dim+2)·4 bytes per query row
-  // in flight (≈2.1 MB for 32 heads of 256 at n >= 16K); longer calls are
+  // needs num_heads·min(64, ceil(n/16))·(head_dim+2)·4 bytes per query row
+  // in flight (≈2.1 MB for 32 heads of 256 at n >= 1K); longer calls are
   // split into batches of rows that fit.
   size_t workspace_bytes = size_t{64} << 20;
   // bf16 terms per fp32 activation on the tensor-core matmul path: 2 (the
@@ -78,6 +79,13 @@ class CudaBackend : public Backend {
                                       int64_t rows, int64_t cols) override;
   absl::Status Synchronize() override;
 
+  // Recording is stream capture into a CUDA graph (thread-local mode: a
+  // call that would break the capture fails instead).
+  bool CanRecord() const override { return true; }
+  absl::Status BeginRecording() override;
+  absl::StatusOr<std::unique_ptr<Recording>> EndRecording() override;
+  absl::Status Replay(const Recording& recording) override;
+
   absl::Status Embed(const EmbedParams& p) override;
   absl::Status Matmul(const MatmulParams& p) override;
   absl::Status RmsNorm(const RmsNormParams& p) override;
@@ -106,6 +114,9 @@ class CudaBackend : public Backend {
   absl::Status UseDevice() const;
   // After a stream sync: OUT_OF_RANGE (once) if an Embed saw a bad id.
   absl::Status TakeDeviceError();
+  // While recording: FAILED_PRECONDITION naming `what` (an op that cannot
+  // be recorded), remembered for EndRecording. OK otherwise.
+  absl::Status RefuseWhileRecording(const char* what);
 
   const int device_;
   // Declared first: destroyed last, after the memory below is released.
@@ -116,9 +127,12 @@ class CudaBackend : public Backend {
   // Unfused fused-norm matmuls (ops.h MatmulResources); grows on demand.
   DeviceMemory norm_scratch_;
   size_t norm_scratch_bytes_ = 0;
+  std::vector<DeviceMemory> retired_norm_scratch_;  // outgrown, kept alive
   const int matmul_x_splits_;
   // One pinned int the Embed kernel sets to 1 on a bad id (host-mapped).
   PinnedMemory error_flag_;
+  bool recording_ = false;
+  absl::Status recording_error_;  // the first refusal while recording
 };
 
 }  // namespace specserve::kernels::cuda

@@ -17,6 +17,10 @@ void ReleaseStream(cudaStream_t s) { LogIfError(cudaStreamDestroy(s), "cudaStrea
 void ReleaseEvent(cudaEvent_t e) { LogIfError(cudaEventDestroy(e), "cudaEventDestroy"); }
 void ReleaseDeviceMemory(void* p) { LogIfError(cudaFree(p), "cudaFree"); }
 void ReleasePinnedMemory(void* p) { LogIfError(cudaFreeHost(p), "cudaFreeHost"); }
+void ReleaseGraph(cudaGraph_t g) { LogIfError(cudaGraphDestroy(g), "cudaGraphDestroy"); }
+void ReleaseGraphExec(cudaGraphExec_t g) {
+  LogIfError(cudaGraphExecDestroy(g), "cudaGraphExecDestroy");
+}
 
 absl::StatusOr<CudaStream> CreateStream() {
   cudaStream_t s = nullptr;

@@ -48,11 +48,15 @@ void ReleaseStream(cudaStream_t s);
 void ReleaseEvent(cudaEvent_t e);
 void ReleaseDeviceMemory(void* p);
 void ReleasePinnedMemory(void* p);
+void ReleaseGraph(cudaGraph_t g);
+void ReleaseGraphExec(cudaGraphExec_t g);
 
 using CudaStream = UniqueHandle<cudaStream_t, ReleaseStream>;
 using CudaEvent = UniqueHandle<cudaEvent_t, ReleaseEvent>;
 using DeviceMemory = UniqueHandle<void*, ReleaseDeviceMemory>;
 using PinnedMemory = UniqueHandle<void*, ReleasePinnedMemory>;
+using CudaGraph = UniqueHandle<cudaGraph_t, ReleaseGraph>;
+using CudaGraphExec = UniqueHandle<cudaGraphExec_t, ReleaseGraphExec>;
 
 // A non-blocking stream (no implicit sync with the legacy default stream).
 absl::StatusOr<CudaStream> CreateStream();

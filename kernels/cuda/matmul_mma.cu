@@ -13,16 +13,19 @@
 //
 // Fixed reduction order (row invariance, kernels/backend.h). Everything
 // below that decides the order depends on (in, out, splits) only, never on
-// T: the K range is cut into `segs` segments of `kseg` elements
-// (MmaPlan); within a segment, k advances in steps of 64 and each step runs,
-// for split s = splits−1 .. 0 (smallest first), four m16n8k16 instructions
-// in k order, each accumulating into the same fp32 accumulator (starting
-// at +0). A token's column of the instruction depends only on its own x
-// column, and every column is computed by the same hardware arithmetic, so
-// which column (or which of the N-tiles) a token occupies does not change
-// its bits. Segment partial sums are added in segment order 0..segs−1 by
-// the last block to finish an output tile (arrival order does not matter),
-// then added to y when accumulating.
+// T. The work is the (output tile, 64-k step) space, tile-major: tiles ×
+// tile_steps steps, cut into `parts` equal contiguous ranges (MmaPlan; the
+// parts are a fixed count, kPlanBlocks, not the launch's grid). A part
+// covers pieces of one or more tiles; a tile is thus cut into 1..max_pieces
+// K pieces at step boundaries that depend on the shape only. Within a piece,
+// k advances in steps of 64 and each step runs, for split s = splits−1 .. 0
+// (smallest first), four m16n8k16 instructions in k order, each
+// accumulating into the same fp32 accumulator (starting at +0). A token's
+// column of the instruction depends only on its own x column, and every
+// column is computed by the same hardware arithmetic, so which column (or
+// which of the N-tiles) a token occupies does not change its bits. Piece
+// partial sums are added in piece (k) order by the last block to finish a
+// tile (arrival order does not matter), then added to y when accumulating.
 //
 // K permutation: within a 64-step, lane (g = lane/4, q = lane%4) loads 32
 // contiguous bytes (16 k) of weight rows g and g+8 with two 16-byte loads;
@@ -31,17 +34,17 @@
 // mapping, so the sum is over the same products; only the (fixed) order
 // differs from a plain k order.
 //
-// Work split: a unit is 128 outputs (8 warps × 16) × one K segment. The
-// grid holds the blocks that fit at once; block b does units b, b + G,
-// b + 2G... (segment-major, so the blocks running together share x). Each
-// lane streams its weights through a kRing-step register ring (4 × 32 B
-// per row pair) that runs on across unit boundaries, so a block's weight
-// stream never drains between units; x for the block's tokens is split and
-// staged in shared memory per 256-wide K tile, in fragment order
-// (conflict-free 16-byte reads). A unit's sums go to y (one segment) or to
-// the workspace, where the last unit of an output tile to finish adds them
-// in segment order. The plan (segments per shape) balances the units over
-// kPlanBlocks blocks; it depends on the shape only.
+// Work split (stream-K): a unit is one piece, 128 outputs (8 warps × 16) ×
+// the piece's K range. Every part has the same number of steps (±1), so the
+// blocks finish together whatever the shape (no last round of a few
+// units). The grid holds the blocks that fit at once; block b does parts b,
+// b + G, ... and their pieces in k order. Each lane streams its weights
+// through a kRing-step register ring (4 × 32 B per row pair) that runs on
+// across units, so a block's weight stream never drains between units; x
+// for the block's tokens is split and staged in shared memory per 256-wide
+// K tile, in fragment order (conflict-free 16-byte reads). A whole tile's
+// sums go to y; a piece's go to the workspace, where the last piece of its
+// tile to finish adds them in piece order.
 //
 // Fused norm (MatmulParams.norm_weight, at most kMaxFusedNormRows tokens):
 // after the wait, the block computes each token's 1/rms exactly as RmsNorm
@@ -75,22 +78,42 @@ constexpr int kStepK = 64;                       // k per ring step
 constexpr int kRing = 4;                         // steps in flight
 constexpr int kTileK = kStepK * kRing;           // k staged in smem at once
 constexpr int kMaxTokens = 64;                   // tokens per launch
-constexpr int kMinSegK = 256;                    // shortest segment a plan makes
-constexpr int kUnitOverheadK = 128;              // a unit's start-up, in k
-constexpr int kPlanBlocks = 264;                 // 2 per SM on a 132-SM H100/H200
-int g_force_segs = 0;                            // bench override (0: plan)
+constexpr int kPlanBlocks = 264;                 // parts: 2 blocks per SM on 132 SMs
+int g_force_parts = 0;                           // bench override (0: plan)
 static_assert(kThreads == kRmsBlockThreads, "the fused norm reduces with the whole block");
 
 struct MmaArgs {
   MatmulParams p;
-  int64_t t0;      // first token of this launch
-  int tokens;      // tokens in this launch (<= NT·8)
-  int64_t kseg;    // K elements per segment (multiple of kTileK)
-  int segs;        // segments
-  int64_t tiles;   // output tiles (kTileOut rows)
-  float* partial;  // [segs][tokens][out] when segs > 1
-  int* counters;   // [tiles], zero on entry and on exit
+  int64_t t0;          // first token of this launch
+  int tokens;          // tokens in this launch (<= NT·8)
+  int64_t tiles;       // output tiles (kTileOut rows)
+  int64_t tile_steps;  // 64-k steps per tile
+  int64_t parts;       // equal ranges of the tiles × tile_steps steps
+  float* partial;      // [max_pieces][tokens][out]
+  int* counters;       // [tiles], zero on entry and on exit
 };
+
+// First step of part v (v <= parts).
+__device__ __forceinline__ int64_t PartBegin(const MmaArgs& a, int64_t v) {
+  return v * (a.tiles * a.tile_steps) / a.parts;
+}
+
+// The part holding `step`.
+__device__ __forceinline__ int64_t PartOf(const MmaArgs& a, int64_t step) {
+  return ((step + 1) * a.parts - 1) / (a.tiles * a.tile_steps);
+}
+
+// Where a block is in its sequence of units: the next step of part `part`.
+struct Cursor {
+  int64_t part;
+  int64_t step;
+};
+
+// Part v at its start (past the end when v >= parts). No part is empty:
+// parts <= steps (PlanMmaMatmul).
+__device__ __forceinline__ Cursor FirstOf(const MmaArgs& a, int64_t v) {
+  return Cursor{v, v < a.parts ? PartBegin(a, v) : 0};
+}
 
 __device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                     uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -110,27 +133,38 @@ __device__ __forceinline__ uint32_t SplitPair(float& a, float& b) {
   return bits;
 }
 
-// A unit as one lane sees it: its rows g and g+8 from k = kbeg + q·16.
+// A unit (one piece) as one lane sees it: its rows g and g+8 from k =
+// kbeg + q·16.
 struct UnitView {
+  bool valid = false;
   int64_t tile = 0;
-  int seg = 0;
+  int piece = 0;    // index of this piece in its tile (k order)
+  int pieces = 0;   // pieces the tile is cut into
   int64_t kbeg = 0;
-  int klen = 0;    // elements in the segment
-  int nsteps = 0;  // 64-k steps holding data
-  int padded = 0;  // nsteps rounded up to kRing (the ring's unit length)
+  int klen = 0;     // elements in the piece
+  int nsteps = 0;   // 64-k steps holding data
+  int padded = 0;   // nsteps rounded up to kRing (the ring's unit length)
+  int64_t end = 0;  // step after the piece
   const uint16_t* w0 = nullptr;
   const uint16_t* w1 = nullptr;
 };
 
-__device__ __forceinline__ UnitView ViewUnit(const MmaArgs& a, int64_t unit, int warp, int g,
+__device__ __forceinline__ UnitView ViewUnit(const MmaArgs& a, Cursor c, int warp, int g,
                                              int q) {
   const MatmulParams& p = a.p;
   UnitView v;
-  v.seg = static_cast<int>(unit / a.tiles);
-  v.tile = unit - v.seg * a.tiles;
-  v.kbeg = v.seg * a.kseg;
-  v.klen = static_cast<int>(min(p.in, v.kbeg + a.kseg) - v.kbeg);
-  v.nsteps = (v.klen + kStepK - 1) / kStepK;
+  v.valid = c.part < a.parts;
+  if (!v.valid) return v;
+  v.tile = c.step / a.tile_steps;
+  const int64_t tile_begin = v.tile * a.tile_steps;
+  const int64_t tile_end = tile_begin + a.tile_steps;
+  v.end = min(PartBegin(a, c.part + 1), tile_end);
+  const int64_t first_part = PartOf(a, tile_begin);
+  v.piece = static_cast<int>(c.part - first_part);
+  v.pieces = static_cast<int>(PartOf(a, tile_end - 1) - first_part + 1);
+  v.kbeg = (c.step - tile_begin) * kStepK;
+  v.klen = static_cast<int>(min(p.in, (v.end - tile_begin) * kStepK) - v.kbeg);
+  v.nsteps = static_cast<int>(v.end - c.step);
   v.padded = (v.nsteps + kRing - 1) / kRing * kRing;
   const int64_t o_base = v.tile * kTileOut + warp * kRowsPerWarp;
   const int64_t r0 = min(o_base + g, p.out - 1);
@@ -139,6 +173,12 @@ __device__ __forceinline__ UnitView ViewUnit(const MmaArgs& a, int64_t unit, int
   v.w0 = w + r0 * p.in;
   v.w1 = w + r1 * p.in;
   return v;
+}
+
+// The cursor after unit `v` (which `c` points at).
+__device__ __forceinline__ Cursor NextUnit(const MmaArgs& a, Cursor c, const UnitView& v) {
+  if (v.end < PartBegin(a, c.part + 1)) return Cursor{c.part, v.end};
+  return FirstOf(a, c.part + gridDim.x);
 }
 
 template <int NT, int SPLITS>
@@ -153,18 +193,17 @@ __global__ void __launch_bounds__(kThreads) MmaMatmulKernel(MmaArgs a) {
   const int lane = tid & 31;
   const int warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
-  const int64_t units = a.tiles * a.segs;
 
   // The loader runs kRing steps ahead of the consumer, across units.
-  int64_t lu = blockIdx.x;
+  Cursor lc = FirstOf(a, blockIdx.x);
   int lj = 0;
-  UnitView lv = ViewUnit(a, lu, warp, g, q);
+  UnitView lv = ViewUnit(a, lc, warp, g, q);
   uint4 ring[kRing][4];  // per slot: row r0 half 0/1, row r1 half 0/1
   auto load_next = [&](int u) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int k = lj * kStepK + h * 8;
-      if (lu < units && lj < lv.nsteps && k + q * 16 < lv.klen) {
+      if (lv.valid && lj < lv.nsteps && k + q * 16 < lv.klen) {
         ring[u][h] = __ldg(reinterpret_cast<const uint4*>(lv.w0 + k));
         ring[u][2 + h] = __ldg(reinterpret_cast<const uint4*>(lv.w1 + k));
       } else {
@@ -172,10 +211,10 @@ __global__ void __launch_bounds__(kThreads) MmaMatmulKernel(MmaArgs a) {
         ring[u][2 + h] = make_uint4(0, 0, 0, 0);
       }
     }
-    if (lu < units && ++lj == lv.padded) {
+    if (lv.valid && ++lj == lv.padded) {
       lj = 0;
-      lu += gridDim.x;
-      if (lu < units) lv = ViewUnit(a, lu, warp, g, q);
+      lc = NextUnit(a, lc, lv);
+      lv = ViewUnit(a, lc, warp, g, q);
     }
   };
 #pragma unroll
@@ -203,8 +242,9 @@ __global__ void __launch_bounds__(kThreads) MmaMatmulKernel(MmaArgs a) {
     }
   }
 
-  for (int64_t cu = blockIdx.x; cu < units; cu += gridDim.x) {
-    const UnitView cv = ViewUnit(a, cu, warp, g, q);
+  for (Cursor cc = FirstOf(a, blockIdx.x); cc.part < a.parts;) {
+    const UnitView cv = ViewUnit(a, cc, warp, g, q);
+    cc = NextUnit(a, cc, cv);
     const int64_t kend = cv.kbeg + cv.klen;
     float acc[NT][4];
 #pragma unroll
@@ -295,7 +335,7 @@ __global__ void __launch_bounds__(kThreads) MmaMatmulKernel(MmaArgs a) {
         }
       }
     };
-    if (a.segs == 1) {
+    if (cv.pieces == 1) {
       each_output([&](int64_t o, int tok, float v) {
         float* y = p.y + (a.t0 + tok) * p.y_stride + o;
         *y = p.accumulate ? __fadd_rn(*y, v) : v;
@@ -303,23 +343,23 @@ __global__ void __launch_bounds__(kThreads) MmaMatmulKernel(MmaArgs a) {
       continue;
     }
     each_output([&](int64_t o, int tok, float v) {
-      a.partial[(static_cast<int64_t>(cv.seg) * a.tokens + tok) * p.out + o] = v;
+      a.partial[(static_cast<int64_t>(cv.piece) * a.tokens + tok) * p.out + o] = v;
     });
     __threadfence();
     __syncthreads();
-    if (tid == 0) is_last = atomicAdd(&a.counters[cv.tile], 1) == a.segs - 1;
+    if (tid == 0) is_last = atomicAdd(&a.counters[cv.tile], 1) == cv.pieces - 1;
     __syncthreads();
     if (!is_last) continue;  // (is_last is rewritten only after two more barriers)
     __threadfence();
     const int64_t o0 = cv.tile * kTileOut;
-    const int64_t seg_stride = static_cast<int64_t>(a.tokens) * p.out;
+    const int64_t piece_stride = static_cast<int64_t>(a.tokens) * p.out;
     for (int idx = tid; idx < a.tokens * kTileOut; idx += kThreads) {
       const int tok = idx / kTileOut;
       const int64_t o = o0 + idx % kTileOut;
       if (o >= p.out) continue;
       const float* src = a.partial + static_cast<int64_t>(tok) * p.out + o;
       float sum = __ldcg(src);
-      for (int s = 1; s < a.segs; ++s) sum = __fadd_rn(sum, __ldcg(src + s * seg_stride));
+      for (int s = 1; s < cv.pieces; ++s) sum = __fadd_rn(sum, __ldcg(src + s * piece_stride));
       float* y = p.y + (a.t0 + tok) * p.y_stride + o;
       *y = p.accumulate ? __fadd_rn(*y, sum) : sum;
     }
@@ -353,7 +393,7 @@ absl::Status Launch(const MmaArgs& a, cudaStream_t stream) {
   const int64_t resident = ResidentBlocks<NT, SPLITS>(smem);
   if (resident <= 0) return absl::InternalError("matmul: no occupancy for the kernel");
   LaunchPdl(MmaMatmulKernel<NT, SPLITS>,
-            dim3(static_cast<unsigned>(std::min(a.tiles * a.segs, resident))), kThreads, smem,
+            dim3(static_cast<unsigned>(std::min(a.parts, resident))), kThreads, smem,
             stream, a);
   return LaunchStatus("matmul (tensor core) launch");
 }
@@ -377,34 +417,22 @@ bool MmaMatmulApplies(const MatmulParams& p) {
 MmaPlan PlanMmaMatmul(int64_t in, int64_t out) {
   MmaPlan plan;
   plan.tiles = CeilDiv(out, kTileOut);
-  // Time model over kPlanBlocks blocks (fitted on the H200): units run in
-  // rounds of kPlanBlocks, a round costs a unit's K plus a start-up of
-  // kUnitOverheadK, and each extra segment costs 3% (partial sums, and
-  // their traffic at large T). Pick the segment count with the least.
-  const int64_t max_segs = std::max<int64_t>(1, in / kMinSegK);
-  double best = 0;
-  for (int64_t want = 1; want <= std::min<int64_t>(max_segs, 64); ++want) {
-    const int64_t kseg = CeilDiv(CeilDiv(in, want), kTileK) * kTileK;
-    const int64_t segs = CeilDiv(in, kseg);
-    const int64_t rounds = CeilDiv(plan.tiles * segs, kPlanBlocks);
-    const double cost = static_cast<double>(rounds * (kseg + kUnitOverheadK)) *
-                        (1.0 + 0.03 * static_cast<double>(segs - 1));
-    if (plan.segs == 0 || cost < best) {
-      best = cost;
-      plan.kseg = kseg;
-      plan.segs = segs;
-    }
-  }
-  if (g_force_segs > 0) {
-    plan.kseg = CeilDiv(CeilDiv(in, g_force_segs), kTileK) * kTileK;
-    plan.segs = CeilDiv(in, plan.kseg);
-  }
+  plan.tile_steps = CeilDiv(in, kStepK);
+  // No more parts than steps, so that no part is empty (piece indices count
+  // parts).
+  plan.parts = std::min(plan.tiles * plan.tile_steps,
+                        int64_t{g_force_parts > 0 ? g_force_parts : kPlanBlocks});
+  // Pieces of one tile: a part has at least q >= 1 steps (q = steps /
+  // parts), so a tile of n steps meets at most ceil(n/q) + 1 parts (and at
+  // most n).
+  const int64_t q = plan.tiles * plan.tile_steps / plan.parts;
+  plan.max_pieces = std::min(plan.tile_steps, CeilDiv(plan.tile_steps, q) + 1);
   return plan;
 }
 
 int64_t MmaMatmulCounters() { return 16384; }
 
-void SetMmaMatmulSegsForBenchmark(int segs) { g_force_segs = std::max(segs, 0); }
+void SetMmaMatmulPartsForBenchmark(int parts) { g_force_parts = std::max(parts, 0); }
 
 absl::Status LaunchMmaMatmul(const MatmulParams& p, int splits, const Workspace& ws,
                              int* counters, cudaStream_t stream) {
@@ -415,15 +443,16 @@ absl::Status LaunchMmaMatmul(const MatmulParams& p, int splits, const Workspace&
     return absl::InternalError("matmul: a fused norm takes at most 8 rows here");
   }
   const MmaPlan plan = PlanMmaMatmul(p.in, p.out);
-  if (plan.tiles * plan.segs > 0x7fffffff) {
-    return absl::InvalidArgumentError("matmul: shape too large for the grid");
+  if (plan.tiles * plan.tile_steps > (int64_t{1} << 40) / plan.parts) {
+    return absl::InvalidArgumentError("matmul: shape too large");
   }
   int64_t per_launch = kMaxTokens;
-  if (plan.segs > 1) {
+  if (plan.max_pieces > 1) {
     if (plan.tiles > MmaMatmulCounters()) {
       return absl::InternalError("matmul: too many split tiles for the counters");
     }
-    const int64_t fit = static_cast<int64_t>(ws.bytes / (sizeof(float) * plan.segs * p.out));
+    const int64_t fit =
+        static_cast<int64_t>(ws.bytes / (sizeof(float) * plan.max_pieces * p.out));
     if (fit < 1) return absl::ResourceExhaustedError("matmul: workspace too small");
     per_launch = std::min(per_launch, fit);
   }
@@ -432,9 +461,9 @@ absl::Status LaunchMmaMatmul(const MatmulParams& p, int splits, const Workspace&
     a.p = p;
     a.t0 = t0;
     a.tokens = static_cast<int>(std::min(per_launch, p.rows - t0));
-    a.kseg = plan.kseg;
-    a.segs = static_cast<int>(plan.segs);
     a.tiles = plan.tiles;
+    a.tile_steps = plan.tile_steps;
+    a.parts = plan.parts;
     a.partial = static_cast<float*>(ws.data);
     a.counters = counters;
     absl::Status s = splits == 3 ? LaunchSplits<3>(a, stream) : LaunchSplits<2>(a, stream);

@@ -18,25 +18,27 @@ namespace specserve::kernels::cuda {
 // only, so every call on one weight takes the same path.
 bool MmaMatmulApplies(const MatmulParams& p);
 
-// How the K range is cut (a function of the shape only).
+// How the work is cut (a function of the shape only): tiles × tile_steps
+// (output tile, 64-k step) pairs, tile-major, in `parts` equal ranges.
 struct MmaPlan {
-  int64_t tiles = 0;      // output tiles (128 outputs each)
-  int64_t kseg = 0;       // K per segment (a multiple of 256)
-  int64_t segs = 0;       // segments
+  int64_t tiles = 0;       // output tiles (128 outputs each)
+  int64_t tile_steps = 0;  // 64-k steps per tile
+  int64_t parts = 0;       // equal ranges of steps (one block's work each)
+  int64_t max_pieces = 0;  // at most this many K pieces per tile
 };
 MmaPlan PlanMmaMatmul(int64_t in, int64_t out);
 
-// Benchmarks only: every plan made after this uses about `segs` K segments
-// (<= 0: back to the plan's own choice); changes the reduction order of
-// later calls.
-void SetMmaMatmulSegsForBenchmark(int segs);
+// Benchmarks only: every plan made after this uses `parts` parts (<= 0:
+// back to the plan's own choice); changes the reduction order of later
+// calls.
+void SetMmaMatmulPartsForBenchmark(int parts);
 
 // Ints of zeroed device memory LaunchMmaMatmul needs for its counters.
 int64_t MmaMatmulCounters();
 
-// `splits`: 2 or 3 bf16 terms per x element. Uses `ws` for the segment
-// partial sums ([segs][tokens][out] floats; calls with more rows than fit
-// run in several launches).
+// `splits`: 2 or 3 bf16 terms per x element. Uses `ws` for the pieces'
+// partial sums ([max_pieces][tokens][out] floats; calls with more rows than
+// fit run in several launches).
 absl::Status LaunchMmaMatmul(const MatmulParams& p, int splits,
                              const Workspace& ws, int* counters,
                              cudaStream_t stream);

@@ -137,7 +137,10 @@ double BackToBackMatmulMs(CudaBackend* be, const kernels::MatmulParams& p) {
 
 void MatmulSweep(Ctx* ctx) {
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
-      {5120, 17408}, {17408, 5120}, {248320, 5120}, {1024, 5120}};
+      // The 27B shape's matmuls: down, gate|up, linear in_proj, out_proj and
+      // o_proj, q_proj, k/v_proj, lm_head.
+      {5120, 17408}, {34816, 5120}, {16480, 5120}, {5120, 6144},
+      {12288, 5120}, {1024, 5120}, {248320, 5120}};
   const int ts[] = {1, 2, 4, 8, 16, 32, 64};
   std::printf("\n== matmul, bf16 weight (floor = weight bytes / copy bandwidth)\n");
   std::printf("%-16s %-10s %4s %9s %9s %8s %8s\n", "[out][in]", "path", "T", "us", "floor_us",
@@ -149,7 +152,7 @@ void MatmulSweep(Ctx* ctx) {
     const char* name;
     int splits;
   };
-  const Path paths[] = {{"mma-x2", 2}, {"mma-x3", 3}, {"fma", 0}};
+  const Path paths[] = {{"mma-x2", 2}, {"fma", 0}};
   for (const Path& path : paths) {
     auto owner = MakeBackend(path.splits);
     auto* be = static_cast<CudaBackend*>(owner.get());
@@ -198,39 +201,40 @@ void MatmulSweep(Ctx* ctx) {
   }
   ctx->out["matmul"] = rows;
 
-  // Plan variants: K segments forced per call (0 = the plan's choice), mma-x2.
-  std::printf("\n== plan variants, mma-x2 (segs 0 = the plan's own choice)\n%-16s %6s %6s %4s %9s %8s\n",
-              "[out][in]", "force", "segs", "T", "us", "%floor");
+  // Plan variants: parts forced per call (0 = the plan's choice), mma-x2.
+  std::printf("\n== plan variants, mma-x2 (parts 0 = the plan's own choice; pieces = the most "
+              "K pieces of one tile)\n%-16s %6s %6s %4s %9s %8s\n",
+              "[out][in]", "parts", "pieces", "T", "us", "%floor");
   auto owner = MakeBackend(2);
   auto* be = static_cast<CudaBackend*>(owner.get());
   RandomWeightsBackend rb(be, 0.02f);
   auto x = be->AllocateFloats(64 * 17408);
-  auto y = be->AllocateFloats(64 * 17408);
+  auto y = be->AllocateFloats(64 * 34816);
   BENCH_CHECK(x.status());
   BENCH_CHECK(y.status());
   BENCH_CHECK(kernels::cuda::LaunchFillRandom(kernels::DType::kF32, x->data(), 64 * 17408, 99,
                                               1.0f, be->stream()));
   json jp = json::array();
-  for (auto [out, in] : std::vector<std::pair<int64_t, int64_t>>{{5120, 17408}, {17408, 5120}}) {
+  for (auto [out, in] : std::vector<std::pair<int64_t, int64_t>>{{5120, 17408}, {34816, 5120}, {5120, 6144}}) {
     auto w = rb.UploadWeight(kernels::DType::kBF16, nullptr, out, in);
     BENCH_CHECK(w.status());
     const double floor_us = w->bytes() / (ctx->copy_gbs * 1e3);
-    for (int force : {0, 1, 2, 3, 5, 7, 10}) {
-      kernels::cuda::SetMmaMatmulSegsForBenchmark(force);
+    for (int force : {0, 132, 396, 528, 1056}) {
+      kernels::cuda::SetMmaMatmulPartsForBenchmark(force);
       const auto plan = kernels::cuda::PlanMmaMatmul(in, out);
       for (int t : {1, 4, 64}) {
         const auto p = kernels::DenseMatmul(t, x->f32(), *w, y->f32());
         const double ms = BackToBackMatmulMs(be, p);
         char shape[32];
         std::snprintf(shape, sizeof(shape), "[%lld][%lld]", (long long)out, (long long)in);
-        std::printf("%-16s %6d %6lld %4d %9.1f %7.1f%%\n", shape, force, (long long)plan.segs, t,
-                    ms * 1e3, 100 * floor_us / (ms * 1e3));
-        jp.push_back({{"out", out}, {"in", in}, {"force", force}, {"segs", plan.segs}, {"T", t},
-                      {"us", ms * 1e3}});
+        std::printf("%-16s %6lld %6lld %4d %9.1f %7.1f%%\n", shape, (long long)plan.parts,
+                    (long long)plan.max_pieces, t, ms * 1e3, 100 * floor_us / (ms * 1e3));
+        jp.push_back({{"out", out}, {"in", in}, {"parts", plan.parts},
+                      {"max_pieces", plan.max_pieces}, {"T", t}, {"us", ms * 1e3}});
       }
     }
   }
-  kernels::cuda::SetMmaMatmulSegsForBenchmark(0);
+  kernels::cuda::SetMmaMatmulPartsForBenchmark(0);
   ctx->out["plan_variants"] = jp;
 }
 
@@ -302,6 +306,16 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
   std::printf("(a) decode step batch 1: %.2f ms = %.1f tok/s; floor %.2f ms; %.1f%% of floor\n",
               dec, 1e3 / dec, floor_ms, 100 * floor_ms / dec);
   j["decode_ms"] = dec;
+  // The same step op by op (no CUDA graph): the anatomy and timeline below
+  // are of this path (events cannot time the inside of a replay).
+  m->set_use_graphs(false);
+  const double dec_eager = WallMs(3, 20, [&] {
+    BENCH_CHECK(m->Decode(st->get(), next, &r));
+    next = r.argmax[0];
+  });
+  std::printf("    op by op (no graph): %.2f ms; the graph saves %.2f ms per step\n", dec_eager,
+              dec_eager - dec);
+  j["decode_eager_ms"] = dec_eager;
   {
     // Where the step's time goes on the host: the backend calls it enqueues
     // and how long the host takes to enqueue them (to its first sync copy).
@@ -331,6 +345,7 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
     }
     j["decode_timeline"] = PrintTimeline("(a) decode", rb.StopTimeline(), 3);
   }
+  m->set_use_graphs(true);
   // (b) verify.
   std::printf("(b) verify of k+1 columns (state unchanged):\n%6s %9s %9s\n", "cols", "ms",
               "x decode");
@@ -347,10 +362,10 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
   j["verify"] = jv;
   st->reset();
   // (c) DecodeBatch of B sessions, 32-token contexts.
-  std::printf("(c) DecodeBatch, B sessions at 32-token contexts (calls = backend calls "
-              "enqueued per step, enq_ms = host time to enqueue them):\n%6s %9s %9s %11s %9s "
-              "%7s %9s\n",
-              "B", "ms", "x B=1", "tok/s", "%floor", "calls", "enq_ms");
+  std::printf("(c) DecodeBatch, B sessions at 32-token contexts (ms with the step's CUDA "
+              "graph; eager_ms op by op; calls = backend calls enqueued per step op by op, "
+              "enq_ms = host time to enqueue them):\n%6s %9s %9s %11s %9s %9s %7s %9s\n",
+              "B", "ms", "x B=1", "tok/s", "%floor", "eager_ms", "calls", "enq_ms");
   json jb = json::array();
   std::vector<std::unique_ptr<model::ModelState>> states;
   so.capacity = 128;
@@ -371,6 +386,9 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
     }
     // Each call appends a row; contexts grow from 32 to at most 32 + 13.
     const double ms = WallMs(3, 10, [&] { BENCH_CHECK(m->DecodeBatch(ptrs, toks, &r)); });
+    m->set_use_graphs(false);
+    const double eager_ms =
+        WallMs(1, 5, [&] { BENCH_CHECK(m->DecodeBatch(ptrs, toks, &r)); });
     rb.MarkStep();
     const auto e0 = std::chrono::steady_clock::now();
     BENCH_CHECK(m->DecodeBatch(ptrs, toks, &r));
@@ -378,15 +396,16 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
         std::chrono::duration<double, std::milli>(rb.first_host_copy() - e0).count();
     const int ops = rb.ops();
     if (b == 1) b1 = ms;
-    std::printf("%6d %9.2f %9.3f %11.1f %8.1f%% %7d %9.2f\n", b, ms, ms / b1, b * 1e3 / ms,
-                100 * floor_ms / ms, ops, enq_ms);
+    std::printf("%6d %9.2f %9.3f %11.1f %8.1f%% %9.2f %7d %9.2f\n", b, ms, ms / b1,
+                b * 1e3 / ms, 100 * floor_ms / ms, eager_ms, ops, enq_ms);
     jb.push_back({{"B", b}, {"ms", ms}, {"x_b1", ms / b1}, {"tok_s", b * 1e3 / ms},
-                  {"ops", ops}, {"enqueue_ms", enq_ms}});
+                  {"eager_ms", eager_ms}, {"ops", ops}, {"enqueue_ms", enq_ms}});
     if (b == 64) {
       rb.StartTimeline();
       BENCH_CHECK(m->DecodeBatch(ptrs, toks, &r));
       j["decode_batch64_timeline"] = PrintTimeline("(c) B=64", rb.StopTimeline(), 1);
     }
+    m->set_use_graphs(true);
     // Reset the contexts for the next size.
     for (auto& s : states) {
       BENCH_CHECK(m->Reset(s.get()));
@@ -413,10 +432,17 @@ void DefaultModel(Ctx* ctx, const std::string& dir) {
     BENCH_CHECK(m->Decode(st->get(), next, &r));
     next = r.argmax[0];
   });
+  m->set_use_graphs(false);
+  const double eager_ms = WallMs(5, 100, [&] {
+    BENCH_CHECK(m->Decode(st->get(), next, &r));
+    next = r.argmax[0];
+  });
   const double floor_ms = m->decode_weight_bytes() / (ctx->copy_gbs * 1e6);
-  std::printf("\n== %s: decode %.3f ms/token = %.0f tok/s (weight floor %.4f ms)\n", dir.c_str(),
-              ms, 1e3 / ms, floor_ms);
-  ctx->out["default_model"] = {{"decode_ms", ms}, {"floor_ms", floor_ms}};
+  std::printf("\n== %s: decode %.3f ms/token = %.0f tok/s with the step's CUDA graph, %.3f ms "
+              "op by op (%.2fx); weight floor %.4f ms\n",
+              dir.c_str(), ms, 1e3 / ms, eager_ms, eager_ms / ms, floor_ms);
+  ctx->out["default_model"] = {
+      {"decode_ms", ms}, {"decode_eager_ms", eager_ms}, {"floor_ms", floor_ms}};
 }
 
 // (d) plain (k = 0) vs speculative (k = 1..4) greedy bursts through the

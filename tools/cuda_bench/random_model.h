@@ -74,6 +74,14 @@ class RandomWeightsBackend : public kernels::Backend {
                                                       const std::vector<WeightPart>& parts,
                                                       int64_t cols) override;
   absl::Status Synchronize() override { return inner_->Synchronize(); }
+  // Recordings are the inner backend's (a replay counts as one call).
+  bool CanRecord() const override { return inner_->CanRecord(); }
+  absl::Status BeginRecording() override { return inner_->BeginRecording(); }
+  absl::StatusOr<std::unique_ptr<Recording>> EndRecording() override {
+    return inner_->EndRecording();
+  }
+  absl::Status Replay(const Recording& r) override { ++ops_;
+    return Mark("replay", inner_->Replay(r)); }
 
   absl::Status Embed(const kernels::EmbedParams& p) override { ++ops_;
     return Mark("embed", inner_->Embed(p)); }

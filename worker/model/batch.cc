@@ -3,7 +3,6 @@
 // run once over the batch and the cache ops once per session (blocks.cc);
 // row-invariant kernels make every row bit-identical to Decode alone.
 #include <algorithm>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "telemetry/status_macros.h"
@@ -24,7 +23,6 @@ absl::Status Model::DecodeBatch(absl::Span<ModelState* const> states,
         "decode batch: ", n, " sessions and ", tokens.size(), " tokens"));
   }
   SS_RETURN_IF_ERROR(CheckTokens(tokens));
-  std::vector<Slice> slices(n);
   for (int i = 0; i < n; ++i) {
     const ModelState* s = states[i];
     if (s == nullptr) {
@@ -50,12 +48,9 @@ absl::Status Model::DecodeBatch(absl::Span<ModelState* const> states,
           absl::StrCat("decode batch: session ", i, ": ", s->length_,
                        " committed rows fill capacity ", s->capacity_));
     }
-    slices[i] = Slice{i, 1, s->length_};
   }
   out->Clear(/*position=*/-1);
-  SS_RETURN_IF_ERROR(RunTrunk(states, slices, tokens, Mode::kCommit));
-  for (ModelState* s : states) ++s->length_;
-  return EmitRows(0, n, out);
+  return DecodeStep(states, tokens, out);
 }
 
 }  // namespace specserve::model

@@ -46,10 +46,11 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w,
   Workspace& ws = *ws_;
   const AttentionWeights& a = w.attn;
   float* q = ws.q.f32();  // [rows][nh][2·hd]
-  // One session: K and V are projected straight into its cache rows. Several:
-  // into the workspace, each slice's rows copied to its cache after RoPE.
+  // One session: K and V are projected straight into its cache rows. Several
+  // (or a session batch): into the workspace, each slice's rows copied to
+  // its cache after RoPE.
   CHECK_EQ(slices.size(), kvs.size()) << "one cache per slice";
-  const bool direct = kvs.size() == 1;
+  const bool direct = kvs.size() == 1 && batch == nullptr;
   CHECK(!direct || slices[0].row0 == 0) << "a lone slice starts at row 0";
   float* k_rows =
       direct ? kvs[0]->k.f32() + slices[0].start * kv_dim : ws.k.f32();
@@ -298,15 +299,8 @@ absl::Status Model::MlpBlock(const LayerWeights& w, int rows) {
   kernels::Backend& be = *backend_;
   Workspace& ws = *ws_;
   float* gate = ws.mlp.f32();  // [rows][2I]: gate half then up half
-  const float eps = config_.rms_norm_eps;
-  MatmulParams g =
-      NormedMatmul(rows, ws.h.f32(), w.post_attention_norm, eps, w.mlp.gate_proj, gate);
-  g.y_stride = 2 * I;
-  SS_RETURN_IF_ERROR(be.Matmul(g));
-  MatmulParams u =
-      NormedMatmul(rows, ws.h.f32(), w.post_attention_norm, eps, w.mlp.up_proj, gate + I);
-  u.y_stride = 2 * I;
-  SS_RETURN_IF_ERROR(be.Matmul(u));
+  SS_RETURN_IF_ERROR(be.Matmul(NormedMatmul(rows, ws.h.f32(), w.post_attention_norm,
+                                            config_.rms_norm_eps, w.mlp.gate_up, gate)));
   kernels::SwigluParams s;
   s.rows = rows;
   s.dim = I;

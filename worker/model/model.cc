@@ -110,9 +110,6 @@ absl::Status Model::RunTrunk(absl::Span<ModelState* const> states,
     next_row += s.rows;
   }
   CHECK_EQ(next_row, rows) << "slices cover the rows";
-  const ModelConfig& c = config_;
-  kernels::Backend& be = *backend_;
-  Workspace& ws = *ws_;
 
   // A session batch (one row per session, B > 1): one table upload, then
   // the cache ops run once per layer over all sessions.
@@ -120,66 +117,97 @@ absl::Status Model::RunTrunk(absl::Span<ModelState* const> states,
   bool session_batch = B > 1;
   for (const Slice& s : slices) session_batch = session_batch && s.rows == 1;
   SessionBatch batch;
-  const size_t nf =
-      std::count_if(weights_.layers.begin(), weights_.layers.end(),
-                    [](const LayerWeights& l) {
-                      return l.type == LayerType::kFullAttention;
-                    });
-  const size_t nl = weights_.layers.size() - nf;
-  uint64_t* dev_table = static_cast<uint64_t*>(ws.batch.data());
   if (session_batch) {
-    std::vector<uint64_t>& tab = ws.batch_host;
-    tab.assign(2 * (nf + nl) * B + (B + 1) / 2, 0);
-    auto ptr = [](const Buffer& b) {
-      return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(b.data()));
-    };
-    for (int s = 0; s < B; ++s) {
-      const ModelState& st = *states[s];
-      CHECK_EQ(st.kv_.size(), nf) << "one KV cache per full-attention layer";
-      CHECK_EQ(st.linear_.size(), nl) << "one state per linear layer";
-      for (size_t i = 0; i < nf; ++i) {
-        tab[(2 * i) * B + s] = ptr(st.kv_[i].k);
-        tab[(2 * i + 1) * B + s] = ptr(st.kv_[i].v);
-      }
-      for (size_t j = 0; j < nl; ++j) {
-        tab[(2 * nf + 2 * j) * B + s] = ptr(st.linear_[j].conv);
-        tab[(2 * nf + 2 * j + 1) * B + s] = ptr(st.linear_[j].recurrent);
-      }
-      int32_t* pos = reinterpret_cast<int32_t*>(tab.data() + 2 * (nf + nl) * B);
-      pos[s] = slices[s].start;
-      batch.max_position = std::max(batch.max_position, slices[s].start);
+    std::vector<int> positions(B);
+    int max_position = 0;
+    for (int i = 0; i < B; ++i) {
+      positions[i] = slices[i].start;
+      max_position = std::max(max_position, positions[i]);
     }
     SS_RETURN_IF_ERROR(
-        be.CopyToDevice(dev_table, tab.data(), tab.size() * sizeof(uint64_t)));
-    batch.positions =
-        reinterpret_cast<const int32_t*>(dev_table + 2 * (nf + nl) * B);
+        UploadSessionTable(states, positions, max_position, &batch));
   }
-  auto table = [&](size_t entry) {
-    return reinterpret_cast<float* const*>(dev_table + entry * B);
+  SS_RETURN_IF_ERROR(backend_->CopyToDevice(ws_->ids.data(), tokens.data(),
+                                            rows * sizeof(int32_t)));
+  return TrunkOps(states, slices, rows, mode,
+                  session_batch ? &batch : nullptr);
+}
+
+absl::Status Model::UploadSessionTable(absl::Span<ModelState* const> states,
+                                       absl::Span<const int> positions,
+                                       int max_position, SessionBatch* batch) {
+  const int B = static_cast<int>(states.size());
+  CHECK(B >= 1 && B <= kMaxRows && positions.size() == states.size());
+  const size_t nf = config_.num_full_attention_layers();
+  const size_t nl = weights_.layers.size() - nf;
+  std::vector<uint64_t>& tab = ws_->batch_host;
+  tab.assign(2 * (nf + nl) * B + (B + 1) / 2, 0);
+  auto ptr = [](const Buffer& b) {
+    return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(b.data()));
   };
+  int32_t* pos = reinterpret_cast<int32_t*>(tab.data() + 2 * (nf + nl) * B);
+  for (int s = 0; s < B; ++s) {
+    const ModelState& st = *states[s];
+    CHECK_EQ(st.kv_.size(), nf) << "one KV cache per full-attention layer";
+    CHECK_EQ(st.linear_.size(), nl) << "one state per linear layer";
+    CHECK_LE(positions[s], max_position);
+    for (size_t i = 0; i < nf; ++i) {
+      tab[(2 * i) * B + s] = ptr(st.kv_[i].k);
+      tab[(2 * i + 1) * B + s] = ptr(st.kv_[i].v);
+    }
+    for (size_t j = 0; j < nl; ++j) {
+      tab[(2 * nf + 2 * j) * B + s] = ptr(st.linear_[j].conv);
+      tab[(2 * nf + 2 * j + 1) * B + s] = ptr(st.linear_[j].recurrent);
+    }
+    pos[s] = positions[s];
+  }
+  uint64_t* dev = static_cast<uint64_t*>(ws_->batch.data());
+  SS_RETURN_IF_ERROR(backend_->CopyToDevice(dev, tab.data(),
+                                            tab.size() * sizeof(uint64_t)));
+  batch->sessions = B;
+  batch->table = dev;
+  batch->positions = reinterpret_cast<const int32_t*>(dev + 2 * (nf + nl) * B);
+  batch->max_position = max_position;
+  return absl::OkStatus();
+}
 
-  SS_RETURN_IF_ERROR(EmbedTokens(tokens));
-
-
+absl::Status Model::TrunkOps(absl::Span<ModelState* const> states,
+                             absl::Span<const Slice> slices, int rows,
+                             Mode mode, const SessionBatch* batch) {
+  const ModelConfig& c = config_;
+  Workspace& ws = *ws_;
+  SS_RETURN_IF_ERROR(EmbedUploaded(rows));
+  const size_t nf = c.num_full_attention_layers();
+  // This layer's entries of the session table: [B] pointers from `entry`.
+  SessionBatch layer_batch = batch != nullptr ? *batch : SessionBatch{};
+  auto table = [&](size_t entry) {
+    return reinterpret_cast<float* const*>(
+        const_cast<uint64_t*>(layer_batch.table) + entry * layer_batch.sessions);
+  };
   size_t kv_i = 0, lin_i = 0;
   std::vector<KvCache*> kvs(states.size());
   std::vector<LinearCache*> linear(states.size());
   for (const LayerWeights& layer : weights_.layers) {
     if (layer.type == LayerType::kFullAttention) {
       for (size_t i = 0; i < states.size(); ++i) kvs[i] = &states[i]->kv_[kv_i];
-      batch.k = table(2 * kv_i);
-      batch.v = table(2 * kv_i + 1);
+      if (batch != nullptr) {
+        layer_batch.k = table(2 * kv_i);
+        layer_batch.v = table(2 * kv_i + 1);
+      }
       ++kv_i;
-      SS_RETURN_IF_ERROR(FullAttentionBlock(layer, kvs, slices, rows,
-                                            session_batch ? &batch : nullptr));
+      SS_RETURN_IF_ERROR(FullAttentionBlock(
+          layer, kvs, slices, rows, batch != nullptr ? &layer_batch : nullptr));
     } else {
       for (size_t i = 0; i < states.size(); ++i)
         linear[i] = &states[i]->linear_[lin_i];
-      batch.conv = table(2 * nf + 2 * lin_i);
-      batch.recurrent = table(2 * nf + 2 * lin_i + 1);
+      if (batch != nullptr) {
+        layer_batch.conv = table(2 * nf + 2 * lin_i);
+        layer_batch.recurrent = table(2 * nf + 2 * lin_i + 1);
+      }
       ++lin_i;
       SS_RETURN_IF_ERROR(LinearAttentionBlock(
-          layer, linear, slices, mode, rows, session_batch ? &batch : nullptr));
+          layer, linear, slices, mode, rows,
+          batch != nullptr ? &layer_batch : nullptr));
     }
     SS_RETURN_IF_ERROR(MlpBlock(layer, rows));
   }
@@ -192,40 +220,52 @@ absl::Status Model::RunTrunk(absl::Span<ModelState* const> states,
   norm.y_stride = c.hidden_size;
   norm.weight = weights_.final_norm.f32();
   norm.eps = c.rms_norm_eps;
-  return be.RmsNorm(norm);
+  return backend_->RmsNorm(norm);
 }
 
 absl::Status Model::EmbedTokens(absl::Span<const int32_t> tokens) {
-  Workspace& ws = *ws_;
   const int rows = static_cast<int>(tokens.size());
-  SS_RETURN_IF_ERROR(backend_->CopyToDevice(ws.ids.data(), tokens.data(),
+  SS_RETURN_IF_ERROR(backend_->CopyToDevice(ws_->ids.data(), tokens.data(),
                                             rows * sizeof(int32_t)));
+  return EmbedUploaded(rows);
+}
+
+absl::Status Model::EmbedUploaded(int rows) {
   kernels::EmbedParams e;
   e.rows = rows;
-  e.ids = static_cast<const int32_t*>(ws.ids.data());
+  e.ids = static_cast<const int32_t*>(ws_->ids.data());
   e.table_dtype = weights_.embed.dtype;
   e.table = weights_.embed.data;
   e.vocab = config_.vocab_size;
   e.dim = config_.hidden_size;
-  e.out = ws.h.f32();
+  e.out = ws_->h.f32();
   e.out_stride = config_.hidden_size;
   return backend_->Embed(e);
 }
 
 absl::Status Model::EmitRows(int row0, int n, ForwardResult* out) {
+  SS_RETURN_IF_ERROR(LmHead(row0, n));
+  return CopyRowsOut(row0, n, out);
+}
+
+absl::Status Model::LmHead(int row0, int n) {
   const int64_t H = config_.hidden_size, V = config_.vocab_size;
-  kernels::Backend& be = *backend_;
   Workspace& ws = *ws_;
-  const float* hidden = ws.hidden.f32() + row0 * H;
-  SS_RETURN_IF_ERROR(be.Matmul(
-      kernels::DenseMatmul(n, hidden, weights_.lm_head, ws.logits.f32())));
+  SS_RETURN_IF_ERROR(backend_->Matmul(kernels::DenseMatmul(
+      n, ws.hidden.f32() + row0 * H, weights_.lm_head, ws.logits.f32())));
   kernels::ArgmaxParams am;
   am.rows = n;
   am.cols = V;
   am.x = ws.logits.f32();
   am.x_stride = V;
   am.out = static_cast<int32_t*>(ws.argmax.data());
-  SS_RETURN_IF_ERROR(be.Argmax(am));
+  return backend_->Argmax(am);
+}
+
+absl::Status Model::CopyRowsOut(int row0, int n, ForwardResult* out) {
+  const int64_t H = config_.hidden_size, V = config_.vocab_size;
+  kernels::Backend& be = *backend_;
+  Workspace& ws = *ws_;
   const size_t old = out->rows;
   out->rows += n;
   out->logits.resize(out->rows * V);
@@ -233,28 +273,35 @@ absl::Status Model::EmitRows(int row0, int n, ForwardResult* out) {
   out->argmax.resize(out->rows);
   SS_RETURN_IF_ERROR(be.CopyToHost(out->logits.data() + old * V,
                                    ws.logits.data(), n * V * sizeof(float)));
-  SS_RETURN_IF_ERROR(be.CopyToHost(out->hidden.data() + old * H, hidden,
+  SS_RETURN_IF_ERROR(be.CopyToHost(out->hidden.data() + old * H,
+                                   ws.hidden.f32() + row0 * H,
                                    n * H * sizeof(float)));
   return be.CopyToHost(out->argmax.data() + old, ws.argmax.data(),
                        n * sizeof(int32_t));
 }
 
-
-absl::Status Model::Prefill(ModelState* state, absl::Span<const int32_t> tokens,
-                            const PrefillOptions& options, ForwardResult* out) {
-  SS_RETURN_IF_ERROR(CheckResident(*state));
+absl::Status Model::CheckPrefill(const ModelState& state,
+                                 absl::Span<const int32_t> tokens) const {
+  SS_RETURN_IF_ERROR(CheckResident(state));
   if (tokens.empty()) return absl::InvalidArgumentError("prefill: no tokens");
-  if (state->verified_columns_ != 0) {
+  if (state.verified_columns_ != 0) {
     return absl::FailedPreconditionError(
         "prefill: a verify is pending (commit or discard it first)");
   }
   SS_RETURN_IF_ERROR(CheckTokens(tokens));
   const int n = static_cast<int>(tokens.size());
-  if (state->length_ + n > state->capacity_) {
+  if (state.length_ + n > state.capacity_) {
     return absl::OutOfRangeError(
-        absl::StrCat("prefill: ", state->length_, " committed + ", n,
-                     " new rows exceed capacity ", state->capacity_));
+        absl::StrCat("prefill: ", state.length_, " committed + ", n,
+                     " new rows exceed capacity ", state.capacity_));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Model::Prefill(ModelState* state, absl::Span<const int32_t> tokens,
+                            const PrefillOptions& options, ForwardResult* out) {
+  SS_RETURN_IF_ERROR(CheckPrefill(*state, tokens));
+  const int n = static_cast<int>(tokens.size());
   out->Clear(options.all_rows ? state->length_ : state->length_ + n - 1);
   const int64_t H = config_.hidden_size;
   if (options.all_hidden != nullptr) options.all_hidden->resize(n * H);
@@ -281,7 +328,10 @@ absl::Status Model::Prefill(ModelState* state, absl::Span<const int32_t> tokens,
 
 absl::Status Model::Decode(ModelState* state, int32_t token,
                            ForwardResult* out) {
-  return Prefill(state, absl::MakeConstSpan(&token, 1), PrefillOptions{}, out);
+  const auto tokens = absl::MakeConstSpan(&token, 1);
+  SS_RETURN_IF_ERROR(CheckPrefill(*state, tokens));
+  out->Clear(state->length_);
+  return DecodeStep(absl::MakeConstSpan(&state, 1), tokens, out);
 }
 
 absl::Status Model::Verify(ModelState* state, absl::Span<const int32_t> tokens,

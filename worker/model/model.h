@@ -36,8 +36,11 @@
 #define SPECSERVE_WORKER_MODEL_MODEL_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -78,8 +81,9 @@ struct LinearAttentionWeights {  // Gated DeltaNet
 };
 
 struct MlpWeights {
-  Weight gate_proj;  // [I][H]
-  Weight up_proj;    // [I][H]
+  // [2I][H]: the checkpoint's gate_proj then up_proj, so one matmul makes a
+  // row [gate I | up I] (what Swiglu reads).
+  Weight gate_up;
   Weight down_proj;  // [H][I]
 };
 
@@ -154,6 +158,9 @@ class ModelState {
   // The MTP KV and verify capture buffers exist (false after
   // Model::FreeDraftState: only Prefill/Decode/DecodeBatch remain).
   bool has_draft_state() const { return !draft_freed_; }
+  // A recorded decode step (Model::set_use_graphs) failed for this session:
+  // its steps run op by op until Model::Restore resumes it.
+  bool graph_fallback() const { return graph_fallback_; }
 
  private:
   friend class Model;
@@ -165,6 +172,7 @@ class ModelState {
   int verified_columns_ = 0;
   bool offloaded_ = false;
   bool draft_freed_ = false;
+  bool graph_fallback_ = false;
   std::vector<KvCache> kv_;          // one per full-attention layer, in order
   std::vector<LinearCache> linear_;  // one per linear-attention layer
   KvCache mtp_kv_;                   // the MTP layer's cache (when has_mtp)
@@ -298,6 +306,26 @@ class Model {
   // Drops the pending Verify without committing any column.
   void DiscardVerified(ModelState* state) const;
 
+  // ---- Recorded decode steps (a backend that CanRecord: CUDA graphs).
+  // Decode and DecodeBatch record their device work once per (number of
+  // sessions, position bucket of kGraphPositionBucket rows) and replay it
+  // afterwards: the same ops on the same buffers, so results are
+  // bit-identical to running them one by one, minus the per-op launch
+  // cost. Step inputs (ids, per-session positions and cache pointers) are
+  // copied in before each replay. A key's first step runs op by op. If
+  // recording fails, the step runs op by op and its sessions stay on that
+  // path until Restore (ModelState::graph_fallback). On by default.
+  static constexpr int kGraphPositionBucket = 256;
+  void set_use_graphs(bool on) { use_graphs_ = on; }
+  bool use_graphs() const { return use_graphs_; }
+  struct GraphStats {
+    int64_t eager = 0;     // graphable steps run op by op (first use of a key)
+    int64_t recorded = 0;  // recordings made
+    int64_t replayed = 0;  // steps replayed (including right after recording)
+    int64_t failed = 0;    // recordings that failed (sessions fell back)
+  };
+  const GraphStats& graph_stats() const { return graph_stats_; }
+
   // Copies the committed recurrent/conv state (no Verify may be pending).
   absl::StatusOr<std::unique_ptr<TrunkCheckpoint>> SaveCheckpoint(
       const ModelState& state) const;
@@ -374,6 +402,8 @@ class Model {
   // layer: the cache ops then run once over all rows (kernels' session-batch
   // mode) instead of once per slice.
   struct SessionBatch {
+    int sessions = 0;                      // B
+    const uint64_t* table = nullptr;       // the uploaded table (workspace.h)
     const int32_t* positions = nullptr;  // [B]
     int max_position = 0;
     float* const* k = nullptr;  // [B] this layer's K caches (full attention)
@@ -414,12 +444,46 @@ class Model {
   absl::Status MlpBlock(const LayerWeights& w, int rows);
   // Uploads `tokens` and embeds them into rows 0.. of ws.h.
   absl::Status EmbedTokens(absl::Span<const int32_t> tokens);
+  // The device half of EmbedTokens: embeds the ids already in ws.ids.
+  absl::Status EmbedUploaded(int rows);
+  // Uploads the session-batch table (workspace.h) for one row per state
+  // at positions[i], and fills `batch` (attention sized for max_position,
+  // which may exceed every row's position).
+  absl::Status UploadSessionTable(absl::Span<ModelState* const> states,
+                                  absl::Span<const int> positions,
+                                  int max_position, SessionBatch* batch);
+  // The trunk's device work once tokens (ws.ids) and any session table are
+  // uploaded: embedding, the layers, the final norm (into ws.hidden).
+  absl::Status TrunkOps(absl::Span<ModelState* const> states,
+                        absl::Span<const Slice> slices, int rows, Mode mode,
+                        const SessionBatch* batch);
+  // lm_head and argmax of workspace rows [row0, row0+n) (device work).
+  absl::Status LmHead(int row0, int n);
+  // Appends rows [row0, row0+n)'s logits, hidden and argmax (LmHead's
+  // outputs) to `out`.
+  absl::Status CopyRowsOut(int row0, int n, ForwardResult* out);
+  // One committed token for each state (checked by the caller): recorded
+  // and replayed when graphs apply (decode_step.cc), else RunTrunk.
+  absl::Status DecodeStep(absl::Span<ModelState* const> states,
+                          absl::Span<const int32_t> tokens, ForwardResult* out);
+  // Prefill's argument checks.
+  absl::Status CheckPrefill(const ModelState& state,
+                            absl::Span<const int32_t> tokens) const;
 
   ModelConfig config_;
   std::unique_ptr<model_files::Checkpoint> checkpoint_;
   kernels::Backend* backend_ = nullptr;
   ModelWeights weights_;
   std::unique_ptr<Workspace> ws_;
+  bool use_graphs_ = true;
+  GraphStats graph_stats_;
+  // Recorded decode steps by (sessions, attention max_position); `warm`
+  // keys have run once op by op (first use allocates lazily, which cannot
+  // be recorded). Recordings hold workspace addresses: valid for the
+  // model's lifetime.
+  std::map<std::pair<int, int>, std::unique_ptr<kernels::Backend::Recording>>
+      graphs_;
+  std::set<std::pair<int, int>> graph_warm_;
 };
 
 }  // namespace specserve::model

@@ -167,6 +167,7 @@ absl::Status Model::Restore(ModelState* state,
   state->length_ = snap.length;
   state->mtp_length_ = mtp ? snap.mtp_length : 0;
   state->verified_columns_ = 0;
+  state->graph_fallback_ = false;  // resumed: recorded steps are tried again
   return absl::OkStatus();
 }
 

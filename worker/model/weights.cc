@@ -116,9 +116,9 @@ absl::Status LoadLayer(const ModelConfig& c, const std::string& prefix,
     SS_RETURN_IF_ERROR(ld->Vector(p + "norm.weight", dv, &l.norm));
   }
   const std::string p = prefix + "mlp.";
-  SS_RETURN_IF_ERROR(
-      ld->Matrix(p + "gate_proj.weight", I, H, &w->mlp.gate_proj));
-  SS_RETURN_IF_ERROR(ld->Matrix(p + "up_proj.weight", I, H, &w->mlp.up_proj));
+  SS_RETURN_IF_ERROR(ld->Stacked(
+      {{p + "gate_proj.weight", I}, {p + "up_proj.weight", I}}, H,
+      &w->mlp.gate_up));
   SS_RETURN_IF_ERROR(
       ld->Matrix(p + "down_proj.weight", H, I, &w->mlp.down_proj));
   return absl::OkStatus();
@@ -176,8 +176,7 @@ uint64_t Model::decode_weight_bytes() const {
     } else {
       n += l.linear.in_proj.bytes() + l.linear.out_proj.bytes();
     }
-    n += l.mlp.gate_proj.bytes() + l.mlp.up_proj.bytes() +
-         l.mlp.down_proj.bytes();
+    n += l.mlp.gate_up.bytes() + l.mlp.down_proj.bytes();
   }
   return n;
 }
