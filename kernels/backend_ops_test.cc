@@ -304,6 +304,77 @@ TEST_P(BackendOpsTest, GatedRmsNormGroupedGate) {
   EXPECT_EQ(out[0], out[1]);
 }
 
+// Grouped vectors (heads inside wider token rows, x and y) give the bits of
+// the same vectors laid out densely, in place too.
+TEST_P(BackendOpsTest, RmsNormGrouped) {
+  const int tokens = 3, heads = 4, dim = 8, wide = heads * 2 * dim + 5;
+  const int rows = tokens * heads;
+  std::vector<float> dense = Random(rows * dim, &rng_), w = Random(dim, &rng_);
+  // Head h of token t at t·wide + 3 + h·2·dim (stride 2·dim, like q_proj's
+  // [query | gate] heads); everything else is poison.
+  std::vector<float> grouped(tokens * wide, 1e9f);
+  for (int r = 0; r < rows; ++r) {
+    for (int i = 0; i < dim; ++i) {
+      grouped[(r / heads) * wide + 3 + (r % heads) * 2 * dim + i] = dense[r * dim + i];
+    }
+  }
+  Buffer db = Up(dense), gb = Up(grouped), wb = Up(w);
+  Buffer yb = Up(std::vector<float>(rows * dim));
+  RmsNormParams p;
+  p.rows = rows;
+  p.dim = dim;
+  p.x = db.f32();
+  p.x_stride = dim;
+  p.y = yb.f32();
+  p.y_stride = dim;
+  p.weight = wb.f32();
+  ASSERT_TRUE(backend_->RmsNorm(p).ok());
+  const std::vector<float> want = Down(yb, rows * dim);
+  p.x = p.y = gb.f32() + 3;
+  p.x_stride = p.y_stride = 2 * dim;
+  p.group = heads;
+  p.x_group_stride = p.y_group_stride = wide;
+  ASSERT_TRUE(backend_->RmsNorm(p).ok());
+  const std::vector<float> got = Down(gb, tokens * wide);
+  for (int r = 0; r < rows; ++r) {
+    for (int i = 0; i < dim; ++i) {
+      ASSERT_EQ(got[(r / heads) * wide + 3 + (r % heads) * 2 * dim + i], want[r * dim + i])
+          << "vector " << r << " element " << i;
+    }
+  }
+  EXPECT_EQ(got[0], 1e9f) << "outside the vectors untouched";
+  p.group = heads;
+  p.y_group_stride = wide - 1;  // in place with different layouts
+  EXPECT_EQ(backend_->RmsNorm(p).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Without per-row destinations, ScatterRows copies strided rows to
+// consecutive rows of one buffer from dst_first_row.
+TEST_P(BackendOpsTest, ScatterRowsBlock) {
+  const int rows = 5, cols = 7, src_stride = 11, dst_stride = 9, first = 2;
+  std::vector<float> src = Random(rows * src_stride, &rng_);
+  Buffer sb = Up(src), db = Up(std::vector<float>((first + rows + 1) * dst_stride, -7.0f));
+  ScatterRowsParams p;
+  p.rows = rows;
+  p.cols = cols;
+  p.src = sb.f32();
+  p.src_stride = src_stride;
+  p.dst_base = db.f32();
+  p.dst_first_row = first;
+  p.dst_row_stride = dst_stride;
+  ASSERT_TRUE(backend_->ScatterRows(p).ok());
+  const std::vector<float> got = Down(db, (first + rows + 1) * dst_stride);
+  for (int r = 0; r < first + rows + 1; ++r) {
+    for (int c = 0; c < dst_stride; ++c) {
+      const bool copied = r >= first && r < first + rows && c < cols;
+      EXPECT_EQ(got[r * dst_stride + c], copied ? src[(r - first) * src_stride + c] : -7.0f)
+          << "row " << r << " col " << c;
+    }
+  }
+  p.dst_rows = reinterpret_cast<const int32_t*>(sb.f32());  // both modes at once
+  EXPECT_EQ(backend_->ScatterRows(p).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_P(BackendOpsTest, Rope) {
   for (int rows : kSizes) {
     for (int heads : {1, 3}) {

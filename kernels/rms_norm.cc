@@ -9,8 +9,13 @@ absl::Status Validate(const RmsNormParams& p) {
   SS_KERNEL_CHECK(p.x && p.y && p.weight, "rms_norm: null pointer");
   SS_KERNEL_CHECK(p.x_stride >= p.dim && p.y_stride >= p.dim,
                   "rms_norm: stride < dim");
-  SS_KERNEL_CHECK(p.x != p.y || p.x_stride == p.y_stride,
+  SS_KERNEL_CHECK(p.x != p.y || (p.x_stride == p.y_stride &&
+                                  p.x_group_stride == p.y_group_stride),
                   "rms_norm: in place needs equal strides");
+  SS_KERNEL_CHECK(p.group >= 0 && (p.group == 0 ||
+                                   (p.x_group_stride >= p.group * p.x_stride &&
+                                    p.y_group_stride >= p.group * p.y_stride)),
+                  "rms_norm: group stride < group · stride");
   return absl::OkStatus();
 }
 

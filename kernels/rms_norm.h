@@ -21,10 +21,21 @@ struct RmsNormParams {
   int64_t x_stride = 0;  // elements between consecutive vectors of x
   float* y = nullptr;    // may equal x
   int64_t y_stride = 0;
+  // group > 0: vector r is at x + (r / group)·x_group_stride + (r % group)·
+  // x_stride, and likewise in y (heads inside wider token rows, e.g. the
+  // query heads of a fused q|k|v output); 0: at x + r·x_stride.
+  int64_t group = 0;
+  int64_t x_group_stride = 0;
+  int64_t y_group_stride = 0;
   const float* weight = nullptr;  // [dim] fp32
   bool plus_one = true;
   float eps = 1e-6f;
 };
+
+// Offset of vector r in a (possibly grouped) layout, in elements.
+inline int64_t GroupedRow(int64_t r, int64_t stride, int64_t group, int64_t group_stride) {
+  return group > 0 ? (r / group) * group_stride + (r % group) * stride : r * stride;
+}
 
 struct GatedRmsNormParams {
   int64_t rows = 0;

@@ -2,7 +2,11 @@
 //   dst[t] + dst_rows[t]·dst_row_stride  ←  src + t·src_stride   (cols floats)
 // dst and dst_rows are arrays in backend memory. DecodeBatch uses it to put
 // each session's new key/value row into that session's cache at its own
-// position in one call. Destinations must not overlap each other or src.
+// position in one call. Without dst/dst_rows (both null), the rows go to
+// consecutive rows of one buffer instead:
+//   dst_base + (dst_first_row + t)·dst_row_stride  ←  src + t·src_stride
+// (a strided block copy: one session's new keys into its cache).
+// Destinations must not overlap each other or src.
 #ifndef SPECSERVE_KERNELS_SCATTER_ROWS_H_
 #define SPECSERVE_KERNELS_SCATTER_ROWS_H_
 
@@ -20,6 +24,8 @@ struct ScatterRowsParams {
   float* const* dst = nullptr;        // [rows] base pointers
   const int32_t* dst_rows = nullptr;  // [rows] row index within dst[t]
   int64_t dst_row_stride = 0;
+  float* dst_base = nullptr;  // the one destination when dst is null
+  int64_t dst_first_row = 0;
 };
 
 absl::Status Validate(const ScatterRowsParams& p);

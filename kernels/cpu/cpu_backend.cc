@@ -203,9 +203,14 @@ absl::Status CpuBackend::GatedDeltaRule(const GatedDeltaRuleParams& p) {
 absl::Status CpuBackend::ScatterRows(const ScatterRowsParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
   for (int64_t t = 0; t < p.rows; ++t) {
-    SS_KERNEL_CHECK(p.dst_rows[t] >= 0, "scatter_rows: negative row");
-    std::memmove(p.dst[t] + p.dst_rows[t] * p.dst_row_stride,
-                 p.src + t * p.src_stride, p.cols * sizeof(float));
+    float* row;
+    if (p.dst != nullptr) {
+      SS_KERNEL_CHECK(p.dst_rows[t] >= 0, "scatter_rows: negative row");
+      row = p.dst[t] + p.dst_rows[t] * p.dst_row_stride;
+    } else {
+      row = p.dst_base + (p.dst_first_row + t) * p.dst_row_stride;
+    }
+    std::memmove(row, p.src + t * p.src_stride, p.cols * sizeof(float));
   }
   return absl::OkStatus();
 }

@@ -18,8 +18,8 @@ float InvRms(const float* x, int64_t dim, float eps) {
 
 void RmsNorm(const RmsNormParams& p) {
   for (int64_t r = 0; r < p.rows; ++r) {
-    const float* x = p.x + r * p.x_stride;
-    float* y = p.y + r * p.y_stride;
+    const float* x = p.x + GroupedRow(r, p.x_stride, p.group, p.x_group_stride);
+    float* y = p.y + GroupedRow(r, p.y_stride, p.group, p.y_group_stride);
     const float inv = InvRms(x, p.dim, p.eps);
     if (p.plus_one) {
       for (int64_t i = 0; i < p.dim; ++i)

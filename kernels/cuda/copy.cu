@@ -28,7 +28,9 @@ __global__ void __launch_bounds__(kScatterThreads) ScatterRowsKernel(ScatterRows
   const int64_t t = blockIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kScatterThreads + threadIdx.x;
   if (c >= p.cols) return;
-  p.dst[t][int64_t{p.dst_rows[t]} * p.dst_row_stride + c] = p.src[t * p.src_stride + c];
+  float* row = p.dst != nullptr ? p.dst[t] + int64_t{p.dst_rows[t]} * p.dst_row_stride
+                                : p.dst_base + (p.dst_first_row + t) * p.dst_row_stride;
+  row[c] = p.src[t * p.src_stride + c];
 }
 
 }  // namespace

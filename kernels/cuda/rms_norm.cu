@@ -13,13 +13,19 @@ namespace {
 
 constexpr int kWarps = 8;
 
+// kernels::GroupedRow on the device.
+__device__ __forceinline__ int64_t RowAt(int64_t r, int64_t stride, int64_t group,
+                                         int64_t group_stride) {
+  return group > 0 ? (r / group) * group_stride + (r % group) * stride : r * stride;
+}
+
 __global__ void __launch_bounds__(kWarps * 32) RmsNormKernel(RmsNormParams p) {
   PdlBegin();
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (r >= p.rows) return;
-  const float* x = p.x + r * p.x_stride;
-  float* y = p.y + r * p.y_stride;
+  const float* x = p.x + RowAt(r, p.x_stride, p.group, p.x_group_stride);
+  float* y = p.y + RowAt(r, p.y_stride, p.group, p.y_group_stride);
   const float inv = WarpInvRms(x, p.dim, p.eps, lane);
   // Every lane has read all of its x before any lane writes y (the
   // butterfly above is a warp-wide exchange), so y == x is safe.
@@ -31,8 +37,8 @@ __global__ void __launch_bounds__(kRmsBlockThreads) RmsNormRowKernel(RmsNormPara
   __shared__ double sm_part[kRmsBlockThreads / 32];
   __shared__ float sm_inv;
   const int64_t r = blockIdx.x;
-  const float* x = p.x + r * p.x_stride;
-  float* y = p.y + r * p.y_stride;
+  const float* x = p.x + RowAt(r, p.x_stride, p.group, p.x_group_stride);
+  float* y = p.y + RowAt(r, p.y_stride, p.group, p.y_group_stride);
   // (BlockInvRms's barrier orders every x read before any y write: y == x is safe.)
   const float inv = BlockInvRms(x, p.dim, p.eps, sm_part, &sm_inv);
   for (int64_t i = threadIdx.x; i < p.dim; i += kRmsBlockThreads) {

@@ -45,147 +45,123 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w,
   kernels::Backend& be = *backend_;
   Workspace& ws = *ws_;
   const AttentionWeights& a = w.attn;
-  float* q = ws.q.f32();  // [rows][nh][2·hd]
-  // One session: K and V are projected straight into its cache rows. Several
-  // (or a session batch): into the workspace, each slice's rows copied to
-  // its cache after RoPE.
   CHECK_EQ(slices.size(), kvs.size()) << "one cache per slice";
-  const bool direct = kvs.size() == 1 && batch == nullptr;
-  CHECK(!direct || slices[0].row0 == 0) << "a lone slice starts at row 0";
-  float* k_rows =
-      direct ? kvs[0]->k.f32() + slices[0].start * kv_dim : ws.k.f32();
-  float* v_rows =
-      direct ? kvs[0]->v.f32() + slices[0].start * kv_dim : ws.v.f32();
-  const float* h = ws.h.f32();
-  const float eps = c.rms_norm_eps;
-  SS_RETURN_IF_ERROR(be.Matmul(NormedMatmul(rows, h, w.input_norm, eps, a.q_proj, q)));
-  SS_RETURN_IF_ERROR(be.Matmul(NormedMatmul(rows, h, w.input_norm, eps, a.k_proj, k_rows)));
-  SS_RETURN_IF_ERROR(be.Matmul(NormedMatmul(rows, h, w.input_norm, eps, a.v_proj, v_rows)));
+  // One matmul projects every row to [q nh·2·hd | k kv_dim | v kv_dim],
+  // W wide; the keys and values go to the caches after k_norm and RoPE.
+  const int64_t q_width = nh * 2 * hd, W = q_width + 2 * kv_dim;
+  float* const q = ws.qkv.f32();
+  float* const k = q + q_width;
+  float* const v = k + kv_dim;
+  SS_RETURN_IF_ERROR(be.Matmul(
+      NormedMatmul(rows, ws.h.f32(), w.input_norm, c.rms_norm_eps, a.qkv_proj, q)));
 
-  // q_norm over the query half of every head (stride 2·hd), k_norm per kv head.
+  // q_norm over the query half of every head, k_norm over every key head
+  // (grouped: heads inside the W-wide token rows).
   kernels::RmsNormParams qn;
   qn.rows = rows * nh;
   qn.dim = hd;
-  qn.x = q;
-  qn.x_stride = 2 * hd;
-  qn.y = q;
-  qn.y_stride = 2 * hd;
+  qn.x = qn.y = q;
+  qn.x_stride = qn.y_stride = 2 * hd;
+  qn.group = nh;
+  qn.x_group_stride = qn.y_group_stride = W;
   qn.weight = a.q_norm.f32();
   qn.eps = c.rms_norm_eps;
   SS_RETURN_IF_ERROR(be.RmsNorm(qn));
   kernels::RmsNormParams kn = qn;
   kn.rows = rows * nkv;
-  kn.x = kn.y = k_rows;
+  kn.x = kn.y = k;
   kn.x_stride = kn.y_stride = hd;
+  kn.group = nkv;
   kn.weight = a.k_norm.f32();
   SS_RETURN_IF_ERROR(be.RmsNorm(kn));
 
-  const int64_t q_row = nh * 2 * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  kernels::AttentionParams at;
+  at.num_heads = nh;
+  at.num_kv_heads = nkv;
+  at.head_dim = hd;
+  at.q_row_stride = W;
+  at.q_head_stride = 2 * hd;
+  at.gate_row_stride = W;
+  at.gate_head_stride = 2 * hd;
+  at.kv_row_stride = kv_dim;
+  at.out_row_stride = nh * hd;
+  at.scale = scale;
+  kernels::RopeParams rq;
+  rq.heads = nh;
+  rq.head_dim = hd;
+  rq.rotary_dim = c.rotary_dim();
+  rq.row_stride = W;
+  rq.head_stride = 2 * hd;
+  rq.inv_freq = weights_.rope_inv_freq.f32();
+  kernels::ScatterRowsParams sk;
+  sk.cols = kv_dim;
+  sk.src_stride = W;
+  sk.dst_row_stride = kv_dim;
   if (batch != nullptr) {
-    CHECK(!direct) << "a session batch projects into the workspace";
-    kernels::RopeParams rq;
+    // One call per op over all sessions (per-row positions and caches).
     rq.rows = rows;
-    rq.heads = nh;
-    rq.head_dim = hd;
-    rq.rotary_dim = c.rotary_dim();
     rq.x = q;
-    rq.row_stride = q_row;
-    rq.head_stride = 2 * hd;
-    rq.inv_freq = weights_.rope_inv_freq.f32();
     rq.positions = batch->positions;
     SS_RETURN_IF_ERROR(be.Rope(rq));
     kernels::RopeParams rk = rq;
     rk.heads = nkv;
-    rk.x = k_rows;
-    rk.row_stride = kv_dim;
+    rk.x = k;
     rk.head_stride = hd;
     SS_RETURN_IF_ERROR(be.Rope(rk));
-    kernels::ScatterRowsParams sk;
     sk.rows = rows;
-    sk.cols = kv_dim;
-    sk.src = k_rows;
-    sk.src_stride = kv_dim;
+    sk.src = k;
     sk.dst = batch->k;
     sk.dst_rows = batch->positions;
-    sk.dst_row_stride = kv_dim;
     SS_RETURN_IF_ERROR(be.ScatterRows(sk));
     kernels::ScatterRowsParams sv = sk;
-    sv.src = v_rows;
+    sv.src = v;
     sv.dst = batch->v;
     SS_RETURN_IF_ERROR(be.ScatterRows(sv));
 
-    kernels::AttentionParams at;
     at.rows = rows;
-    at.num_heads = nh;
-    at.num_kv_heads = nkv;
-    at.head_dim = hd;
     at.q = q;
-    at.q_row_stride = q_row;
-    at.q_head_stride = 2 * hd;
     at.gate = q + hd;
-    at.gate_row_stride = q_row;
-    at.gate_head_stride = 2 * hd;
-    at.kv_row_stride = kv_dim;
     at.out = ws.attn.f32();
-    at.out_row_stride = nh * hd;
-    at.scale = scale;
     at.positions = batch->positions;
     at.k_caches = batch->k;
     at.v_caches = batch->v;
     at.max_position = batch->max_position;
     SS_RETURN_IF_ERROR(be.Attention(at));
-    return be.Matmul(DenseMatmul(rows, ws.attn.f32(), a.o_proj, ws.h.f32(),
-                                 /*accumulate=*/true));
-  }
-  for (size_t i = 0; i < slices.size(); ++i) {
-    const Slice& s = slices[i];
-    const KvCache& kv = *kvs[i];
-    kernels::RopeParams rq;
-    rq.rows = s.rows;
-    rq.heads = nh;
-    rq.head_dim = hd;
-    rq.rotary_dim = c.rotary_dim();
-    rq.x = q + s.row0 * q_row;
-    rq.row_stride = q_row;
-    rq.head_stride = 2 * hd;
-    rq.first_position = s.start;
-    rq.inv_freq = weights_.rope_inv_freq.f32();
-    SS_RETURN_IF_ERROR(be.Rope(rq));
-    kernels::RopeParams rk = rq;
-    rk.heads = nkv;
-    rk.x = k_rows + s.row0 * kv_dim;
-    rk.row_stride = kv_dim;
-    rk.head_stride = hd;
-    SS_RETURN_IF_ERROR(be.Rope(rk));
-    if (!direct) {
-      const size_t bytes = s.rows * kv_dim * sizeof(float);
-      SS_RETURN_IF_ERROR(be.CopyOnDevice(kv.k.f32() + s.start * kv_dim,
-                                         k_rows + s.row0 * kv_dim, bytes));
-      SS_RETURN_IF_ERROR(be.CopyOnDevice(kv.v.f32() + s.start * kv_dim,
-                                         v_rows + s.row0 * kv_dim, bytes));
-    }
+  } else {
+    for (size_t i = 0; i < slices.size(); ++i) {
+      const Slice& s = slices[i];
+      const KvCache& kv = *kvs[i];
+      rq.rows = s.rows;
+      rq.x = q + s.row0 * W;
+      rq.first_position = s.start;
+      SS_RETURN_IF_ERROR(be.Rope(rq));
+      kernels::RopeParams rk = rq;
+      rk.heads = nkv;
+      rk.x = k + s.row0 * W;
+      rk.head_stride = hd;
+      SS_RETURN_IF_ERROR(be.Rope(rk));
+      // The slice's keys and values to its cache rows [start, start+rows).
+      sk.rows = s.rows;
+      sk.src = k + s.row0 * W;
+      sk.dst_base = kv.k.f32();
+      sk.dst_first_row = s.start;
+      SS_RETURN_IF_ERROR(be.ScatterRows(sk));
+      kernels::ScatterRowsParams sv = sk;
+      sv.src = v + s.row0 * W;
+      sv.dst_base = kv.v.f32();
+      SS_RETURN_IF_ERROR(be.ScatterRows(sv));
 
-    kernels::AttentionParams at;
-    at.rows = s.rows;
-    at.num_heads = nh;
-    at.num_kv_heads = nkv;
-    at.head_dim = hd;
-    at.q = q + s.row0 * q_row;
-    at.q_row_stride = q_row;
-    at.q_head_stride = 2 * hd;
-    at.gate = q + s.row0 * q_row + hd;
-    at.gate_row_stride = q_row;
-    at.gate_head_stride = 2 * hd;
-    at.k_cache = kv.k.f32();
-    at.v_cache = kv.v.f32();
-    at.kv_row_stride = kv_dim;
-    at.capacity = static_cast<int64_t>(kv.k.bytes() / sizeof(float)) / kv_dim;
-    at.first_position = s.start;
-    at.out = ws.attn.f32() + s.row0 * nh * hd;
-    at.out_row_stride = nh * hd;
-    at.scale = scale;
-    SS_RETURN_IF_ERROR(be.Attention(at));
+      at.rows = s.rows;
+      at.q = q + s.row0 * W;
+      at.gate = q + s.row0 * W + hd;
+      at.k_cache = kv.k.f32();
+      at.v_cache = kv.v.f32();
+      at.capacity = static_cast<int64_t>(kv.k.bytes() / sizeof(float)) / kv_dim;
+      at.first_position = s.start;
+      at.out = ws.attn.f32() + s.row0 * nh * hd;
+      SS_RETURN_IF_ERROR(be.Attention(at));
+    }
   }
   return be.Matmul(DenseMatmul(rows, ws.attn.f32(), a.o_proj, ws.h.f32(),
                                /*accumulate=*/true));

@@ -56,10 +56,9 @@ absl::Status Model::EnsureWorkspace() {
   SS_RETURN_IF_ERROR(floats(&ws->mixed, c.in_proj_dim()));
   SS_RETURN_IF_ERROR(floats(&ws->conv_out, c.conv_dim()));
   SS_RETURN_IF_ERROR(floats(&ws->core, c.value_dim()));
-  SS_RETURN_IF_ERROR(floats(&ws->q, 2 * c.num_attention_heads * c.head_dim));
+  SS_RETURN_IF_ERROR(floats(&ws->qkv, 2 * (c.num_attention_heads +
+                                           c.num_key_value_heads) * c.head_dim));
   SS_RETURN_IF_ERROR(floats(&ws->attn, c.num_attention_heads * c.head_dim));
-  SS_RETURN_IF_ERROR(floats(&ws->k, c.num_key_value_heads * c.head_dim));
-  SS_RETURN_IF_ERROR(floats(&ws->v, c.num_key_value_heads * c.head_dim));
   SS_RETURN_IF_ERROR(floats(&ws->mlp, 2 * c.intermediate_size));
   SS_RETURN_IF_ERROR(floats(&ws->mtp_cat, 2 * H));
   SS_RETURN_IF_ERROR(floats(&ws->mtp_in, H));

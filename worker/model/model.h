@@ -60,9 +60,9 @@ using model_files::ModelConfig;
 // ---------------------------------------------------------------- weights
 
 struct AttentionWeights {  // gated full attention
-  Weight q_proj;           // [2·nh·hd][H]: per head [query hd | gate hd]
-  Weight k_proj;           // [nkv·hd][H]
-  Weight v_proj;           // [nkv·hd][H]
+  // [2·nh·hd + 2·nkv·hd][H]: the checkpoint's q_proj (per head [query hd |
+  // gate hd]), k_proj and v_proj stacked, so one matmul projects all three.
+  Weight qkv_proj;
   Weight o_proj;           // [H][nh·hd]
   Buffer q_norm;           // [hd] zero-centred
   Buffer k_norm;           // [hd] zero-centred

@@ -90,10 +90,10 @@ absl::Status LoadLayer(const ModelConfig& c, const std::string& prefix,
                   hd = c.head_dim;
     const std::string p = prefix + "self_attn.";
     AttentionWeights& a = w->attn;
-    SS_RETURN_IF_ERROR(
-        ld->Matrix(p + "q_proj.weight", 2 * nh * hd, H, &a.q_proj));
-    SS_RETURN_IF_ERROR(ld->Matrix(p + "k_proj.weight", nkv * hd, H, &a.k_proj));
-    SS_RETURN_IF_ERROR(ld->Matrix(p + "v_proj.weight", nkv * hd, H, &a.v_proj));
+    SS_RETURN_IF_ERROR(ld->Stacked({{p + "q_proj.weight", 2 * nh * hd},
+                                    {p + "k_proj.weight", nkv * hd},
+                                    {p + "v_proj.weight", nkv * hd}},
+                                   H, &a.qkv_proj));
     SS_RETURN_IF_ERROR(ld->Matrix(p + "o_proj.weight", H, nh * hd, &a.o_proj));
     SS_RETURN_IF_ERROR(ld->Vector(p + "q_norm.weight", hd, &a.q_norm));
     SS_RETURN_IF_ERROR(ld->Vector(p + "k_norm.weight", hd, &a.k_norm));
@@ -171,8 +171,7 @@ uint64_t Model::decode_weight_bytes() const {
   uint64_t n = weights_.lm_head.bytes();
   for (const LayerWeights& l : weights_.layers) {
     if (l.type == LayerType::kFullAttention) {
-      n += l.attn.q_proj.bytes() + l.attn.k_proj.bytes() +
-           l.attn.v_proj.bytes() + l.attn.o_proj.bytes();
+      n += l.attn.qkv_proj.bytes() + l.attn.o_proj.bytes();
     } else {
       n += l.linear.in_proj.bytes() + l.linear.out_proj.bytes();
     }

@@ -20,11 +20,10 @@ struct Model::Workspace {
                     // z value_dim (output gate) | b nv | a nv]
   Buffer conv_out;  // [R][conv_dim] after conv + SiLU: [q | k | v]
   Buffer core;      // [R][value_dim] delta-rule output, gated-normed in place
-  Buffer q;         // [R][nh][2·hd] per head [query | gate]
+  Buffer qkv;       // [R][nh·2·hd + 2·nkv·hd]: per head [query | gate],
+                    // then keys, then values (copied to the caches after
+                    // k_norm and RoPE)
   Buffer attn;      // [R][nh·hd] gated attention output
-  Buffer k;         // [R][nkv·hd] keys of a batch, before each row's copy
-  Buffer v;         // [R][nkv·hd] values, likewise (one-session passes
-                    // project straight into the cache instead)
   Buffer mlp;       // [R][2·I] [gate | up], activation in the gate half
   Buffer mtp_cat;   // [R][2·H] [norm_emb(e) | norm_hid(h)]
   Buffer mtp_in;    // [R][H] trunk hiddens given to the MTP head
