@@ -179,6 +179,33 @@ TEST_P(BackendOpsTest, MatmulFusedNormEqualsRmsNormThenMatmul) {
   }
 }
 
+// A fused-SwiGLU matmul gives the bits of Swiglu into a buffer followed by
+// the plain matmul, with accumulation and a row stride beyond [gate | up].
+TEST_P(BackendOpsTest, MatmulFusedSwigluEqualsSwigluThenMatmul) {
+  for (int in : {64, 1032}) {
+    for (int rows : {1, 3, 9}) {
+      const int out = 45, xs = 2 * in + 4;
+      std::vector<float> x = Random(rows * xs, &rng_, -3, 3), y0 = Random(rows * out, &rng_);
+      std::vector<uint16_t> wh = RandomHalf(out * in, DType::kBF16, &rng_);
+      Buffer xb = Up(x), wb = UpRaw(wh.data(), wh.size() * 2);
+      auto w = backend_->UploadWeight(DType::kBF16, wb.data(), out, in);
+      ASSERT_TRUE(w.ok());
+      MatmulParams p = DenseMatmul(rows, xb.f32(), *w, nullptr, /*accumulate=*/true);
+      p.x_stride = xs;
+      p.swiglu = true;
+      Buffer fused = Up(y0), separate = Up(y0), act = Up(std::vector<float>(rows * in));
+      p.y = fused.f32();
+      ASSERT_TRUE(backend_->Matmul(p).ok());
+      ASSERT_TRUE(backend_->Swiglu(FusedSwigluOf(p, act.f32())).ok());
+      ASSERT_TRUE(backend_->Matmul(DenseMatmul(rows, act.f32(), *w, separate.f32(), true)).ok());
+      EXPECT_EQ(Down(fused, rows * out), Down(separate, rows * out))
+          << "in=" << in << " rows=" << rows;
+      p.x_stride = 2 * in - 1;
+      EXPECT_EQ(backend_->Matmul(p).code(), absl::StatusCode::kInvalidArgument);
+    }
+  }
+}
+
 TEST_P(BackendOpsTest, MatmulStridedRowsAreRowInvariant) {
   // Large enough that 16 rows run on the thread pool and 1 row does not.
   const int in = 301, out = 67, rows = 16, xs = 304, ys = 70;

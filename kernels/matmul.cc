@@ -34,11 +34,28 @@ RmsNormParams FusedNormOf(const MatmulParams& p, float* y) {
   return n;
 }
 
+SwigluParams FusedSwigluOf(const MatmulParams& p, float* out) {
+  SwigluParams s;
+  s.rows = p.rows;
+  s.dim = p.in;
+  s.gate = p.x;
+  s.gate_stride = p.x_stride;
+  s.up = p.x + p.in;
+  s.up_stride = p.x_stride;
+  s.out = out;
+  s.out_stride = p.in;
+  return s;
+}
+
 absl::Status Validate(const MatmulParams& p) {
   SS_KERNEL_CHECK(p.rows >= 1 && p.in >= 1 && p.out >= 1,
                   "matmul: empty shape");
   SS_KERNEL_CHECK(p.x && p.w && p.y, "matmul: null pointer");
   SS_KERNEL_CHECK(p.x_stride >= p.in, "matmul: x_stride < in");
+  SS_KERNEL_CHECK(!p.swiglu || p.x_stride >= 2 * p.in,
+                  "matmul: a fused swiglu needs x_stride >= 2·in");
+  SS_KERNEL_CHECK(!p.swiglu || p.norm_weight == nullptr,
+                  "matmul: a fused swiglu and a fused norm together");
   SS_KERNEL_CHECK(p.y_stride >= p.out, "matmul: y_stride < out");
   return absl::OkStatus();
 }

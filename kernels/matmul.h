@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/rms_norm.h"
+#include "kernels/swiglu.h"
 #include "kernels/types.h"
 
 namespace specserve::kernels {
@@ -35,6 +36,11 @@ struct MatmulParams {
   const float* norm_weight = nullptr;  // [in]
   bool norm_plus_one = true;
   float norm_eps = 1e-6f;
+  // Optional SwiGLU fused in front (the MLP's down projection): x row t is
+  // read as silu(g)⊙u with g = x[t][0, in) and u = x[t][in, 2·in)
+  // (x_stride >= 2·in), and the result equals a Swiglu op into a buffer
+  // followed by this matmul, bit for bit. Not together with norm_weight.
+  bool swiglu = false;
 };
 
 // Fills the params for y = x·Wᵀ with dense strides.
@@ -44,6 +50,10 @@ MatmulParams DenseMatmul(int64_t rows, const float* x, const Weight& w,
 // The RmsNorm a fused-norm matmul applies to x, as its own op's params
 // (x rows normalised into `y`, dense).
 RmsNormParams FusedNormOf(const MatmulParams& p, float* y);
+
+// The Swiglu a fused-SwiGLU matmul applies to x, as its own op's params
+// (rows written into `out`, dense).
+SwigluParams FusedSwigluOf(const MatmulParams& p, float* out);
 
 absl::Status Validate(const MatmulParams& p);
 

@@ -87,17 +87,22 @@ absl::Status CpuBackend::Embed(const EmbedParams& p) {
 
 absl::Status CpuBackend::Matmul(const MatmulParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  if (p.norm_weight == nullptr) {
+  if (p.norm_weight == nullptr && !p.swiglu) {
     cpu::Matmul(p, pool_.get());
     return absl::OkStatus();
   }
-  // The fused norm is, by definition, RmsNorm then the plain matmul.
-  std::vector<float> normed(static_cast<size_t>(p.rows * p.in));
-  cpu::RmsNorm(FusedNormOf(p, normed.data()));
+  // A fused norm or SwiGLU is, by definition, that op then the plain matmul.
+  std::vector<float> x(static_cast<size_t>(p.rows * p.in));
+  if (p.swiglu) {
+    cpu::Swiglu(FusedSwigluOf(p, x.data()));
+  } else {
+    cpu::RmsNorm(FusedNormOf(p, x.data()));
+  }
   MatmulParams plain = p;
-  plain.x = normed.data();
+  plain.x = x.data();
   plain.x_stride = p.in;
   plain.norm_weight = nullptr;
+  plain.swiglu = false;
   cpu::Matmul(plain, pool_.get());
   return absl::OkStatus();
 }

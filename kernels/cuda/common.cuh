@@ -106,6 +106,10 @@ __device__ __forceinline__ float Sigmoid(float x) {
 __device__ __forceinline__ float Silu(float x) {
   return x / __fadd_rn(1.0f, expf(-x));
 }
+// One SwiGLU output (the Swiglu op and the matmul's fused SwiGLU).
+__device__ __forceinline__ float SwigluElem(float gate, float up) {
+  return __fmul_rn(Silu(gate), up);
+}
 __device__ __forceinline__ float Softplus(float x) {
   return x > 20.0f ? x : log1pf(expf(x));
 }

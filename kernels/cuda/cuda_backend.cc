@@ -309,7 +309,7 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
   r.ws = Workspace{workspace_.get(), workspace_bytes_};
   r.counters = static_cast<int*>(matmul_counters_.get());
   r.x_splits = matmul_x_splits_;
-  if (p.norm_weight != nullptr) {  // (fused or not: LaunchMatmul decides)
+  if (p.norm_weight != nullptr || p.swiglu) {  // (fused or not: LaunchMatmul decides)
     const size_t need = static_cast<size_t>(p.rows * p.in) * sizeof(float);
     if (need > norm_scratch_bytes_) {
       SS_RETURN_IF_ERROR(RefuseWhileRecording("Matmul growing its norm scratch"));

@@ -213,6 +213,40 @@ TEST_F(CudaBackendTest, MatmulFusedNormEqualsRmsNormThenMatmul) {
   }
 }
 
+// GPU: SwiGLU fused in the tensor-core kernel (every T, aligned and
+// misaligned x) gives the bits of Swiglu then the matmul, close to the CPU.
+TEST_F(CudaBackendTest, MatmulFusedSwigluEqualsSwigluThenMatmul) {
+  for (int in : {256, 17408}) {
+    for (int rows : {1, 8, 9, 64}) {
+      for (int misaligned : {0, 1}) {
+        const int out = 300, xs = 2 * in + 4;
+        const std::vector<float> x = Random((rows + 1) * xs), y0 = Random(rows * out);
+        const std::vector<uint8_t> wh = RandomWeights(out * in, DType::kBF16);
+        Dual xd = UpF(x), wd = Up(wh.data(), wh.size());
+        const std::string what = absl::StrCat("in=", in, " rows=", rows, " mis=", misaligned);
+        std::vector<float> fused[2];
+        for (bool g : {false, true}) {
+          auto w = B(g)->UploadWeight(DType::kBF16, wd.V(g), out, in);
+          ASSERT_TRUE(w.ok());
+          Dual yd = UpF(y0);
+          MatmulParams p = DenseMatmul(rows, xd.F(g) + misaligned, *w, yd.F(g), true);
+          p.x_stride = xs;
+          p.swiglu = true;
+          ASSERT_TRUE(B(g)->Matmul(p).ok()) << what;
+          fused[g] = Down(yd, g, rows * out);
+          if (!g) continue;
+          Buffer act = GpuZeros(rows * in);
+          Dual sd = UpF(y0);
+          ASSERT_TRUE(gpu_->Swiglu(FusedSwigluOf(p, act.f32())).ok());
+          ASSERT_TRUE(gpu_->Matmul(DenseMatmul(rows, act.f32(), *w, sd.g.f32(), true)).ok());
+          ExpectBitEqual(fused[1].data(), DownG(sd.g, rows * out).data(), rows * out, what);
+        }
+        ExpectClose(fused[0], fused[1], 1e-4, what + " cpu vs cuda");
+      }
+    }
+  }
+}
+
 // The 16-byte and the scalar load paths give the same bits: the same rows at
 // an aligned and at a misaligned address, with strides.
 TEST_F(CudaBackendTest, MatmulLoadPathsAgreeAndStridesWork) {

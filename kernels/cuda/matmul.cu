@@ -191,6 +191,20 @@ absl::Status LaunchMatmul(const MatmulParams& p, const MatmulResources& r,
     plain.norm_weight = nullptr;
     return LaunchMatmul(plain, r, stream);
   }
+  if (p.swiglu && !mma) {
+    // Unfused: the same Swiglu into scratch, then the plain matmul.
+    const size_t need = static_cast<size_t>(p.rows * p.in) * sizeof(float);
+    if (r.norm_scratch.bytes < need) {
+      return absl::InternalError("matmul: swiglu scratch too small");
+    }
+    float* act = static_cast<float*>(r.norm_scratch.data);
+    if (absl::Status s = LaunchSwiglu(FusedSwigluOf(p, act), stream); !s.ok()) return s;
+    MatmulParams plain = p;
+    plain.x = act;
+    plain.x_stride = p.in;
+    plain.swiglu = false;
+    return LaunchMatmul(plain, r, stream);
+  }
   if (mma) {
     return LaunchMmaMatmul(p, r.x_splits, r.ws, r.counters, stream);
   }

@@ -51,6 +51,10 @@
 // does (rms_inv.cuh) and normalises x while staging it, so the result is
 // that of RmsNorm followed by this matmul, bit for bit.
 //
+// Fused SwiGLU (MatmulParams.swiglu, any T): x is staged as silu(g)⊙u by
+// the formula of the Swiglu op (SwigluElem), so the result is that of
+// Swiglu followed by this matmul, bit for bit.
+//
 // Launch overlap: the kernel is a programmatic dependent of the previous
 // one and lets the next kernel launch at once (griddepcontrol): its weight
 // ring fills while the previous kernel drains; x, y, the workspace and the
@@ -181,8 +185,21 @@ __device__ __forceinline__ Cursor NextUnit(const MmaArgs& a, Cursor c, const Uni
   return FirstOf(a, c.part + gridDim.x);
 }
 
+// v[0..8) = src[0..8), with two 16-byte loads when `vec`.
+__device__ __forceinline__ void LoadX8(const float* src, bool vec, float (&v)[8]) {
+  if (vec) {
+    const float4 lo = *reinterpret_cast<const float4*>(src);
+    const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+    v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
+    v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = src[e];
+  }
+}
+
 template <int NT, int SPLITS>
-__global__ void __launch_bounds__(kThreads) MmaMatmulKernel(MmaArgs a) {
+__global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) MmaMatmulKernel(MmaArgs a) {
   extern __shared__ uint4 xs[];  // [kRing][SPLITS][NT][2 halves][32 lanes]
   __shared__ int is_last;
   __shared__ double sm_part[8][kRmsBlockThreads / 32];
@@ -221,7 +238,8 @@ __global__ void __launch_bounds__(kThreads) MmaMatmulKernel(MmaArgs a) {
   for (int u = 0; u < kRing; ++u) load_next(u);
   PdlWait();  // only the weights were read before this
 
-  const bool x_vec = (reinterpret_cast<uintptr_t>(p.x) % 16 == 0) && (p.x_stride % 4 == 0);
+  const bool x_vec = (reinterpret_cast<uintptr_t>(p.x) % 16 == 0) && (p.x_stride % 4 == 0) &&
+                     (!p.swiglu || p.in % 4 == 0);
   const float* xb = p.x + a.t0 * p.x_stride;
 
   // Fused norm (at most 8 tokens, so NT == 1): each token's 1/rms exactly
@@ -264,14 +282,12 @@ __global__ void __launch_bounds__(kThreads) MmaMatmulKernel(MmaArgs a) {
         float v[8];
         if (tok < a.tokens && k < kend) {
           const float* src = xb + tok * p.x_stride + k;
-          if (x_vec) {
-            const float4 lo = *reinterpret_cast<const float4*>(src);
-            const float4 hi = *reinterpret_cast<const float4*>(src + 4);
-            v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
-            v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
-          } else {
+          LoadX8(src, x_vec, v);
+          if (p.swiglu) {  // v is the gate; the up half is `in` further on
+            float up[8];
+            LoadX8(src + p.in, x_vec, up);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) v[e] = src[e];
+            for (int e = 0; e < 8; ++e) v[e] = SwigluElem(v[e], up[e]);
           }
           if (fused_norm) {
 #pragma unroll

@@ -16,7 +16,7 @@ __global__ void __launch_bounds__(kThreads) SwigluKernel(SwigluParams p) {
   for (int64_t t = blockIdx.y; t < p.rows; t += gridDim.y) {
     const float g = p.gate[t * p.gate_stride + i];
     const float u = p.up[t * p.up_stride + i];
-    p.out[t * p.out_stride + i] = __fmul_rn(Silu(g), u);
+    p.out[t * p.out_stride + i] = SwigluElem(g, u);
   }
 }
 

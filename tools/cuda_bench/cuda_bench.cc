@@ -120,6 +120,7 @@ double CopyGBs(CudaBackend* be, size_t bytes) {
 
 struct Ctx {
   double copy_gbs = 0;
+  int model_splits = 2;  // --x_splits: bf16 terms per x in the models' matmuls
   json out = json::object();
 };
 
@@ -265,7 +266,7 @@ json PrintTimeline(const char* label,
 
 void ModelBench(Ctx* ctx, const std::string& dir) {
   BENCH_CHECK(WriteSyntheticCheckpoint(Qwen35_27BConfigJson(), dir));
-  auto owner = MakeBackend(3);
+  auto owner = MakeBackend(ctx->model_splits);
   auto* be = static_cast<CudaBackend*>(owner.get());
   RandomWeightsBackend rb(be, 0.02f);
   const auto t0 = std::chrono::steady_clock::now();
@@ -278,8 +279,8 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
   const double wbytes = static_cast<double>(m->decode_weight_bytes());
   const double floor_ms = wbytes / (ctx->copy_gbs * 1e6);
   std::printf("\n== Qwen3.5-27B shape, random bf16 weights made on the GPU (%.1f GB filled, "
-              "load %.1f s)\n",
-              rb.filled_bytes() / 1e9, load_s);
+              "load %.1f s); matmul x in %d bf16 terms\n",
+              rb.filled_bytes() / 1e9, load_s, ctx->model_splits);
   std::printf("decode weight bytes %.2f GB; floor %.2f ms at %.0f GB/s copy\n", wbytes / 1e9,
               floor_ms, ctx->copy_gbs);
   json j = {{"decode_weight_bytes", wbytes}, {"floor_ms", floor_ms}};
@@ -418,7 +419,7 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
 
 // ---- 4. the default model.
 void DefaultModel(Ctx* ctx, const std::string& dir) {
-  auto owner = MakeBackend(3);
+  auto owner = MakeBackend(ctx->model_splits);
   auto loaded = model::Model::Load(dir, owner.get());
   BENCH_CHECK(loaded.status());
   auto& m = *loaded;
@@ -448,7 +449,7 @@ void DefaultModel(Ctx* ctx, const std::string& dir) {
 // (d) plain (k = 0) vs speculative (k = 1..4) greedy bursts through the
 // engine on `dir`: tokens/s, acceptance, and spec == plain token for token.
 void EngineBench(Ctx* ctx, const std::string& dir) {
-  auto owner = MakeBackend(3);
+  auto owner = MakeBackend(ctx->model_splits);
   auto loaded = model::Model::Load(dir, owner.get());
   BENCH_CHECK(loaded.status());
   auto& m = *loaded;
@@ -516,6 +517,9 @@ void EngineBench(Ctx* ctx, const std::string& dir) {
 int Main(int argc, char** argv) {
   std::string json_path = "cuda_bench.json", default_model, synth = "/tmp/specserve_27b";
   bool skip_model = false, skip_matmul = false;
+  // bf16 terms per activation in the models' matmuls: 2 is the worker's
+  // default (CudaBackendOptions), 3 the exact split.
+  int model_splits = 2;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--json=", 0) == 0) json_path = a.substr(7);
@@ -523,12 +527,15 @@ int Main(int argc, char** argv) {
     if (a.rfind("--synthetic_dir=", 0) == 0) synth = a.substr(16);
     if (a == "--skip_model") skip_model = true;
     if (a == "--skip_matmul") skip_matmul = true;
+    if (a.rfind("--x_splits=", 0) == 0) model_splits = std::stoi(a.substr(11));
   }
   if (kernels::cuda::CudaDeviceCount() == 0) {
     std::printf("cuda_bench: no CUDA device visible\n");
     return 0;
   }
   Ctx ctx;
+  ctx.model_splits = model_splits;
+  ctx.out["model_x_splits"] = model_splits;
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   {

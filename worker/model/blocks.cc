@@ -274,22 +274,14 @@ absl::Status Model::MlpBlock(const LayerWeights& w, int rows) {
   const int64_t I = config_.intermediate_size;
   kernels::Backend& be = *backend_;
   Workspace& ws = *ws_;
-  float* gate = ws.mlp.f32();  // [rows][2I]: gate half then up half
+  float* gate_up = ws.mlp.f32();  // [rows][2I]: gate half then up half
   SS_RETURN_IF_ERROR(be.Matmul(NormedMatmul(rows, ws.h.f32(), w.post_attention_norm,
-                                            config_.rms_norm_eps, w.mlp.gate_up, gate)));
-  kernels::SwigluParams s;
-  s.rows = rows;
-  s.dim = I;
-  s.gate = gate;
-  s.gate_stride = 2 * I;
-  s.up = gate + I;
-  s.up_stride = 2 * I;
-  s.out = gate;
-  s.out_stride = 2 * I;
-  SS_RETURN_IF_ERROR(be.Swiglu(s));
-  MatmulParams d = DenseMatmul(rows, gate, w.mlp.down_proj, ws.h.f32(),
+                                            config_.rms_norm_eps, w.mlp.gate_up, gate_up)));
+  // down(silu(gate) ⊙ up), the SwiGLU fused into the matmul's input.
+  MatmulParams d = DenseMatmul(rows, gate_up, w.mlp.down_proj, ws.h.f32(),
                                /*accumulate=*/true);
   d.x_stride = 2 * I;
+  d.swiglu = true;
   return be.Matmul(d);
 }
 
