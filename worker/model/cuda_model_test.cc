@@ -195,9 +195,9 @@ TEST_P(CudaModelTest, LogitsAndGreedyMatchCpu) {
       near_ties_);
 }
 
-// Recorded decode steps (CUDA graphs) against the same steps op by op, on
-// the same model: Decode across a position bucket boundary and DecodeBatch
-// of 3 sessions, logits bit for bit.
+// Recorded steps (CUDA graphs) against the same steps op by op, on the same
+// model: Decode across a position bucket boundary, DecodeBatch of 3
+// sessions and an MTP draft chain, logits and hiddens bit for bit.
 TEST_P(CudaModelTest, RecordedDecodeEqualsOpByOp) {
   const int prompt_len = Model::kGraphPositionBucket - 6;
   const std::vector<int32_t> prompt = RandomTokens(prompt_len);
@@ -222,6 +222,18 @@ TEST_P(CudaModelTest, RecordedDecodeEqualsOpByOp) {
       steps->push_back(r);
       next = r.argmax[2];
     }
+    if (!model_->has_mtp()) return;
+    // A draft chain on s[1]: MTP rows 0..2 filled, then 6 draft steps.
+    const std::vector<float> h(3 * H_, 0.5f);
+    ASSERT_TRUE(model_->MtpForward(s[1].get(), h, {3, 4, 5}, 0, &r).ok());
+    std::vector<float> hidden(r.hidden.end() - H_, r.hidden.end());
+    int32_t tok = r.argmax.back();
+    for (int row = 3; row < 9; ++row) {
+      ASSERT_TRUE(model_->MtpDraft(s[1].get(), hidden, tok, row, &r).ok());
+      steps->push_back(r);
+      hidden = r.hidden;
+      tok = r.argmax[0];
+    }
   };
   std::vector<ForwardResult> eager, recorded;
   run(false, &eager);
@@ -234,12 +246,14 @@ TEST_P(CudaModelTest, RecordedDecodeEqualsOpByOp) {
     EXPECT_EQ(eager[i].hidden, recorded[i].hidden) << "step " << i;
     EXPECT_EQ(eager[i].argmax, recorded[i].argmax) << "step " << i;
   }
-  // Two buckets for one session, one for three: each key runs once op by
-  // op, is recorded on its second step and replayed from then on.
+  // Two buckets for one session, one for three, one draft key: each key
+  // runs once op by op, is recorded on its second step and replayed from
+  // then on.
+  const int keys = model_->has_mtp() ? 4 : 3;
   EXPECT_EQ(st.failed - before.failed, 0);
-  EXPECT_EQ(st.recorded - before.recorded, 3);
-  EXPECT_EQ(st.eager - before.eager, 3);
-  EXPECT_EQ(st.replayed - before.replayed, 17 - 3);
+  EXPECT_EQ(st.recorded - before.recorded, keys);
+  EXPECT_EQ(st.eager - before.eager, keys);
+  EXPECT_EQ(st.replayed - before.replayed, static_cast<int64_t>(eager.size()) - keys);
 }
 
 // Fails every recording (the backend refuses to start one) while set.

@@ -1,8 +1,9 @@
-// Model::DecodeStep: one committed token for each of B sessions, the step
-// Decode and DecodeBatch share. On a backend that can record (CUDA graphs)
-// the step's device work, from the embedding to the argmax, is recorded once
-// per (B, position bucket) and replayed; otherwise it runs op by op through
-// RunTrunk.
+// Recorded steps (CUDA graphs) and Model::DecodeStep, the step Decode and
+// DecodeBatch share: one committed token for each of B sessions. On a
+// backend that can record, the step's device work, from the embedding to
+// the argmax, is recorded once per (B, position bucket) and replayed;
+// otherwise it runs op by op through RunTrunk. The MTP draft step
+// (mtp.cc) records the same way.
 //
 // Why a replay is exact: a recorded step reads nothing baked in at
 // recording time that differs between steps. The ids, each session's
@@ -28,13 +29,62 @@ constexpr size_t kMaxGraphs = 128;
 
 }  // namespace
 
+int Model::GraphBucketLast(int position) {
+  return (position / kGraphPositionBucket + 1) * kGraphPositionBucket - 1;
+}
+
+bool Model::GraphsApply(absl::Span<ModelState* const> states) const {
+  if (!use_graphs_ || !backend_->CanRecord()) return false;
+  for (const ModelState* s : states) {
+    if (s->graph_fallback_) return false;
+  }
+  return true;
+}
+
+absl::Status Model::RunRecorded(const GraphKey& key,
+                                absl::Span<ModelState* const> states,
+                                const std::function<absl::Status()>& device_ops) {
+  auto it = graphs_.find(key);
+  if (it == graphs_.end() && graph_warm_.count(key) == 0) {
+    // First use: op by op, so lazily grown buffers exist before recording.
+    graph_warm_.insert(key);
+    ++graph_stats_.eager;
+    return device_ops();
+  }
+  if (it == graphs_.end()) {
+    absl::StatusOr<std::unique_ptr<kernels::Backend::Recording>> recording =
+        absl::UnknownError("not recorded");
+    if (absl::Status begin = backend_->BeginRecording(); !begin.ok()) {
+      recording = begin;
+    } else {
+      absl::Status ops = device_ops();
+      recording = backend_->EndRecording();  // always ends the recording
+      if (!ops.ok() && recording.ok()) recording = ops;
+    }
+    if (!recording.ok()) {
+      // Nothing ran: run the step op by op and keep these sessions off
+      // recordings until they are resumed.
+      LOG(WARNING) << "step of " << states.size()
+                   << " sessions not recorded, running op by op: "
+                   << recording.status();
+      ++graph_stats_.failed;
+      for (ModelState* s : states) s->graph_fallback_ = true;
+      return device_ops();
+    }
+    if (graphs_.size() >= kMaxGraphs) graphs_.clear();
+    it = graphs_.emplace(key, std::move(*recording)).first;
+    ++graph_stats_.recorded;
+  }
+  SS_RETURN_IF_ERROR(backend_->Replay(*it->second));
+  ++graph_stats_.replayed;
+  return absl::OkStatus();
+}
+
 absl::Status Model::DecodeStep(absl::Span<ModelState* const> states,
                                absl::Span<const int32_t> tokens,
                                ForwardResult* out) {
   const int B = static_cast<int>(states.size());
-  bool graphed = use_graphs_ && backend_->CanRecord();
-  for (const ModelState* s : states) graphed = graphed && !s->graph_fallback_;
-  if (!graphed) {
+  if (!GraphsApply(states)) {
     std::vector<Slice> slices(B);
     for (int i = 0; i < B; ++i) slices[i] = Slice{i, 1, states[i]->length_};
     SS_RETURN_IF_ERROR(RunTrunk(states, slices, tokens, Mode::kCommit));
@@ -50,53 +100,16 @@ absl::Status Model::DecodeStep(absl::Span<ModelState* const> states,
     slices[i] = Slice{i, 1, positions[i]};
     max_position = std::max(max_position, positions[i]);
   }
-  const int bucket_last =
-      (max_position / kGraphPositionBucket + 1) * kGraphPositionBucket - 1;
+  const int bucket_last = GraphBucketLast(max_position);
   SessionBatch batch;
   SS_RETURN_IF_ERROR(UploadSessionTable(states, positions, bucket_last, &batch));
   SS_RETURN_IF_ERROR(backend_->CopyToDevice(ws_->ids.data(), tokens.data(),
                                             B * sizeof(int32_t)));
-  auto device_step = [&]() -> absl::Status {
-    SS_RETURN_IF_ERROR(TrunkOps(states, slices, B, Mode::kCommit, &batch));
-    return LmHead(0, B);
-  };
-
-  const std::pair<int, int> key{B, bucket_last};
-  auto it = graphs_.find(key);
-  if (it == graphs_.end() && graph_warm_.count(key) == 0) {
-    // First use: op by op, so lazily grown buffers exist before recording.
-    graph_warm_.insert(key);
-    ++graph_stats_.eager;
-    SS_RETURN_IF_ERROR(device_step());
-  } else if (it == graphs_.end()) {
-    absl::StatusOr<std::unique_ptr<kernels::Backend::Recording>> recording =
-        absl::UnknownError("not recorded");
-    if (absl::Status begin = backend_->BeginRecording(); !begin.ok()) {
-      recording = begin;
-    } else {
-      absl::Status ops = device_step();
-      recording = backend_->EndRecording();  // always ends the recording
-      if (!ops.ok() && recording.ok()) recording = ops;
-    }
-    if (!recording.ok()) {
-      // Nothing ran: run the step op by op and keep these sessions off
-      // recordings until they are resumed.
-      LOG(WARNING) << "decode step of " << B
-                   << " sessions not recorded, running op by op: "
-                   << recording.status();
-      ++graph_stats_.failed;
-      for (ModelState* s : states) s->graph_fallback_ = true;
-      SS_RETURN_IF_ERROR(device_step());
-    } else {
-      if (graphs_.size() >= kMaxGraphs) graphs_.clear();
-      it = graphs_.emplace(key, std::move(*recording)).first;
-      ++graph_stats_.recorded;
-    }
-  }
-  if (it != graphs_.end()) {
-    SS_RETURN_IF_ERROR(backend_->Replay(*it->second));
-    ++graph_stats_.replayed;
-  }
+  SS_RETURN_IF_ERROR(RunRecorded(
+      {static_cast<int>(StepKind::kDecode), B, bucket_last}, states, [&] {
+        SS_RETURN_IF_ERROR(TrunkOps(states, slices, B, Mode::kCommit, &batch));
+        return LmHead(0, B);
+      }));
   for (ModelState* s : states) ++s->length_;
   return CopyRowsOut(0, B, out);
 }

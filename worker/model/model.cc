@@ -70,6 +70,7 @@ absl::Status Model::EnsureWorkspace() {
     SS_ASSIGN_OR_RETURN(ws->batch, be.Allocate(entries * sizeof(uint64_t)));
     ws->batch_host.reserve(entries);
   }
+  SS_ASSIGN_OR_RETURN(ws->mtp_batch, be.Allocate(3 * sizeof(uint64_t)));
   ws_ = std::move(ws);
   return absl::OkStatus();
 }

@@ -35,7 +35,9 @@
 #ifndef SPECSERVE_WORKER_MODEL_MODEL_H_
 #define SPECSERVE_WORKER_MODEL_MODEL_H_
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -306,10 +308,10 @@ class Model {
   // Drops the pending Verify without committing any column.
   void DiscardVerified(ModelState* state) const;
 
-  // ---- Recorded decode steps (a backend that CanRecord: CUDA graphs).
-  // Decode and DecodeBatch record their device work once per (number of
-  // sessions, position bucket of kGraphPositionBucket rows) and replay it
-  // afterwards: the same ops on the same buffers, so results are
+  // ---- Recorded steps (a backend that CanRecord: CUDA graphs).
+  // Decode, DecodeBatch and one-row MtpForward/MtpDraft (the draft chain)
+  // record their device work once per (step kind, number of sessions,
+  // position bucket of kGraphPositionBucket rows) and replay it afterwards: the same ops on the same buffers, so results are
   // bit-identical to running them one by one, minus the per-op launch
   // cost. Step inputs (ids, per-session positions and cache pointers) are
   // copied in before each replay. A key's first step runs op by op. If
@@ -466,6 +468,29 @@ class Model {
   // and replayed when graphs apply (decode_step.cc), else RunTrunk.
   absl::Status DecodeStep(absl::Span<ModelState* const> states,
                           absl::Span<const int32_t> tokens, ForwardResult* out);
+  // Recorded steps: key = (kind, sessions, attention max_position).
+  enum class StepKind { kDecode, kMtpDraft };
+  using GraphKey = std::array<int, 3>;
+  // True when a step on `states` may be recorded (use_graphs_, a backend
+  // that records, no session on the op-by-op fallback).
+  bool GraphsApply(absl::Span<ModelState* const> states) const;
+  // The last position of `position`'s bucket: attention in a recorded step
+  // is launched for it, so the recording serves the whole bucket.
+  static int GraphBucketLast(int position);
+  // Runs `device_ops` (device work only, its inputs already uploaded) as
+  // the recording of `key`: op by op on the key's first use, recorded on
+  // its second and replayed from then on. A failed recording runs the ops
+  // op by op and puts `states` on the fallback (ModelState::graph_fallback).
+  absl::Status RunRecorded(const GraphKey& key,
+                           absl::Span<ModelState* const> states,
+                           const std::function<absl::Status()>& device_ops);
+  // MtpForward of one row (a draft step) when graphs apply (mtp.cc).
+  absl::Status MtpRowRecorded(ModelState* state, absl::Span<const float> hidden,
+                              int32_t token, int row, ForwardResult* out);
+  // The MTP head's device work for `rows` rows at MTP rows [start, ...),
+  // inputs (ws.mtp_in, ws.ids, the table when `batch`) uploaded.
+  absl::Status MtpOps(ModelState* state, int rows, int start,
+                      const SessionBatch* batch);
   // Prefill's argument checks.
   absl::Status CheckPrefill(const ModelState& state,
                             absl::Span<const int32_t> tokens) const;
@@ -477,13 +502,12 @@ class Model {
   std::unique_ptr<Workspace> ws_;
   bool use_graphs_ = true;
   GraphStats graph_stats_;
-  // Recorded decode steps by (sessions, attention max_position); `warm`
+  // Recorded steps by GraphKey; `warm`
   // keys have run once op by op (first use allocates lazily, which cannot
   // be recorded). Recordings hold workspace addresses: valid for the
   // model's lifetime.
-  std::map<std::pair<int, int>, std::unique_ptr<kernels::Backend::Recording>>
-      graphs_;
-  std::set<std::pair<int, int>> graph_warm_;
+  std::map<GraphKey, std::unique_ptr<kernels::Backend::Recording>> graphs_;
+  std::set<GraphKey> graph_warm_;
 };
 
 }  // namespace specserve::model

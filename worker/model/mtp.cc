@@ -41,51 +41,100 @@ absl::Status Model::MtpForward(ModelState* state,
   }
   SS_RETURN_IF_ERROR(CheckTokens(next_tokens));
   if (out != nullptr) out->Clear(first_row);
-  kernels::Backend& be = *backend_;
-  Workspace& ws = *ws_;
-  const MtpWeights& m = weights_.mtp;
+  if (n == 1 && out != nullptr) {
+    ModelState* const one[] = {state};
+    if (GraphsApply(one)) {
+      return MtpRowRecorded(state, hiddens, next_tokens[0], first_row, out);
+    }
+  }
   for (int i0 = 0; i0 < n; i0 += kMaxRows) {
     const int rows = std::min(kMaxRows, n - i0);
     const int start = first_row + i0;
-    SS_RETURN_IF_ERROR(be.CopyToDevice(
-        ws.mtp_in.data(), hiddens.data() + i0 * H, rows * H * sizeof(float)));
-    SS_RETURN_IF_ERROR(EmbedTokens(next_tokens.subspan(i0, rows)));
-
-    // mtp_cat = [norm_emb(embed(t)) | norm_hid(h)], then u = fc(mtp_cat).
-    kernels::RmsNormParams norm;
-    norm.rows = rows;
-    norm.dim = H;
-    norm.x = ws.h.f32();
-    norm.x_stride = H;
-    norm.y = ws.mtp_cat.f32();
-    norm.y_stride = 2 * H;
-    norm.weight = m.pre_fc_norm_embedding.f32();
-    norm.eps = c.rms_norm_eps;
-    SS_RETURN_IF_ERROR(be.RmsNorm(norm));
-    norm.x = ws.mtp_in.f32();
-    norm.y = ws.mtp_cat.f32() + H;
-    norm.weight = m.pre_fc_norm_hidden.f32();
-    SS_RETURN_IF_ERROR(be.RmsNorm(norm));
-    SS_RETURN_IF_ERROR(be.Matmul(
-        kernels::DenseMatmul(rows, ws.mtp_cat.f32(), m.fc, ws.h.f32())));
-
-    // One decoder layer on the MTP cache (its norms fused into the
-    // blocks' matmuls), then the head's norm.
-    KvCache* kv = &state->mtp_kv_;
-    const Slice slice{0, rows, start};
-    SS_RETURN_IF_ERROR(FullAttentionBlock(m.layer, absl::MakeConstSpan(&kv, 1),
-                                          absl::MakeConstSpan(&slice, 1),
-                                          rows, /*batch=*/nullptr));
-    SS_RETURN_IF_ERROR(MlpBlock(m.layer, rows));
-    norm.x = ws.h.f32();
-    norm.y = ws.hidden.f32();
-    norm.y_stride = H;
-    norm.weight = m.norm.f32();
-    SS_RETURN_IF_ERROR(be.RmsNorm(norm));
+    SS_RETURN_IF_ERROR(backend_->CopyToDevice(
+        ws_->mtp_in.data(), hiddens.data() + i0 * H, rows * H * sizeof(float)));
+    SS_RETURN_IF_ERROR(backend_->CopyToDevice(
+        ws_->ids.data(), next_tokens.data() + i0, rows * sizeof(int32_t)));
+    SS_RETURN_IF_ERROR(MtpOps(state, rows, start, /*batch=*/nullptr));
     state->mtp_length_ = start + rows;
     if (out != nullptr) SS_RETURN_IF_ERROR(EmitRows(0, rows, out));
   }
   return absl::OkStatus();
+}
+
+absl::Status Model::MtpOps(ModelState* state, int rows, int start,
+                           const SessionBatch* batch) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size;
+  kernels::Backend& be = *backend_;
+  Workspace& ws = *ws_;
+  const MtpWeights& m = weights_.mtp;
+  SS_RETURN_IF_ERROR(EmbedUploaded(rows));
+  // mtp_cat = [norm_emb(embed(t)) | norm_hid(h)], then u = fc(mtp_cat).
+  kernels::RmsNormParams norm;
+  norm.rows = rows;
+  norm.dim = H;
+  norm.x = ws.h.f32();
+  norm.x_stride = H;
+  norm.y = ws.mtp_cat.f32();
+  norm.y_stride = 2 * H;
+  norm.weight = m.pre_fc_norm_embedding.f32();
+  norm.eps = c.rms_norm_eps;
+  SS_RETURN_IF_ERROR(be.RmsNorm(norm));
+  norm.x = ws.mtp_in.f32();
+  norm.y = ws.mtp_cat.f32() + H;
+  norm.weight = m.pre_fc_norm_hidden.f32();
+  SS_RETURN_IF_ERROR(be.RmsNorm(norm));
+  SS_RETURN_IF_ERROR(be.Matmul(
+      kernels::DenseMatmul(rows, ws.mtp_cat.f32(), m.fc, ws.h.f32())));
+
+  // One decoder layer on the MTP cache (its norms fused into the blocks'
+  // matmuls), then the head's norm.
+  KvCache* kv = &state->mtp_kv_;
+  const Slice slice{0, rows, start};
+  SS_RETURN_IF_ERROR(FullAttentionBlock(m.layer, absl::MakeConstSpan(&kv, 1),
+                                        absl::MakeConstSpan(&slice, 1), rows,
+                                        batch));
+  SS_RETURN_IF_ERROR(MlpBlock(m.layer, rows));
+  norm.x = ws.h.f32();
+  norm.y = ws.hidden.f32();
+  norm.y_stride = H;
+  norm.weight = m.norm.f32();
+  return be.RmsNorm(norm);
+}
+
+absl::Status Model::MtpRowRecorded(ModelState* state,
+                                   absl::Span<const float> hidden,
+                                   int32_t token, int row, ForwardResult* out) {
+  const int64_t H = config_.hidden_size;
+  Workspace& ws = *ws_;
+  // The step's inputs into fixed buffers: the hidden, the id, and a
+  // one-session table (MTP K and V cache, the row's position) in ws.batch.
+  SS_RETURN_IF_ERROR(
+      backend_->CopyToDevice(ws.mtp_in.data(), hidden.data(), H * sizeof(float)));
+  SS_RETURN_IF_ERROR(backend_->CopyToDevice(ws.ids.data(), &token, sizeof(int32_t)));
+  auto ptr = [](const Buffer& b) {
+    return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(b.data()));
+  };
+  uint64_t tab[3] = {ptr(state->mtp_kv_.k), ptr(state->mtp_kv_.v), 0};
+  *reinterpret_cast<int32_t*>(&tab[2]) = row;
+  uint64_t* dev = static_cast<uint64_t*>(ws.mtp_batch.data());
+  SS_RETURN_IF_ERROR(backend_->CopyToDevice(dev, tab, sizeof(tab)));
+  SessionBatch batch;
+  batch.sessions = 1;
+  batch.table = dev;
+  batch.k = reinterpret_cast<float* const*>(dev);
+  batch.v = reinterpret_cast<float* const*>(dev + 1);
+  batch.positions = reinterpret_cast<const int32_t*>(dev + 2);
+  batch.max_position = GraphBucketLast(row);
+  ModelState* const one[] = {state};
+  SS_RETURN_IF_ERROR(RunRecorded(
+      {static_cast<int>(StepKind::kMtpDraft), 1, batch.max_position}, one, [&] {
+        SS_RETURN_IF_ERROR(MtpOps(state, 1, row, &batch));
+        return LmHead(0, 1);
+      }));
+  state->mtp_length_ = row + 1;
+  out->Clear(row);
+  return CopyRowsOut(0, 1, out);
 }
 
 absl::Status Model::MtpDraft(ModelState* state, absl::Span<const float> hidden,

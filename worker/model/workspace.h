@@ -36,6 +36,9 @@ struct Model::Workspace {
   // the int32 positions [B]. Sized for B = R.
   Buffer batch;
   std::vector<uint64_t> batch_host;  // host staging of `batch`
+  // A recorded MTP draft step's table: its MTP K cache, V cache pointers
+  // and (int32) row position.
+  Buffer mtp_batch;
 };
 
 }  // namespace specserve::model
