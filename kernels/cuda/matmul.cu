@@ -177,31 +177,24 @@ absl::Status LaunchMatmul(const MatmulParams& p, const MatmulResources& r,
                           cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   const bool mma = r.x_splits != 0 && MmaMatmulApplies(p);
-  if (p.norm_weight != nullptr && !(mma && p.rows <= kMaxFusedNormRows)) {
-    // Unfused: the same RmsNorm into scratch, then the plain matmul.
+  // A fused prologue the chosen kernel cannot fuse (the norm beyond
+  // kMaxFusedNormRows rows, or either off the tensor-core path) runs as its
+  // own op into scratch, then the plain matmul: the same bits either way.
+  const bool unfused_norm = p.norm_weight != nullptr && !(mma && p.rows <= kMaxFusedNormRows);
+  const bool unfused_swiglu = p.swiglu && !mma;
+  if (unfused_norm || unfused_swiglu) {
     const size_t need = static_cast<size_t>(p.rows * p.in) * sizeof(float);
     if (r.norm_scratch.bytes < need) {
-      return absl::InternalError("matmul: norm scratch too small");
+      return absl::InternalError("matmul: prologue scratch too small");
     }
-    float* normed = static_cast<float*>(r.norm_scratch.data);
-    if (absl::Status s = LaunchRmsNorm(FusedNormOf(p, normed), stream); !s.ok()) return s;
+    float* x = static_cast<float*>(r.norm_scratch.data);
+    absl::Status s = unfused_norm ? LaunchRmsNorm(FusedNormOf(p, x), stream)
+                                  : LaunchSwiglu(FusedSwigluOf(p, x), stream);
+    if (!s.ok()) return s;
     MatmulParams plain = p;
-    plain.x = normed;
+    plain.x = x;
     plain.x_stride = p.in;
     plain.norm_weight = nullptr;
-    return LaunchMatmul(plain, r, stream);
-  }
-  if (p.swiglu && !mma) {
-    // Unfused: the same Swiglu into scratch, then the plain matmul.
-    const size_t need = static_cast<size_t>(p.rows * p.in) * sizeof(float);
-    if (r.norm_scratch.bytes < need) {
-      return absl::InternalError("matmul: swiglu scratch too small");
-    }
-    float* act = static_cast<float*>(r.norm_scratch.data);
-    if (absl::Status s = LaunchSwiglu(FusedSwigluOf(p, act), stream); !s.ok()) return s;
-    MatmulParams plain = p;
-    plain.x = act;
-    plain.x_stride = p.in;
     plain.swiglu = false;
     return LaunchMatmul(plain, r, stream);
   }

@@ -41,17 +41,17 @@ bool Model::GraphsApply(absl::Span<ModelState* const> states) const {
   return true;
 }
 
-absl::Status Model::RunRecorded(const GraphKey& key,
+absl::Status Model::RunRecorded(RecordedSteps* steps, const GraphKey& key,
                                 absl::Span<ModelState* const> states,
                                 const std::function<absl::Status()>& device_ops) {
-  auto it = graphs_.find(key);
-  if (it == graphs_.end() && graph_warm_.count(key) == 0) {
+  auto it = steps->graphs.find(key);
+  if (it == steps->graphs.end() && steps->warm.count(key) == 0) {
     // First use: op by op, so lazily grown buffers exist before recording.
-    graph_warm_.insert(key);
+    steps->warm.insert(key);
     ++graph_stats_.eager;
     return device_ops();
   }
-  if (it == graphs_.end()) {
+  if (it == steps->graphs.end()) {
     absl::StatusOr<std::unique_ptr<kernels::Backend::Recording>> recording =
         absl::UnknownError("not recorded");
     if (absl::Status begin = backend_->BeginRecording(); !begin.ok()) {
@@ -71,8 +71,8 @@ absl::Status Model::RunRecorded(const GraphKey& key,
       for (ModelState* s : states) s->graph_fallback_ = true;
       return device_ops();
     }
-    if (graphs_.size() >= kMaxGraphs) graphs_.clear();
-    it = graphs_.emplace(key, std::move(*recording)).first;
+    if (steps->graphs.size() >= kMaxGraphs) steps->graphs.clear();
+    it = steps->graphs.emplace(key, std::move(*recording)).first;
     ++graph_stats_.recorded;
   }
   SS_RETURN_IF_ERROR(backend_->Replay(*it->second));
@@ -106,12 +106,37 @@ absl::Status Model::DecodeStep(absl::Span<ModelState* const> states,
   SS_RETURN_IF_ERROR(backend_->CopyToDevice(ws_->ids.data(), tokens.data(),
                                             B * sizeof(int32_t)));
   SS_RETURN_IF_ERROR(RunRecorded(
-      {static_cast<int>(StepKind::kDecode), B, bucket_last}, states, [&] {
+      &steps_, {static_cast<int>(StepKind::kDecode), B, bucket_last}, states, [&] {
         SS_RETURN_IF_ERROR(TrunkOps(states, slices, B, Mode::kCommit, &batch));
         return LmHead(0, B);
       }));
   for (ModelState* s : states) ++s->length_;
   return CopyRowsOut(0, B, out);
+}
+
+absl::Status Model::VerifyRecorded(ModelState* state,
+                                   absl::Span<const int32_t> tokens,
+                                   ForwardResult* out) {
+  const int T = static_cast<int>(tokens.size());
+  // Column t sits at position length + t of this session's caches.
+  std::vector<ModelState*> rows(T, state);
+  std::vector<int> positions(T);
+  for (int t = 0; t < T; ++t) positions[t] = state->length_ + t;
+  const int bucket_last = GraphBucketLast(positions.back());
+  SessionBatch batch;
+  SS_RETURN_IF_ERROR(UploadSessionTable(rows, positions, bucket_last, &batch));
+  SS_RETURN_IF_ERROR(backend_->CopyToDevice(ws_->ids.data(), tokens.data(),
+                                            T * sizeof(int32_t)));
+  const Slice slice{0, T, state->length_};
+  ModelState* const one[] = {state};
+  SS_RETURN_IF_ERROR(RunRecorded(
+      &state->verify_steps_, {static_cast<int>(StepKind::kVerify), T, bucket_last},
+      one, [&] {
+        SS_RETURN_IF_ERROR(TrunkOps(one, absl::MakeConstSpan(&slice, 1), T,
+                                    Mode::kVerify, &batch));
+        return LmHead(0, T);
+      }));
+  return CopyRowsOut(0, T, out);
 }
 
 }  // namespace specserve::model

@@ -139,6 +139,18 @@ struct StateOptions {
   int max_verify_columns = 16;  // T limit of Verify
 };
 
+// Recorded steps (Backend::BeginRecording) by key (step kind, rows,
+// attention max_position), and the keys that have run once op by op.
+struct RecordedSteps {
+  std::map<std::array<int, 3>, std::unique_ptr<kernels::Backend::Recording>>
+      graphs;
+  std::set<std::array<int, 3>> warm;
+  void Clear() {
+    graphs.clear();
+    warm.clear();
+  }
+};
+
 // One session's caches (create with Model::NewState). Invariant between calls:
 // the trunk caches hold exactly rows [0, length) (attention KV rows, and the
 // recurrent/conv state after row length−1); the MTP KV holds rows [0,
@@ -178,6 +190,10 @@ class ModelState {
   std::vector<KvCache> kv_;          // one per full-attention layer, in order
   std::vector<LinearCache> linear_;  // one per linear-attention layer
   KvCache mtp_kv_;                   // the MTP layer's cache (when has_mtp)
+  // Recorded Verify steps: their kernels hold this session's state and
+  // capture buffers, so they are dropped whenever those are freed or
+  // replaced (Offload, Restore, FreeDraftState).
+  RecordedSteps verify_steps_;
 };
 
 // A saved copy of a state's recurrent and conv state at `length` (the
@@ -311,7 +327,8 @@ class Model {
   // ---- Recorded steps (a backend that CanRecord: CUDA graphs).
   // Decode, DecodeBatch and one-row MtpForward/MtpDraft (the draft chain)
   // record their device work once per (step kind, number of sessions,
-  // position bucket of kGraphPositionBucket rows) and replay it afterwards: the same ops on the same buffers, so results are
+  // position bucket of kGraphPositionBucket rows), Verify once per
+  // (session, columns, bucket), and replay it afterwards: the same ops on the same buffers, so results are
   // bit-identical to running them one by one, minus the per-op launch
   // cost. Step inputs (ids, per-session positions and cache pointers) are
   // copied in before each replay. A key's first step runs op by op. If
@@ -455,7 +472,9 @@ class Model {
                                   absl::Span<const int> positions,
                                   int max_position, SessionBatch* batch);
   // The trunk's device work once tokens (ws.ids) and any session table are
-  // uploaded: embedding, the layers, the final norm (into ws.hidden).
+  // uploaded: embedding, the layers, the final norm (into ws.hidden). With
+  // mode kVerify, `batch` (one row per column of the one session) serves the
+  // attention layers only.
   absl::Status TrunkOps(absl::Span<ModelState* const> states,
                         absl::Span<const Slice> slices, int rows, Mode mode,
                         const SessionBatch* batch);
@@ -469,7 +488,7 @@ class Model {
   absl::Status DecodeStep(absl::Span<ModelState* const> states,
                           absl::Span<const int32_t> tokens, ForwardResult* out);
   // Recorded steps: key = (kind, sessions, attention max_position).
-  enum class StepKind { kDecode, kMtpDraft };
+  enum class StepKind { kDecode, kMtpDraft, kVerify };
   using GraphKey = std::array<int, 3>;
   // True when a step on `states` may be recorded (use_graphs_, a backend
   // that records, no session on the op-by-op fallback).
@@ -481,9 +500,15 @@ class Model {
   // the recording of `key`: op by op on the key's first use, recorded on
   // its second and replayed from then on. A failed recording runs the ops
   // op by op and puts `states` on the fallback (ModelState::graph_fallback).
-  absl::Status RunRecorded(const GraphKey& key,
+  absl::Status RunRecorded(RecordedSteps* steps, const GraphKey& key,
                            absl::Span<ModelState* const> states,
                            const std::function<absl::Status()>& device_ops);
+  // Verify's pass when graphs apply: the attention layers take positions
+  // and caches from a table (one row per column), so one recording per
+  // (session, T, bucket) serves every round (decode_step.cc).
+  absl::Status VerifyRecorded(ModelState* state,
+                              absl::Span<const int32_t> tokens,
+                              ForwardResult* out);
   // MtpForward of one row (a draft step) when graphs apply (mtp.cc).
   absl::Status MtpRowRecorded(ModelState* state, absl::Span<const float> hidden,
                               int32_t token, int row, ForwardResult* out);
@@ -502,12 +527,10 @@ class Model {
   std::unique_ptr<Workspace> ws_;
   bool use_graphs_ = true;
   GraphStats graph_stats_;
-  // Recorded steps by GraphKey; `warm`
-  // keys have run once op by op (first use allocates lazily, which cannot
-  // be recorded). Recordings hold workspace addresses: valid for the
-  // model's lifetime.
-  std::map<GraphKey, std::unique_ptr<kernels::Backend::Recording>> graphs_;
-  std::set<GraphKey> graph_warm_;
+  // Decode and draft recordings hold only workspace addresses (valid for
+  // the model's lifetime); a key's first use runs op by op (lazy
+  // allocation cannot be recorded).
+  RecordedSteps steps_;  // decode and draft steps (any session)
 };
 
 }  // namespace specserve::model

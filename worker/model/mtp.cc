@@ -128,7 +128,8 @@ absl::Status Model::MtpRowRecorded(ModelState* state,
   batch.max_position = GraphBucketLast(row);
   ModelState* const one[] = {state};
   SS_RETURN_IF_ERROR(RunRecorded(
-      {static_cast<int>(StepKind::kMtpDraft), 1, batch.max_position}, one, [&] {
+      &steps_, {static_cast<int>(StepKind::kMtpDraft), 1, batch.max_position}, one,
+      [&] {
         SS_RETURN_IF_ERROR(MtpOps(state, 1, row, &batch));
         return LmHead(0, 1);
       }));

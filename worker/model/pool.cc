@@ -94,6 +94,7 @@ absl::StatusOr<std::unique_ptr<HostStateSnapshot>> Model::Offload(
   state->mtp_kv_ = KvCache{};
   state->mtp_length_ = snap->mtp_length;
   state->offloaded_ = true;
+  state->verify_steps_.Clear();  // they hold the buffers freed here
   return snap;
 }
 
@@ -168,6 +169,7 @@ absl::Status Model::Restore(ModelState* state,
   state->mtp_length_ = mtp ? snap.mtp_length : 0;
   state->verified_columns_ = 0;
   state->graph_fallback_ = false;  // resumed: recorded steps are tried again
+  state->verify_steps_.Clear();     // recorded against the old buffers
   return absl::OkStatus();
 }
 
@@ -177,6 +179,7 @@ absl::Status Model::FreeDraftState(ModelState* state) const {
         "free draft state: a verify is pending (commit or discard it first)");
   }
   state->draft_freed_ = true;
+  state->verify_steps_.Clear();  // they hold the capture buffers freed here
   state->mtp_kv_ = KvCache{};
   for (LinearCache& lc : state->linear_) {
     lc.recurrent_columns.Reset();
