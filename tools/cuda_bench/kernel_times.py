@@ -16,7 +16,8 @@ for r in rows[1:]:
     if r[metric_i] != "gpu__time_duration.sum":
         continue
     v = float(r[value_i].replace(",", ""))
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(r[unit_i], 1.0)
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0,
+             "ms": 1e3, "msecond": 1e3}[r[unit_i]]
     name = r[name_i][:44] + (" " + r[grid_i] if grid_i is not None else "")
     total[name] += v * scale
     count[name] += 1
