@@ -12,6 +12,7 @@
 #          model test (verify == decode bit-exact, CUDA vs CPU), specgen
 #          cuda:0 vs cpu greedy ids, the CPU property tests built for CUDA
 #          (batch_cuda_test: batched == alone, offload exact;
+#          recorded_steps_cuda_test: CUDA-graph steps == op by op, fallback;
 #          spec_engine_cuda_test: spec == plain greedy, sampled
 #          reproducible per seed and distributed as plain; CUDA_BENCH_CHI=0
 #          skips the chi-square part), specserve_worker
@@ -79,7 +80,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --fo
 # The CPU targets' property tests, on the GPU (same sources, CUDA backend);
 # the engine's chi-square test (thousands of bursts) runs last, on its own.
 # CUDA_BENCH_CHI=0 skips the chi-square step (about 100 s).
-steps=("exactness_cuda_test 90 *" "batch_cuda_test 90 *"
+steps=("exactness_cuda_test 90 *" "batch_cuda_test 90 *" "recorded_steps_cuda_test 90 *"
        "spec_engine_cuda_test 120 -*SampledDistribution*")
 [ "${CUDA_BENCH_CHI:-1}" != 0 ] &&
   steps+=("spec_engine_cuda_test ${CUDA_BENCH_CHI_TIMEOUT:-240} *SampledDistribution*")

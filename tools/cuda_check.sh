@@ -5,6 +5,7 @@
 #   tools/cuda_check.sh prepare   (on the build machine, with Bazel)
 #       Builds //kernels/cuda:cuda_backend_test, :matmul_bench,
 #       //worker/model:cuda_model_test, :exactness_cuda_test, :batch_cuda_test,
+#       :recorded_steps_cuda_test,
 #       //worker/spec:spec_engine_cuda_test, //tools/specgen and
 #       //worker:specserve_worker with --config=cuda
 #       --config=static (only glibc, libm, libgcc_s and the NVIDIA driver
@@ -34,7 +35,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
 carry=.carry/cuda
-bins="cuda_backend_test matmul_bench cuda_model_test exactness_cuda_test batch_cuda_test spec_engine_cuda_test specgen specserve_worker"
+bins="cuda_backend_test matmul_bench cuda_model_test exactness_cuda_test batch_cuda_test recorded_steps_cuda_test spec_engine_cuda_test specgen specserve_worker"
 
 if [ "$mode" = prepare ]; then
   ob="${CUDA_CHECK_OUTPUT_BASE:-$HOME/.cache/bazel_cuda/ob}"
@@ -42,7 +43,7 @@ if [ "$mode" = prepare ]; then
   bazel --output_base="$ob" build "${flags[@]}" --symlink_prefix=/ \
       //kernels/cuda:cuda_backend_test //kernels/cuda:matmul_bench \
       //worker/model:cuda_model_test //worker/model:exactness_cuda_test \
-      //worker/model:batch_cuda_test \
+      //worker/model:batch_cuda_test //worker/model:recorded_steps_cuda_test \
       //worker/spec:spec_engine_cuda_test //tools/specgen \
       //worker:specserve_worker || exit 1
   bin="$(bazel --output_base="$ob" info "${flags[@]}" bazel-bin 2>/dev/null)" || exit 1
@@ -50,10 +51,12 @@ if [ "$mode" = prepare ]; then
   for b in $bins; do
     case $b in
       cuda_backend_test|matmul_bench) src="$bin/kernels/cuda/$b" ;;
-      cuda_model_test|exactness_cuda_test|batch_cuda_test) src="$bin/worker/model/$b" ;;
+      cuda_model_test|exactness_cuda_test|batch_cuda_test|recorded_steps_cuda_test)
+        src="$bin/worker/model/$b" ;;
       spec_engine_cuda_test) src="$bin/worker/spec/$b" ;;
       specgen) src="$bin/tools/specgen/$b" ;;
       specserve_worker) src="$bin/worker/$b" ;;
+      *) echo "cuda_check: no build path for $b" >&2; exit 1 ;;
     esac
     rm -f "$carry/$b"
     cp "$src" "$carry/$b" && chmod u+w,a+x "$carry/$b" || exit 1

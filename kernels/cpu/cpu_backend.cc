@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -33,6 +34,7 @@ CpuBackend::CpuBackend(const CpuBackendOptions& options) {
 CpuBackend::~CpuBackend() = default;
 
 absl::StatusOr<Buffer> CpuBackend::Allocate(size_t bytes) {
+  SS_RETURN_IF_ERROR(RefuseWhileRecording("Allocate"));
   const size_t rounded = ((bytes + kAlignment - 1) / kAlignment) * kAlignment;
   void* p = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
   if (p == nullptr) {
@@ -47,28 +49,91 @@ void CpuBackend::Free(void* data) { std::free(data); }
 
 absl::Status CpuBackend::CopyToDevice(void* dst, const void* src,
                                       size_t bytes) {
+  SS_RETURN_IF_ERROR(RefuseWhileRecording("CopyToDevice"));
   if (bytes) std::memcpy(dst, src, bytes);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
+  SS_RETURN_IF_ERROR(RefuseWhileRecording("CopyToHost"));
   if (bytes) std::memcpy(dst, src, bytes);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::CopyOnDevice(void* dst, const void* src,
                                       size_t bytes) {
+  if (recording_) return Record([this, dst, src, bytes] { return CopyOnDevice(dst, src, bytes); });
   if (bytes && dst != src) std::memmove(dst, src, bytes);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Zero(void* dst, size_t bytes) {
+  if (recording_) return Record([this, dst, bytes] { return Zero(dst, bytes); });
   if (bytes) std::memset(dst, 0, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Synchronize() { return RefuseWhileRecording("Synchronize"); }
+
+// ---- Recording.
+
+namespace {
+
+class CpuRecording : public Backend::Recording {
+ public:
+  explicit CpuRecording(std::vector<std::function<absl::Status()>> ops)
+      : ops_(std::move(ops)) {}
+  const std::vector<std::function<absl::Status()>>& ops() const { return ops_; }
+
+ private:
+  std::vector<std::function<absl::Status()>> ops_;
+};
+
+}  // namespace
+
+absl::Status CpuBackend::RefuseWhileRecording(const char* what) {
+  if (!recording_) return absl::OkStatus();
+  absl::Status s = absl::FailedPreconditionError(
+      absl::StrCat("cpu backend: ", what, " cannot be recorded"));
+  if (recording_error_.ok()) recording_error_ = s;
+  return s;
+}
+
+absl::Status CpuBackend::Record(std::function<absl::Status()> op) {
+  recorded_.push_back(std::move(op));
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::BeginRecording() {
+  if (recording_) return absl::FailedPreconditionError("cpu backend: already recording");
+  recording_ = true;
+  recorded_.clear();
+  recording_error_ = absl::OkStatus();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Backend::Recording>> CpuBackend::EndRecording() {
+  if (!recording_) return absl::FailedPreconditionError("cpu backend: not recording");
+  recording_ = false;
+  std::vector<std::function<absl::Status()>> ops = std::move(recorded_);
+  recorded_.clear();
+  if (!recording_error_.ok()) return std::exchange(recording_error_, absl::OkStatus());
+  return std::unique_ptr<Recording>(new CpuRecording(std::move(ops)));
+}
+
+absl::Status CpuBackend::Replay(const Recording& recording) {
+  SS_RETURN_IF_ERROR(RefuseWhileRecording("Replay"));
+  const auto* r = dynamic_cast<const CpuRecording*>(&recording);
+  if (r == nullptr) {
+    return absl::InvalidArgumentError("cpu backend: not a recording of a CPU backend");
+  }
+  for (const auto& op : r->ops()) SS_RETURN_IF_ERROR(op());
   return absl::OkStatus();
 }
 
 absl::StatusOr<Weight> CpuBackend::UploadWeight(DType dtype, const void* host,
                                                 int64_t rows, int64_t cols) {
+  SS_RETURN_IF_ERROR(RefuseWhileRecording("UploadWeight"));
   if (host == nullptr || rows < 1 || cols < 1) {
     return absl::InvalidArgumentError("cpu backend: empty weight");
   }
@@ -82,11 +147,13 @@ absl::StatusOr<Weight> CpuBackend::UploadWeight(DType dtype, const void* host,
 
 absl::Status CpuBackend::Embed(const EmbedParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
+  if (recording_) return Record([this, p] { return Embed(p); });
   return cpu::Embed(p);
 }
 
 absl::Status CpuBackend::Matmul(const MatmulParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
+  if (recording_) return Record([this, p] { return Matmul(p); });
   if (p.norm_weight == nullptr && !p.swiglu) {
     cpu::Matmul(p, pool_.get());
     return absl::OkStatus();
@@ -109,12 +176,14 @@ absl::Status CpuBackend::Matmul(const MatmulParams& p) {
 
 absl::Status CpuBackend::RmsNorm(const RmsNormParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
+  if (recording_) return Record([this, p] { return RmsNorm(p); });
   cpu::RmsNorm(p);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::GatedRmsNorm(const GatedRmsNormParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
+  if (recording_) return Record([this, p] { return GatedRmsNorm(p); });
   cpu::GatedRmsNorm(p);
   return absl::OkStatus();
 }
@@ -124,6 +193,7 @@ absl::Status CpuBackend::GatedRmsNorm(const GatedRmsNormParams& p) {
 
 absl::Status CpuBackend::Rope(const RopeParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
+  if (recording_) return Record([this, p] { return Rope(p); });
   if (p.positions == nullptr) {
     cpu::Rope(p);
     return absl::OkStatus();
@@ -142,6 +212,7 @@ absl::Status CpuBackend::Rope(const RopeParams& p) {
 
 absl::Status CpuBackend::Attention(const AttentionParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
+  if (recording_) return Record([this, p] { return Attention(p); });
   if (p.positions == nullptr) {
     cpu::Attention(p, pool_.get());
     return absl::OkStatus();
@@ -167,6 +238,7 @@ absl::Status CpuBackend::Attention(const AttentionParams& p) {
 
 absl::Status CpuBackend::Conv1d(const Conv1dParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
+  if (recording_) return Record([this, p] { return Conv1d(p); });
   if (p.states == nullptr) {
     cpu::Conv1d(p);
     return absl::OkStatus();
@@ -185,6 +257,7 @@ absl::Status CpuBackend::Conv1d(const Conv1dParams& p) {
 
 absl::Status CpuBackend::GatedDeltaRule(const GatedDeltaRuleParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
+  if (recording_) return Record([this, p] { return GatedDeltaRule(p); });
   if (p.states == nullptr) {
     cpu::GatedDeltaRule(p, pool_.get());
     return absl::OkStatus();
@@ -207,6 +280,7 @@ absl::Status CpuBackend::GatedDeltaRule(const GatedDeltaRuleParams& p) {
 
 absl::Status CpuBackend::ScatterRows(const ScatterRowsParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
+  if (recording_) return Record([this, p] { return ScatterRows(p); });
   for (int64_t t = 0; t < p.rows; ++t) {
     float* row;
     if (p.dst != nullptr) {
@@ -222,24 +296,28 @@ absl::Status CpuBackend::ScatterRows(const ScatterRowsParams& p) {
 
 absl::Status CpuBackend::Swiglu(const SwigluParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
+  if (recording_) return Record([this, p] { return Swiglu(p); });
   cpu::Swiglu(p);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Argmax(const ArgmaxParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
+  if (recording_) return Record([this, p] { return Argmax(p); });
   cpu::Argmax(p);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::LogSumExp(const LogSumExpParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
+  if (recording_) return Record([this, p] { return LogSumExp(p); });
   cpu::LogSumExp(p);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Softmax(const SoftmaxParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
+  if (recording_) return Record([this, p] { return Softmax(p); });
   cpu::Softmax(p);
   return absl::OkStatus();
 }

@@ -7,8 +7,10 @@
 #ifndef SPECSERVE_KERNELS_CPU_CPU_BACKEND_H_
 #define SPECSERVE_KERNELS_CPU_CPU_BACKEND_H_
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/thread_pool.h"
@@ -37,7 +39,18 @@ class CpuBackend : public Backend {
   absl::Status Zero(void* dst, size_t bytes) override;
   absl::StatusOr<Weight> UploadWeight(DType dtype, const void* host,
                                       int64_t rows, int64_t cols) override;
-  absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::Status Synchronize() override;
+
+  // Recording keeps each op as a closure over its params (copied) and
+  // Replay runs them in order: the CPU's command buffer, under the contract
+  // of kernels/backend.h (ops validate when recorded; host copies,
+  // allocation and Synchronize are refused while recording). It saves no
+  // time here (the worker turns it off on the CPU); it lets the CPU tests
+  // check that a recorded model step bakes in nothing step-specific.
+  bool CanRecord() const override { return true; }
+  absl::Status BeginRecording() override;
+  absl::StatusOr<std::unique_ptr<Recording>> EndRecording() override;
+  absl::Status Replay(const Recording& recording) override;
 
   absl::Status Embed(const EmbedParams& p) override;
   absl::Status Matmul(const MatmulParams& p) override;
@@ -57,7 +70,16 @@ class CpuBackend : public Backend {
   void Free(void* data) override;
 
  private:
+  // While recording: keeps `op` (to run at Replay) and returns OK.
+  absl::Status Record(std::function<absl::Status()> op);
+  // While recording: FAILED_PRECONDITION naming `what`, remembered for
+  // EndRecording. OK otherwise.
+  absl::Status RefuseWhileRecording(const char* what);
+
   std::unique_ptr<ThreadPool> pool_;
+  bool recording_ = false;
+  std::vector<std::function<absl::Status()>> recorded_;
+  absl::Status recording_error_;
 };
 
 }  // namespace specserve::kernels::cpu

@@ -47,6 +47,12 @@ std::vector<std::vector<float>> Matrix(const nlohmann::json& j) {
 std::vector<std::string> FixtureFiles() {
   return List("tests/fixtures", false, ".json");
 }
+std::string DefaultModelDir() {
+  const std::string link = RepoPath("models/default");
+  if (fs::exists(link + "/config.json")) return link;
+  return RepoPath("models/specserve-tiny-py");
+}
+
 std::vector<std::string> TestModelDirs() {
   return List("tests/models", true, "");
 }

@@ -21,6 +21,10 @@ std::vector<std::string> FixtureFiles();
 // Repository-relative model dirs under tests/models, sorted.
 std::vector<std::string> TestModelDirs();
 
+// Absolute path of models/default's folder. The link itself is not in
+// Bazel's runfiles (they carry the folder it names).
+std::string DefaultModelDir();
+
 struct MtpChain {
   int32_t start_token = 0;
   std::vector<int32_t> draft_ids;          // [k]
