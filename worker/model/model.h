@@ -324,16 +324,19 @@ class Model {
   // Drops the pending Verify without committing any column.
   void DiscardVerified(ModelState* state) const;
 
-  // ---- Recorded steps (a backend that CanRecord: CUDA graphs).
+  // ---- Recorded steps (a backend that CanRecord: CUDA graphs on the GPU,
+  // op closures on the CPU).
   // Decode, DecodeBatch and one-row MtpForward/MtpDraft (the draft chain)
   // record their device work once per (step kind, number of sessions,
   // position bucket of kGraphPositionBucket rows), Verify once per
-  // (session, columns, bucket), and replay it afterwards: the same ops on the same buffers, so results are
-  // bit-identical to running them one by one, minus the per-op launch
-  // cost. Step inputs (ids, per-session positions and cache pointers) are
-  // copied in before each replay. A key's first step runs op by op. If
-  // recording fails, the step runs op by op and its sessions stay on that
-  // path until Restore (ModelState::graph_fallback). On by default.
+  // (session, columns, bucket), and replay it afterwards: the same ops on
+  // the same buffers, so results are bit-identical to running them one by
+  // one, minus the per-op launch cost. Step inputs (ids, per-session
+  // positions and cache pointers) are copied in before each replay. A key's
+  // first step runs op by op. If recording fails, the step runs op by op
+  // and its sessions stay on that path until Restore
+  // (ModelState::graph_fallback). On by default; the worker turns it off on
+  // the CPU, where replaying saves nothing.
   static constexpr int kGraphPositionBucket = 256;
   void set_use_graphs(bool on) { use_graphs_ = on; }
   bool use_graphs() const { return use_graphs_; }
