@@ -1,17 +1,19 @@
-// Recorded steps (CUDA graphs) and Model::DecodeStep, the step Decode and
-// DecodeBatch share: one committed token for each of B sessions. On a
-// backend that can record, the step's device work, from the embedding to
-// the argmax, is recorded once per (B, position bucket) and replayed;
-// otherwise it runs op by op through RunTrunk. The MTP draft step
-// (mtp.cc) records the same way.
+// Recorded steps and Model::DecodeStep, the step Decode and DecodeBatch
+// share: one committed token for each of B sessions. On a backend that can
+// record (CUDA graphs; op closures on the CPU), the step's device work, from
+// the embedding to the argmax, is recorded once per (B, position bucket) and
+// replayed; otherwise it runs op by op through RunTrunk. The MTP draft step
+// (mtp.cc) and Verify (below, per session) record the same way.
 //
 // Why a replay is exact: a recorded step reads nothing baked in at
-// recording time that differs between steps. The ids, each session's
-// position and its cache/state pointers are copied into fixed workspace
-// buffers before the replay (the session table, workspace.h), and every
-// cache op takes them from there (the kernels' session-batch mode, which is
-// bit-identical per row to the one-session call). Attention is launched for
-// the bucket's last position; rows with fewer chunks skip the extra blocks.
+// recording time that differs between steps. The ids, each row's position
+// and its cache pointers are copied into fixed workspace buffers before the
+// replay (the session table, workspace.h), and every cache op that depends
+// on them takes them from there (the kernels' session-batch mode, which is
+// bit-identical per row to the one-session call). Verify's linear layers
+// keep their state pointers as arguments, which is why its recordings
+// belong to the session. Attention is launched for the bucket's last
+// position; rows with fewer chunks skip the extra blocks.
 #include <algorithm>
 #include <vector>
 
