@@ -39,8 +39,7 @@ ABSL_FLAG(int, drain_grace_seconds, 30,
           "On SIGTERM: seconds in-flight bursts get to finish.");
 ABSL_FLAG(bool, cuda_graphs, true,
           "On cuda:N, record each step shape once as a CUDA graph and replay "
-          "it (results are bit-identical either way). The CPU backend runs "
-          "op by op: replaying its recordings saves nothing there.");
+          "it (results are bit-identical either way); the CPU runs op by op.");
 ABSL_FLAG(int, threads, 0, "CPU backend threads (0 = one per core).");
 ABSL_FLAG(int64_t, memory_budget_mb, 4096,
           "Device memory for session caches before idle sessions are "
@@ -109,8 +108,7 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "cannot load model: " << model.status().message();
     return 1;
   }
-  (*model)->set_use_graphs(absl::GetFlag(FLAGS_cuda_graphs) &&
-                           device.rfind("cuda:", 0) == 0);
+  (*model)->set_use_graphs(absl::GetFlag(FLAGS_cuda_graphs));
   LOG(INFO) << "loaded " << (*model)->checkpoint().dir() << ": "
             << (*model)->checkpoint().parameter_count() << " parameters";
 

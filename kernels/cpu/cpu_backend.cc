@@ -24,7 +24,8 @@ namespace {
 constexpr size_t kAlignment = 64;
 }  // namespace
 
-CpuBackend::CpuBackend(const CpuBackendOptions& options) {
+CpuBackend::CpuBackend(const CpuBackendOptions& options)
+    : can_record_(options.recording) {
   int n = options.num_threads;
   if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
   if (n <= 0) n = 1;
@@ -34,7 +35,7 @@ CpuBackend::CpuBackend(const CpuBackendOptions& options) {
 CpuBackend::~CpuBackend() = default;
 
 absl::StatusOr<Buffer> CpuBackend::Allocate(size_t bytes) {
-  SS_RETURN_IF_ERROR(RefuseWhileRecording("Allocate"));
+  SS_RETURN_IF_ERROR(recording_.Refuse("Allocate"));
   const size_t rounded = ((bytes + kAlignment - 1) / kAlignment) * kAlignment;
   void* p = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
   if (p == nullptr) {
@@ -49,31 +50,35 @@ void CpuBackend::Free(void* data) { std::free(data); }
 
 absl::Status CpuBackend::CopyToDevice(void* dst, const void* src,
                                       size_t bytes) {
-  SS_RETURN_IF_ERROR(RefuseWhileRecording("CopyToDevice"));
+  SS_RETURN_IF_ERROR(recording_.Refuse("CopyToDevice"));
   if (bytes) std::memcpy(dst, src, bytes);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
-  SS_RETURN_IF_ERROR(RefuseWhileRecording("CopyToHost"));
+  SS_RETURN_IF_ERROR(recording_.Refuse("CopyToHost"));
   if (bytes) std::memcpy(dst, src, bytes);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::CopyOnDevice(void* dst, const void* src,
                                       size_t bytes) {
-  if (recording_) return Record([this, dst, src, bytes] { return CopyOnDevice(dst, src, bytes); });
+  if (recording_.active()) {
+    return Record([this, dst, src, bytes] { return CopyOnDevice(dst, src, bytes); });
+  }
   if (bytes && dst != src) std::memmove(dst, src, bytes);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Zero(void* dst, size_t bytes) {
-  if (recording_) return Record([this, dst, bytes] { return Zero(dst, bytes); });
+  if (recording_.active()) {
+    return Record([this, dst, bytes] { return Zero(dst, bytes); });
+  }
   if (bytes) std::memset(dst, 0, bytes);
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::Synchronize() { return RefuseWhileRecording("Synchronize"); }
+absl::Status CpuBackend::Synchronize() { return recording_.Refuse("Synchronize"); }
 
 // ---- Recording.
 
@@ -91,38 +96,26 @@ class CpuRecording : public Backend::Recording {
 
 }  // namespace
 
-absl::Status CpuBackend::RefuseWhileRecording(const char* what) {
-  if (!recording_) return absl::OkStatus();
-  absl::Status s = absl::FailedPreconditionError(
-      absl::StrCat("cpu backend: ", what, " cannot be recorded"));
-  if (recording_error_.ok()) recording_error_ = s;
-  return s;
-}
-
 absl::Status CpuBackend::Record(std::function<absl::Status()> op) {
   recorded_.push_back(std::move(op));
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::BeginRecording() {
-  if (recording_) return absl::FailedPreconditionError("cpu backend: already recording");
-  recording_ = true;
+  if (!can_record_) return Backend::BeginRecording();  // UNIMPLEMENTED
+  SS_RETURN_IF_ERROR(recording_.Begin());
   recorded_.clear();
-  recording_error_ = absl::OkStatus();
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Backend::Recording>> CpuBackend::EndRecording() {
-  if (!recording_) return absl::FailedPreconditionError("cpu backend: not recording");
-  recording_ = false;
-  std::vector<std::function<absl::Status()>> ops = std::move(recorded_);
-  recorded_.clear();
-  if (!recording_error_.ok()) return std::exchange(recording_error_, absl::OkStatus());
+  std::vector<std::function<absl::Status()>> ops = std::exchange(recorded_, {});
+  SS_RETURN_IF_ERROR(recording_.End());
   return std::unique_ptr<Recording>(new CpuRecording(std::move(ops)));
 }
 
 absl::Status CpuBackend::Replay(const Recording& recording) {
-  SS_RETURN_IF_ERROR(RefuseWhileRecording("Replay"));
+  SS_RETURN_IF_ERROR(recording_.Refuse("Replay"));
   const auto* r = dynamic_cast<const CpuRecording*>(&recording);
   if (r == nullptr) {
     return absl::InvalidArgumentError("cpu backend: not a recording of a CPU backend");
@@ -133,7 +126,7 @@ absl::Status CpuBackend::Replay(const Recording& recording) {
 
 absl::StatusOr<Weight> CpuBackend::UploadWeight(DType dtype, const void* host,
                                                 int64_t rows, int64_t cols) {
-  SS_RETURN_IF_ERROR(RefuseWhileRecording("UploadWeight"));
+  SS_RETURN_IF_ERROR(recording_.Refuse("UploadWeight"));
   if (host == nullptr || rows < 1 || cols < 1) {
     return absl::InvalidArgumentError("cpu backend: empty weight");
   }
@@ -147,13 +140,13 @@ absl::StatusOr<Weight> CpuBackend::UploadWeight(DType dtype, const void* host,
 
 absl::Status CpuBackend::Embed(const EmbedParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  if (recording_) return Record([this, p] { return Embed(p); });
+  if (recording_.active()) return Record([this, p] { return Embed(p); });
   return cpu::Embed(p);
 }
 
 absl::Status CpuBackend::Matmul(const MatmulParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  if (recording_) return Record([this, p] { return Matmul(p); });
+  if (recording_.active()) return Record([this, p] { return Matmul(p); });
   if (p.norm_weight == nullptr && !p.swiglu) {
     cpu::Matmul(p, pool_.get());
     return absl::OkStatus();
@@ -176,14 +169,14 @@ absl::Status CpuBackend::Matmul(const MatmulParams& p) {
 
 absl::Status CpuBackend::RmsNorm(const RmsNormParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  if (recording_) return Record([this, p] { return RmsNorm(p); });
+  if (recording_.active()) return Record([this, p] { return RmsNorm(p); });
   cpu::RmsNorm(p);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::GatedRmsNorm(const GatedRmsNormParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  if (recording_) return Record([this, p] { return GatedRmsNorm(p); });
+  if (recording_.active()) return Record([this, p] { return GatedRmsNorm(p); });
   cpu::GatedRmsNorm(p);
   return absl::OkStatus();
 }
@@ -193,7 +186,7 @@ absl::Status CpuBackend::GatedRmsNorm(const GatedRmsNormParams& p) {
 
 absl::Status CpuBackend::Rope(const RopeParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  if (recording_) return Record([this, p] { return Rope(p); });
+  if (recording_.active()) return Record([this, p] { return Rope(p); });
   if (p.positions == nullptr) {
     cpu::Rope(p);
     return absl::OkStatus();
@@ -212,7 +205,7 @@ absl::Status CpuBackend::Rope(const RopeParams& p) {
 
 absl::Status CpuBackend::Attention(const AttentionParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  if (recording_) return Record([this, p] { return Attention(p); });
+  if (recording_.active()) return Record([this, p] { return Attention(p); });
   if (p.positions == nullptr) {
     cpu::Attention(p, pool_.get());
     return absl::OkStatus();
@@ -238,7 +231,7 @@ absl::Status CpuBackend::Attention(const AttentionParams& p) {
 
 absl::Status CpuBackend::Conv1d(const Conv1dParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  if (recording_) return Record([this, p] { return Conv1d(p); });
+  if (recording_.active()) return Record([this, p] { return Conv1d(p); });
   if (p.states == nullptr) {
     cpu::Conv1d(p);
     return absl::OkStatus();
@@ -257,7 +250,7 @@ absl::Status CpuBackend::Conv1d(const Conv1dParams& p) {
 
 absl::Status CpuBackend::GatedDeltaRule(const GatedDeltaRuleParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  if (recording_) return Record([this, p] { return GatedDeltaRule(p); });
+  if (recording_.active()) return Record([this, p] { return GatedDeltaRule(p); });
   if (p.states == nullptr) {
     cpu::GatedDeltaRule(p, pool_.get());
     return absl::OkStatus();
@@ -280,7 +273,7 @@ absl::Status CpuBackend::GatedDeltaRule(const GatedDeltaRuleParams& p) {
 
 absl::Status CpuBackend::ScatterRows(const ScatterRowsParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  if (recording_) return Record([this, p] { return ScatterRows(p); });
+  if (recording_.active()) return Record([this, p] { return ScatterRows(p); });
   for (int64_t t = 0; t < p.rows; ++t) {
     float* row;
     if (p.dst != nullptr) {
@@ -296,28 +289,28 @@ absl::Status CpuBackend::ScatterRows(const ScatterRowsParams& p) {
 
 absl::Status CpuBackend::Swiglu(const SwigluParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  if (recording_) return Record([this, p] { return Swiglu(p); });
+  if (recording_.active()) return Record([this, p] { return Swiglu(p); });
   cpu::Swiglu(p);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Argmax(const ArgmaxParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  if (recording_) return Record([this, p] { return Argmax(p); });
+  if (recording_.active()) return Record([this, p] { return Argmax(p); });
   cpu::Argmax(p);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::LogSumExp(const LogSumExpParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  if (recording_) return Record([this, p] { return LogSumExp(p); });
+  if (recording_.active()) return Record([this, p] { return LogSumExp(p); });
   cpu::LogSumExp(p);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Softmax(const SoftmaxParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  if (recording_) return Record([this, p] { return Softmax(p); });
+  if (recording_.active()) return Record([this, p] { return Softmax(p); });
   cpu::Softmax(p);
   return absl::OkStatus();
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/recording_state.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace specserve::kernels::cpu {
@@ -20,6 +21,10 @@ namespace specserve::kernels::cpu {
 struct CpuBackendOptions {
   // Threads for data-parallel ops, the caller included; 0 = one per core.
   int num_threads = 0;
+  // CanRecord(): recordings (op closures replayed in order) save no time on
+  // the CPU, so a serving CPU backend runs op by op; the model tests turn
+  // this on to check that recorded steps bake in nothing step-specific.
+  bool recording = false;
 };
 
 class CpuBackend : public Backend {
@@ -41,13 +46,12 @@ class CpuBackend : public Backend {
                                       int64_t rows, int64_t cols) override;
   absl::Status Synchronize() override;
 
-  // Recording keeps each op as a closure over its params (copied) and
-  // Replay runs them in order: the CPU's command buffer, under the contract
-  // of kernels/backend.h (ops validate when recorded; host copies,
-  // allocation and Synchronize are refused while recording). It saves no
-  // time here (the worker turns it off on the CPU); it lets the CPU tests
-  // check that a recorded model step bakes in nothing step-specific.
-  bool CanRecord() const override { return true; }
+  // Recording (CpuBackendOptions.recording) keeps each op as a closure over
+  // its params (copied) and Replay runs them in order: the CPU's command
+  // buffer, under the contract of kernels/backend.h (ops validate when
+  // recorded; host copies, allocation and Synchronize are refused while
+  // recording).
+  bool CanRecord() const override { return can_record_; }
   absl::Status BeginRecording() override;
   absl::StatusOr<std::unique_ptr<Recording>> EndRecording() override;
   absl::Status Replay(const Recording& recording) override;
@@ -72,14 +76,11 @@ class CpuBackend : public Backend {
  private:
   // While recording: keeps `op` (to run at Replay) and returns OK.
   absl::Status Record(std::function<absl::Status()> op);
-  // While recording: FAILED_PRECONDITION naming `what`, remembered for
-  // EndRecording. OK otherwise.
-  absl::Status RefuseWhileRecording(const char* what);
 
   std::unique_ptr<ThreadPool> pool_;
-  bool recording_ = false;
+  const bool can_record_;
+  RecordingState recording_{"cpu"};
   std::vector<std::function<absl::Status()>> recorded_;
-  absl::Status recording_error_;
 };
 
 }  // namespace specserve::kernels::cpu

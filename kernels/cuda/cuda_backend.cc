@@ -101,7 +101,7 @@ absl::Status CudaBackend::UseDevice() const {
 // ---- Memory.
 
 absl::StatusOr<Buffer> CudaBackend::Allocate(size_t bytes) {
-  SS_RETURN_IF_ERROR(RefuseWhileRecording("Allocate"));
+  SS_RETURN_IF_ERROR(recording_.Refuse("Allocate"));
   SS_RETURN_IF_ERROR(UseDevice());
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
@@ -127,7 +127,7 @@ absl::Status CudaBackend::CopyToDevice(void* dst, const void* host_src, size_t b
   if (bytes == 0) return absl::OkStatus();
   // A recorded copy would replay this call's bytes (or read the host
   // buffer at replay time): step inputs are copied outside recordings.
-  SS_RETURN_IF_ERROR(RefuseWhileRecording("CopyToDevice"));
+  SS_RETURN_IF_ERROR(recording_.Refuse("CopyToDevice"));
   SS_RETURN_IF_ERROR(UseDevice());
   cudaPointerAttributes attr;
   if (cudaPointerGetAttributes(&attr, host_src) != cudaSuccess) {
@@ -152,7 +152,7 @@ absl::Status CudaBackend::CopyToDevice(void* dst, const void* host_src, size_t b
 }
 
 absl::Status CudaBackend::CopyToHost(void* host_dst, const void* src, size_t bytes) {
-  SS_RETURN_IF_ERROR(RefuseWhileRecording("CopyToHost"));
+  SS_RETURN_IF_ERROR(recording_.Refuse("CopyToHost"));
   if (bytes == 0) return absl::OkStatus();
   SS_RETURN_IF_ERROR(UseDevice());
   SS_CUDA_RETURN_IF_ERROR(
@@ -218,7 +218,7 @@ absl::StatusOr<Weight> CudaBackend::UploadWeight(DType dtype, const void* host, 
 }
 
 absl::Status CudaBackend::Synchronize() {
-  SS_RETURN_IF_ERROR(RefuseWhileRecording("Synchronize"));
+  SS_RETURN_IF_ERROR(recording_.Refuse("Synchronize"));
   SS_RETURN_IF_ERROR(UseDevice());
   SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "Synchronize");
   return TakeDeviceError();
@@ -239,35 +239,25 @@ class CudaRecording : public Backend::Recording {
 
 }  // namespace
 
-absl::Status CudaBackend::RefuseWhileRecording(const char* what) {
-  if (!recording_) return absl::OkStatus();
-  absl::Status s = absl::FailedPreconditionError(
-      absl::StrCat("cuda backend: ", what, " cannot be recorded (CUDA graph capture)"));
-  if (recording_error_.ok()) recording_error_ = s;
-  return s;
-}
-
 absl::Status CudaBackend::BeginRecording() {
-  if (recording_) return absl::FailedPreconditionError("cuda backend: already recording");
+  if (recording_.active()) return recording_.Begin();  // "already recording"
   SS_RETURN_IF_ERROR(UseDevice());
   SS_CUDA_RETURN_IF_ERROR(
       cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal),
       "cudaStreamBeginCapture");
-  recording_ = true;
-  recording_error_ = absl::OkStatus();
-  return absl::OkStatus();
+  return recording_.Begin();
 }
 
 absl::StatusOr<std::unique_ptr<Backend::Recording>> CudaBackend::EndRecording() {
-  if (!recording_) return absl::FailedPreconditionError("cuda backend: not recording");
-  recording_ = false;
+  if (!recording_.active()) return recording_.End();  // "not recording"
+  const absl::Status refused = recording_.End();
   SS_RETURN_IF_ERROR(UseDevice());
   cudaGraph_t raw = nullptr;
   const cudaError_t end = cudaStreamEndCapture(stream_.get(), &raw);
   CudaGraph graph(raw);
-  if (!recording_error_.ok()) {
+  if (!refused.ok()) {
     cudaGetLastError();  // the capture may also have been invalidated
-    return std::exchange(recording_error_, absl::OkStatus());
+    return refused;
   }
   if (end != cudaSuccess || raw == nullptr) {
     cudaGetLastError();
@@ -285,7 +275,7 @@ absl::StatusOr<std::unique_ptr<Backend::Recording>> CudaBackend::EndRecording() 
 }
 
 absl::Status CudaBackend::Replay(const Recording& recording) {
-  SS_RETURN_IF_ERROR(RefuseWhileRecording("Replay"));
+  SS_RETURN_IF_ERROR(recording_.Refuse("Replay"));
   const auto* r = dynamic_cast<const CudaRecording*>(&recording);
   if (r == nullptr) {
     return absl::InvalidArgumentError("cuda backend: not a recording of a CUDA backend");
@@ -312,7 +302,7 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
   if (p.norm_weight != nullptr || p.swiglu) {  // (fused or not: LaunchMatmul decides)
     const size_t need = static_cast<size_t>(p.rows * p.in) * sizeof(float);
     if (need > norm_scratch_bytes_) {
-      SS_RETURN_IF_ERROR(RefuseWhileRecording("Matmul growing its norm scratch"));
+      SS_RETURN_IF_ERROR(recording_.Refuse("Matmul growing its norm scratch"));
       // The old buffer stays allocated: queued ops and recordings may hold
       // its address.
       SS_ASSIGN_OR_RETURN(DeviceMemory grown, AllocateDevice(need));

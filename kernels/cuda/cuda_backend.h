@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/recording_state.h"
 #include "kernels/cuda/cuda_handles.h"
 
 namespace specserve::kernels::cuda {
@@ -114,9 +115,6 @@ class CudaBackend : public Backend {
   absl::Status UseDevice() const;
   // After a stream sync: OUT_OF_RANGE (once) if an Embed saw a bad id.
   absl::Status TakeDeviceError();
-  // While recording: FAILED_PRECONDITION naming `what` (an op that cannot
-  // be recorded), remembered for EndRecording. OK otherwise.
-  absl::Status RefuseWhileRecording(const char* what);
 
   const int device_;
   // Declared first: destroyed last, after the memory below is released.
@@ -131,8 +129,7 @@ class CudaBackend : public Backend {
   const int matmul_x_splits_;
   // One pinned int the Embed kernel sets to 1 on a bad id (host-mapped).
   PinnedMemory error_flag_;
-  bool recording_ = false;
-  absl::Status recording_error_;  // the first refusal while recording
+  RecordingState recording_{"cuda"};
 };
 
 }  // namespace specserve::kernels::cuda

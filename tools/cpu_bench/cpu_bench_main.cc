@@ -92,7 +92,6 @@ absl::Status Run() {
   const int threads = backend.num_threads();
   const auto t_load = Clock::now();
   SS_ASSIGN_OR_RETURN(auto model, model::Model::Load(dir, &backend));
-  model->set_use_graphs(false);  // as the worker runs the CPU: op by op
   const double load_s = Since(t_load);
   const model::ModelConfig& c = model->config();
 

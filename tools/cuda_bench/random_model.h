@@ -10,7 +10,8 @@
 // the backend's UploadWeight ignores the (never-read) host bytes and fills
 // each matrix on the GPU with hashed uniform values in [-scale, scale)
 // (kernels/cuda LaunchFillRandom, a new seed per matrix). Every other call is
-// forwarded to the wrapped CudaBackend, so the forward runs the real kernels.
+// forwarded to the wrapped CudaBackend (kernels::ForwardingBackend), so the
+// forward runs the real kernels.
 //
 //   SS_RETURN_IF_ERROR(WriteSyntheticCheckpoint(config_json, "/tmp/m27"));
 //   RandomWeightsBackend rb(cuda_backend, /*scale=*/0.02f);
@@ -29,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/backend.h"
+#include "kernels/forwarding_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 
 namespace specserve::cuda_bench {
@@ -42,15 +44,13 @@ std::string Qwen35_27BConfigJson();
 absl::Status WriteSyntheticCheckpoint(const std::string& config_json,
                                       const std::string& dir);
 
-class RandomWeightsBackend : public kernels::Backend {
+class RandomWeightsBackend : public kernels::ForwardingBackend {
  public:
   RandomWeightsBackend(kernels::cuda::CudaBackend* inner, float scale)
-      : inner_(inner), scale_(scale) {}
+      : ForwardingBackend(inner), inner_(inner), scale_(scale) {}
 
-  std::string name() const override { return inner_->name(); }
-  absl::StatusOr<kernels::Buffer> Allocate(size_t bytes) override {
-    return inner_->Allocate(bytes);
-  }
+  // Memory, Synchronize and recordings pass through (ForwardingBackend);
+  // the enqueueing calls are counted and, in a timeline, marked.
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
     ++ops_;
     return Mark("copy_to_device", inner_->CopyToDevice(dst, src, bytes));
@@ -73,13 +73,7 @@ class RandomWeightsBackend : public kernels::Backend {
   absl::StatusOr<kernels::Weight> UploadStackedWeight(kernels::DType dtype,
                                                       const std::vector<WeightPart>& parts,
                                                       int64_t cols) override;
-  absl::Status Synchronize() override { return inner_->Synchronize(); }
-  // Recordings are the inner backend's (a replay counts as one call).
-  bool CanRecord() const override { return inner_->CanRecord(); }
-  absl::Status BeginRecording() override { return inner_->BeginRecording(); }
-  absl::StatusOr<std::unique_ptr<Recording>> EndRecording() override {
-    return inner_->EndRecording();
-  }
+  // A replay counts as one call.
   absl::Status Replay(const Recording& r) override { ++ops_;
     return Mark("replay", inner_->Replay(r)); }
 
@@ -144,15 +138,11 @@ class RandomWeightsBackend : public kernels::Backend {
   int host_copies() const { return host_copies_; }
   std::chrono::steady_clock::time_point first_host_copy() const { return first_host_copy_; }
 
- protected:
-  // Buffers come from inner_->Allocate and are freed by it.
-  void Free(void*) override {}
-
  private:
   absl::Status Mark(const std::string& name, absl::Status s);
   static std::string MatmulName(const kernels::MatmulParams& p);
 
-  kernels::cuda::CudaBackend* inner_;
+  kernels::cuda::CudaBackend* inner_;  // the forwarded-to backend, typed (stream())
   float scale_;
   bool timeline_ = false;
   std::vector<cudaEvent_t> events_;  // [0] = start

@@ -429,8 +429,6 @@ absl::Status Run() {
                       MakeBackend(absl::GetFlag(FLAGS_device)));
   const auto t_load = Clock::now();
   SS_ASSIGN_OR_RETURN(auto model, model::Model::Load(dir, backend.get()));
-  // As the worker: recorded steps (CUDA graphs) on a GPU, op by op on the CPU.
-  model->set_use_graphs(backend->name() != "cpu");
   const auto t_loaded = Clock::now();
   if (backend->name() != "cpu") {
     // Untimed warm-up on a throwaway state: a GPU loads its kernels on first

@@ -57,12 +57,6 @@ float Margin(const float* x, size_t n) {
   return a - b;
 }
 
-std::vector<std::string> ModelParams() {
-  std::vector<std::string> p = {"models/default"};
-  for (const std::string& d : testing::TestModelDirs()) p.push_back(d);
-  return p;
-}
-
 class CudaModelTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -91,10 +85,7 @@ class CudaModelTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::vector<int32_t> RandomTokens(int n) {
-    std::uniform_int_distribution<int32_t> d(0, V_ - 1);
-    std::vector<int32_t> t(n);
-    for (auto& x : t) x = d(rng_);
-    return t;
+    return testing::RandomTokens(n, V_, &rng_);
   }
 
   std::unique_ptr<ModelState> NewState(Model* m, int capacity = 256) {
@@ -190,7 +181,8 @@ std::string ModelName(const ::testing::TestParamInfo<std::string>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaModelTest,
-                         ::testing::ValuesIn(ModelParams()), ModelName);
+                         ::testing::ValuesIn(testing::DefaultAndTestModels()),
+                         ModelName);
 
 }  // namespace
 }  // namespace specserve::model

@@ -105,8 +105,7 @@ absl::Status Model::DecodeStep(absl::Span<ModelState* const> states,
   const int bucket_last = GraphBucketLast(max_position);
   SessionBatch batch;
   SS_RETURN_IF_ERROR(UploadSessionTable(states, positions, bucket_last, &batch));
-  SS_RETURN_IF_ERROR(backend_->CopyToDevice(ws_->ids.data(), tokens.data(),
-                                            B * sizeof(int32_t)));
+  SS_RETURN_IF_ERROR(UploadIds(tokens));
   SS_RETURN_IF_ERROR(RunRecorded(
       &steps_, {static_cast<int>(StepKind::kDecode), B, bucket_last}, states, [&] {
         SS_RETURN_IF_ERROR(TrunkOps(states, slices, B, Mode::kCommit, &batch));
@@ -127,8 +126,7 @@ absl::Status Model::VerifyRecorded(ModelState* state,
   const int bucket_last = GraphBucketLast(positions.back());
   SessionBatch batch;
   SS_RETURN_IF_ERROR(UploadSessionTable(rows, positions, bucket_last, &batch));
-  SS_RETURN_IF_ERROR(backend_->CopyToDevice(ws_->ids.data(), tokens.data(),
-                                            T * sizeof(int32_t)));
+  SS_RETURN_IF_ERROR(UploadIds(tokens));
   const Slice slice{0, T, state->length_};
   ModelState* const one[] = {state};
   SS_RETURN_IF_ERROR(RunRecorded(

@@ -104,10 +104,7 @@ class ExactnessTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::vector<int32_t> RandomTokens(int n) {
-    std::uniform_int_distribution<int32_t> d(0, V_ - 1);
-    std::vector<int32_t> t(n);
-    for (auto& x : t) x = d(rng_);
-    return t;
+    return testing::RandomTokens(n, V_, &rng_);
   }
 
   std::unique_ptr<ModelState> NewState(int capacity = 256) {

@@ -70,7 +70,6 @@ absl::Status Model::EnsureWorkspace() {
     SS_ASSIGN_OR_RETURN(ws->batch, be.Allocate(entries * sizeof(uint64_t)));
     ws->batch_host.reserve(entries);
   }
-  SS_ASSIGN_OR_RETURN(ws->mtp_batch, be.Allocate(3 * sizeof(uint64_t)));
   ws_ = std::move(ws);
   return absl::OkStatus();
 }
@@ -127,8 +126,7 @@ absl::Status Model::RunTrunk(absl::Span<ModelState* const> states,
     SS_RETURN_IF_ERROR(
         UploadSessionTable(states, positions, max_position, &batch));
   }
-  SS_RETURN_IF_ERROR(backend_->CopyToDevice(ws_->ids.data(), tokens.data(),
-                                            rows * sizeof(int32_t)));
+  SS_RETURN_IF_ERROR(UploadIds(tokens));
   return TrunkOps(states, slices, rows, mode,
                   session_batch ? &batch : nullptr);
 }
@@ -142,9 +140,6 @@ absl::Status Model::UploadSessionTable(absl::Span<ModelState* const> states,
   const size_t nl = weights_.layers.size() - nf;
   std::vector<uint64_t>& tab = ws_->batch_host;
   tab.assign(2 * (nf + nl) * B + (B + 1) / 2, 0);
-  auto ptr = [](const Buffer& b) {
-    return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(b.data()));
-  };
   int32_t* pos = reinterpret_cast<int32_t*>(tab.data() + 2 * (nf + nl) * B);
   for (int s = 0; s < B; ++s) {
     const ModelState& st = *states[s];
@@ -152,12 +147,12 @@ absl::Status Model::UploadSessionTable(absl::Span<ModelState* const> states,
     CHECK_EQ(st.linear_.size(), nl) << "one state per linear layer";
     CHECK_LE(positions[s], max_position);
     for (size_t i = 0; i < nf; ++i) {
-      tab[(2 * i) * B + s] = ptr(st.kv_[i].k);
-      tab[(2 * i + 1) * B + s] = ptr(st.kv_[i].v);
+      tab[(2 * i) * B + s] = DeviceAddress(st.kv_[i].k);
+      tab[(2 * i + 1) * B + s] = DeviceAddress(st.kv_[i].v);
     }
     for (size_t j = 0; j < nl; ++j) {
-      tab[(2 * nf + 2 * j) * B + s] = ptr(st.linear_[j].conv);
-      tab[(2 * nf + 2 * j + 1) * B + s] = ptr(st.linear_[j].recurrent);
+      tab[(2 * nf + 2 * j) * B + s] = DeviceAddress(st.linear_[j].conv);
+      tab[(2 * nf + 2 * j + 1) * B + s] = DeviceAddress(st.linear_[j].recurrent);
     }
     pos[s] = positions[s];
   }
@@ -181,8 +176,8 @@ absl::Status Model::TrunkOps(absl::Span<ModelState* const> states,
   // This layer's entries of the session table: [B] pointers from `entry`.
   SessionBatch layer_batch = batch != nullptr ? *batch : SessionBatch{};
   auto table = [&](size_t entry) {
-    return reinterpret_cast<float* const*>(
-        const_cast<uint64_t*>(layer_batch.table) + entry * layer_batch.sessions);
+    return reinterpret_cast<float* const*>(layer_batch.table +
+                                           entry * layer_batch.sessions);
   };
   size_t kv_i = 0, lin_i = 0;
   std::vector<KvCache*> kvs(states.size());
@@ -225,11 +220,9 @@ absl::Status Model::TrunkOps(absl::Span<ModelState* const> states,
   return backend_->RmsNorm(norm);
 }
 
-absl::Status Model::EmbedTokens(absl::Span<const int32_t> tokens) {
-  const int rows = static_cast<int>(tokens.size());
-  SS_RETURN_IF_ERROR(backend_->CopyToDevice(ws_->ids.data(), tokens.data(),
-                                            rows * sizeof(int32_t)));
-  return EmbedUploaded(rows);
+absl::Status Model::UploadIds(absl::Span<const int32_t> tokens) {
+  return backend_->CopyToDevice(ws_->ids.data(), tokens.data(),
+                                tokens.size() * sizeof(int32_t));
 }
 
 absl::Status Model::EmbedUploaded(int rows) {

@@ -142,9 +142,9 @@ struct StateOptions {
 // Recorded steps (Backend::BeginRecording) by key (step kind, rows,
 // attention max_position), and the keys that have run once op by op.
 struct RecordedSteps {
-  std::map<std::array<int, 3>, std::unique_ptr<kernels::Backend::Recording>>
-      graphs;
-  std::set<std::array<int, 3>> warm;
+  using Key = std::array<int, 3>;
+  std::map<Key, std::unique_ptr<kernels::Backend::Recording>> graphs;
+  std::set<Key> warm;
   void Clear() {
     graphs.clear();
     warm.clear();
@@ -335,8 +335,8 @@ class Model {
   // positions and cache pointers) are copied in before each replay. A key's
   // first step runs op by op. If recording fails, the step runs op by op
   // and its sessions stay on that path until Restore
-  // (ModelState::graph_fallback). On by default; the worker turns it off on
-  // the CPU, where replaying saves nothing.
+  // (ModelState::graph_fallback). On by default (a serving CPU backend does
+  // not record: CpuBackendOptions.recording).
   static constexpr int kGraphPositionBucket = 256;
   void set_use_graphs(bool on) { use_graphs_ = on; }
   bool use_graphs() const { return use_graphs_; }
@@ -464,9 +464,9 @@ class Model {
                                     absl::Span<const Slice> slices, Mode mode,
                                     int rows, const SessionBatch* batch);
   absl::Status MlpBlock(const LayerWeights& w, int rows);
-  // Uploads `tokens` and embeds them into rows 0.. of ws.h.
-  absl::Status EmbedTokens(absl::Span<const int32_t> tokens);
-  // The device half of EmbedTokens: embeds the ids already in ws.ids.
+  // Copies a step's token ids into ws.ids (outside any recording).
+  absl::Status UploadIds(absl::Span<const int32_t> tokens);
+  // Embeds the first `rows` ids of ws.ids into rows 0.. of ws.h.
   absl::Status EmbedUploaded(int rows);
   // Uploads the session-batch table (workspace.h) for one row per state
   // at positions[i], and fills `batch` (attention sized for max_position,
@@ -492,7 +492,7 @@ class Model {
                           absl::Span<const int32_t> tokens, ForwardResult* out);
   // Recorded steps: key = (kind, sessions, attention max_position).
   enum class StepKind { kDecode, kMtpDraft, kVerify };
-  using GraphKey = std::array<int, 3>;
+  using GraphKey = RecordedSteps::Key;
   // True when a step on `states` may be recorded (use_graphs_, a backend
   // that records, no session on the op-by-op fallback).
   bool GraphsApply(absl::Span<ModelState* const> states) const;

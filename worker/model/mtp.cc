@@ -52,8 +52,7 @@ absl::Status Model::MtpForward(ModelState* state,
     const int start = first_row + i0;
     SS_RETURN_IF_ERROR(backend_->CopyToDevice(
         ws_->mtp_in.data(), hiddens.data() + i0 * H, rows * H * sizeof(float)));
-    SS_RETURN_IF_ERROR(backend_->CopyToDevice(
-        ws_->ids.data(), next_tokens.data() + i0, rows * sizeof(int32_t)));
+    SS_RETURN_IF_ERROR(UploadIds(next_tokens.subspan(i0, rows)));
     SS_RETURN_IF_ERROR(MtpOps(state, rows, start, /*batch=*/nullptr));
     state->mtp_length_ = start + rows;
     if (out != nullptr) SS_RETURN_IF_ERROR(EmitRows(0, rows, out));
@@ -108,16 +107,14 @@ absl::Status Model::MtpRowRecorded(ModelState* state,
   const int64_t H = config_.hidden_size;
   Workspace& ws = *ws_;
   // The step's inputs into fixed buffers: the hidden, the id, and a
-  // one-session table (MTP K and V cache, the row's position) in ws.batch.
+  // one-row table (MTP K and V cache, the row's position) at the start of
+  // ws.batch, the buffer every recorded step's table goes through.
   SS_RETURN_IF_ERROR(
       backend_->CopyToDevice(ws.mtp_in.data(), hidden.data(), H * sizeof(float)));
-  SS_RETURN_IF_ERROR(backend_->CopyToDevice(ws.ids.data(), &token, sizeof(int32_t)));
-  auto ptr = [](const Buffer& b) {
-    return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(b.data()));
-  };
-  uint64_t tab[3] = {ptr(state->mtp_kv_.k), ptr(state->mtp_kv_.v), 0};
+  SS_RETURN_IF_ERROR(UploadIds(absl::MakeConstSpan(&token, 1)));
+  uint64_t tab[3] = {DeviceAddress(state->mtp_kv_.k), DeviceAddress(state->mtp_kv_.v), 0};
   *reinterpret_cast<int32_t*>(&tab[2]) = row;
-  uint64_t* dev = static_cast<uint64_t*>(ws.mtp_batch.data());
+  uint64_t* dev = static_cast<uint64_t*>(ws.batch.data());
   SS_RETURN_IF_ERROR(backend_->CopyToDevice(dev, tab, sizeof(tab)));
   SessionBatch batch;
   batch.sessions = 1;
@@ -134,7 +131,6 @@ absl::Status Model::MtpRowRecorded(ModelState* state,
         return LmHead(0, 1);
       }));
   state->mtp_length_ = row + 1;
-  out->Clear(row);
   return CopyRowsOut(0, 1, out);
 }
 

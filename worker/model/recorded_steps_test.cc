@@ -20,12 +20,6 @@
 namespace specserve::model {
 namespace {
 
-std::vector<std::string> ModelParams() {
-  std::vector<std::string> p = {"models/default"};
-  for (const std::string& d : testing::TestModelDirs()) p.push_back(d);
-  return p;
-}
-
 class RecordedStepsTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -43,10 +37,7 @@ class RecordedStepsTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::vector<int32_t> RandomTokens(int n) {
-    std::uniform_int_distribution<int32_t> d(0, V_ - 1);
-    std::vector<int32_t> t(n);
-    for (auto& x : t) x = d(rng_);
-    return t;
+    return testing::RandomTokens(n, V_, &rng_);
   }
 
   std::unique_ptr<ModelState> NewState(Model* m, int capacity = 256) {
@@ -232,7 +223,8 @@ std::string ModelName(const ::testing::TestParamInfo<std::string>& info) {
   return info.param.substr(info.param.find_last_of('/') + 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, RecordedStepsTest, ::testing::ValuesIn(ModelParams()),
+INSTANTIATE_TEST_SUITE_P(Models, RecordedStepsTest,
+                         ::testing::ValuesIn(testing::DefaultAndTestModels()),
                          ModelName);
 
 }  // namespace

@@ -47,6 +47,19 @@ std::vector<std::vector<float>> Matrix(const nlohmann::json& j) {
 std::vector<std::string> FixtureFiles() {
   return List("tests/fixtures", false, ".json");
 }
+std::vector<std::string> DefaultAndTestModels() {
+  std::vector<std::string> p = {"models/default"};
+  for (const std::string& d : TestModelDirs()) p.push_back(d);
+  return p;
+}
+
+std::vector<int32_t> RandomTokens(int n, int vocab, std::mt19937* rng) {
+  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = d(*rng);
+  return t;
+}
+
 std::string DefaultModelDir() {
   const std::string link = RepoPath("models/default");
   if (fs::exists(link + "/config.json")) return link;

@@ -5,6 +5,7 @@
 #define SPECSERVE_WORKER_MODEL_TEST_DATA_H_
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,13 @@ std::vector<std::string> FixtureFiles();
 
 // Repository-relative model dirs under tests/models, sorted.
 std::vector<std::string> TestModelDirs();
+
+// "models/default" then TestModelDirs(): the models the GPU comparisons and
+// the recorded-step tests run (DefaultModelDir() resolves the first).
+std::vector<std::string> DefaultAndTestModels();
+
+// n token ids drawn uniformly from [0, vocab) with `rng`.
+std::vector<int32_t> RandomTokens(int n, int vocab, std::mt19937* rng);
 
 // Absolute path of models/default's folder. The link itself is not in
 // Bazel's runfiles (they carry the folder it names).

@@ -29,17 +29,20 @@ struct Model::Workspace {
   Buffer mtp_in;    // [R][H] trunk hiddens given to the MTP head
   Buffer logits;    // [R][V]
   Buffer argmax;    // int32 [R]
-  // Session-batch table (DecodeBatch of B > 1 sessions), uploaded once per
-  // step: per full-attention layer i, K then V cache pointers [B] at
-  // entries 2i·B and (2i+1)·B; per linear layer j, conv then recurrent state
-  // pointers at (2F+2j)·B and (2F+2j+1)·B (F full-attention layers); then
-  // the int32 positions [B]. Sized for B = R.
+  // Session table (DecodeBatch of B > 1 sessions, every recorded step),
+  // uploaded once per step: per full-attention layer i, K then V cache
+  // pointers [B] at entries 2i·B and (2i+1)·B; per linear layer j, conv
+  // then recurrent state pointers at (2F+2j)·B and (2F+2j+1)·B (F
+  // full-attention layers); then the int32 positions [B]. Sized for B = R. A recorded MTP draft step
+  // puts its one-row table here instead (mtp.cc).
   Buffer batch;
   std::vector<uint64_t> batch_host;  // host staging of `batch`
-  // A recorded MTP draft step's table: its MTP K cache, V cache pointers
-  // and (int32) row position.
-  Buffer mtp_batch;
 };
+
+// A buffer's backend address as a session-table entry.
+inline uint64_t DeviceAddress(const Buffer& b) {
+  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(b.data()));
+}
 
 }  // namespace specserve::model
 
