@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -815,6 +816,48 @@ TEST_P(BackendOpsTest, SwigluEmbedReduce) {
                   reference::Softmax(rows, cols, x.data(), 0.7f), 1e-5,
                   "softmax");
     }
+  }
+}
+
+// Argmax's finiteness flag: a NaN or ±inf anywhere in a row (first, last or
+// middle column, past a block's first stride) clears it; the argmax keeps the
+// CPU loop's rule (NaN never wins except at index 0).
+TEST_P(BackendOpsTest, ArgmaxFlagsRowsWithNonFiniteValues) {
+  const int cols = 3000;
+  const float kInf = std::numeric_limits<float>::infinity();
+  const float kNaN = std::numeric_limits<float>::quiet_NaN();
+  struct Row {
+    int at;  // column of the bad value, -1 for none
+    float bad;
+  };
+  const std::vector<Row> rows = {{-1, 0}, {0, kNaN}, {2999, kNaN},
+                                 {1234, kInf}, {777, -kInf}, {-1, 0}};
+  const int n = static_cast<int>(rows.size());
+  std::vector<float> x = Random(n * cols, &rng_, -10, 10);
+  for (int r = 0; r < n; ++r) {
+    if (rows[r].at >= 0) x[r * cols + rows[r].at] = rows[r].bad;
+  }
+  Buffer xb = Up(x);
+  Buffer ab = UpRaw(std::vector<int32_t>(n).data(), n * 4);
+  Buffer fb = UpRaw(std::vector<int32_t>(n, 7).data(), n * 4);
+  ArgmaxParams am;
+  am.rows = n;
+  am.cols = cols;
+  am.x = xb.f32();
+  am.x_stride = cols;
+  am.out = static_cast<int32_t*>(ab.data());
+  am.finite = static_cast<int32_t*>(fb.data());
+  ASSERT_TRUE(backend_->Argmax(am).ok());
+  std::vector<int32_t> got(n), finite(n);
+  ASSERT_TRUE(backend_->CopyToHost(got.data(), ab.data(), n * 4).ok());
+  ASSERT_TRUE(backend_->CopyToHost(finite.data(), fb.data(), n * 4).ok());
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(finite[r], rows[r].at < 0 ? 1 : 0) << "row " << r;
+    int best = 0;
+    for (int i = 1; i < cols; ++i) {
+      if (x[r * cols + i] > x[r * cols + best]) best = i;
+    }
+    EXPECT_EQ(got[r], best) << "row " << r;
   }
 }
 

@@ -16,6 +16,9 @@ struct ArgmaxParams {
   const float* x = nullptr;
   int64_t x_stride = 0;
   int32_t* out = nullptr;  // [rows]
+  // Optional [rows]: 1 when every x of the row is finite, else 0 (NaN or
+  // ±inf), so a caller can check a row without copying it.
+  int32_t* finite = nullptr;
 };
 
 struct LogSumExpParams {

@@ -24,6 +24,11 @@ void Argmax(const ArgmaxParams& p) {
       if (x[i] > x[best]) best = i;
     }
     p.out[r] = static_cast<int32_t>(best);
+    if (p.finite != nullptr) {
+      bool all = true;
+      for (int64_t i = 0; i < p.cols; ++i) all = all && std::isfinite(x[i]);
+      p.finite[r] = all ? 1 : 0;
+    }
   }
 }
 

@@ -58,15 +58,21 @@ __global__ void __launch_bounds__(kThreads) ArgmaxKernel(ArgmaxParams p) {
   __shared__ int64_t sm_i[kThreads / 32];
   const int64_t r = blockIdx.x;
   const float* x = p.x + r * p.x_stride;
+  __shared__ int sm_finite;
+  if (threadIdx.x == 0) sm_finite = 1;
+  __syncthreads();
   float best_v = -INFINITY;
   int64_t best_i = INT64_MAX;
+  bool finite = true;
   for (int64_t i = threadIdx.x; i < p.cols; i += kThreads) {
     const float v = x[i];  // NaN compares false: never taken
+    finite = finite && isfinite(v);
     if (Better(v, i, best_v, best_i)) {
       best_v = v;
       best_i = i;
     }
   }
+  if (!__all_sync(kFullMask, finite) && (threadIdx.x & 31) == 0) sm_finite = 0;
   for (int m = 16; m > 0; m >>= 1) {
     const float ov = __shfl_xor_sync(kFullMask, best_v, m);
     const int64_t oi = __shfl_xor_sync(kFullMask, best_i, m);
@@ -92,6 +98,7 @@ __global__ void __launch_bounds__(kThreads) ArgmaxKernel(ArgmaxParams p) {
     // and when every element is NaN.
     if (isnan(x[0]) || best_i == INT64_MAX) best_i = 0;
     p.out[r] = static_cast<int32_t>(best_i);
+    if (p.finite != nullptr) p.finite[r] = sm_finite;
   }
 }
 

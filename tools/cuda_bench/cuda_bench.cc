@@ -307,6 +307,17 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
   std::printf("(a) decode step batch 1: %.2f ms = %.1f tok/s; floor %.2f ms; %.1f%% of floor\n",
               dec, 1e3 / dec, floor_ms, 100 * floor_ms / dec);
   j["decode_ms"] = dec;
+  // The step as greedy decoding runs it: argmax, hidden and finiteness
+  // flags come back, the [V] logits row stays on the device.
+  model::ForwardResult lean;
+  lean.want_logits = false;
+  const double dec_lean = WallMs(3, 20, [&] {
+    BENCH_CHECK(m->Decode(st->get(), next, &lean));
+    next = lean.argmax[0];
+  });
+  std::printf("    greedy (no logits copy): %.2f ms = %.1f tok/s; %.1f%% of floor\n", dec_lean,
+              1e3 / dec_lean, 100 * floor_ms / dec_lean);
+  j["decode_greedy_ms"] = dec_lean;
   // The same step op by op (no CUDA graph): the anatomy and timeline below
   // are of this path (events cannot time the inside of a replay).
   m->set_use_graphs(false);
@@ -348,8 +359,11 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
   }
   m->set_use_graphs(true);
   // (b) verify.
-  std::printf("(b) verify of k+1 columns (state unchanged):\n%6s %9s %9s\n", "cols", "ms",
-              "x decode");
+  // Greedy rounds (the engine's) take no logits; each column is set against
+  // the decode step of the same kind.
+  std::printf("(b) verify of k+1 columns (state unchanged); greedy = no logits copy, against "
+              "the greedy decode step:\n%6s %9s %9s %11s %11s\n", "cols", "ms", "x decode",
+              "greedy_ms", "x greedy");
   json jv = json::array();
   for (int c = 2; c <= 8; ++c) {
     std::vector<int32_t> cols(c, next);
@@ -357,21 +371,28 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
       BENCH_CHECK(m->Verify(st->get(), cols, &r));
       m->DiscardVerified(st->get());
     });
-    std::printf("%6d %9.2f %9.3f\n", c, ms, ms / dec);
-    jv.push_back({{"columns", c}, {"ms", ms}, {"x_decode", ms / dec}});
+    const double ms_lean = WallMs(2, 10, [&] {
+      BENCH_CHECK(m->Verify(st->get(), cols, &lean));
+      m->DiscardVerified(st->get());
+    });
+    std::printf("%6d %9.2f %9.3f %11.2f %11.3f\n", c, ms, ms / dec, ms_lean, ms_lean / dec_lean);
+    jv.push_back({{"columns", c}, {"ms", ms}, {"x_decode", ms / dec}, {"greedy_ms", ms_lean},
+                  {"x_greedy_decode", ms_lean / dec_lean}});
   }
   j["verify"] = jv;
   st->reset();
   // (c) DecodeBatch of B sessions, 32-token contexts.
   std::printf("(c) DecodeBatch, B sessions at 32-token contexts (ms with the step's CUDA "
               "graph; eager_ms op by op; calls = backend calls enqueued per step op by op, "
-              "enq_ms = host time to enqueue them):\n%6s %9s %9s %11s %9s %9s %7s %9s\n",
-              "B", "ms", "x B=1", "tok/s", "%floor", "eager_ms", "calls", "enq_ms");
+              "enq_ms = host time to enqueue them; greedy_ms without the logits copy, as the "
+              "engine's greedy batched decode runs):\n%6s %9s %9s %11s %9s %9s %7s %9s %10s %9s\n",
+              "B", "ms", "x B=1", "tok/s", "%floor", "eager_ms", "calls", "enq_ms", "greedy_ms",
+              "x B=1");
   json jb = json::array();
   std::vector<std::unique_ptr<model::ModelState>> states;
   so.capacity = 128;
   so.max_verify_columns = 1;
-  double b1 = 0;
+  double b1 = 0, b1_lean = 0;
   for (int b : {1, 2, 4, 8, 16, 32, 64}) {
     while (static_cast<int>(states.size()) < b) {
       auto s = m->NewState(so);
@@ -387,6 +408,8 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
     }
     // Each call appends a row; contexts grow from 32 to at most 32 + 13.
     const double ms = WallMs(3, 10, [&] { BENCH_CHECK(m->DecodeBatch(ptrs, toks, &r)); });
+    const double ms_lean =
+        WallMs(2, 10, [&] { BENCH_CHECK(m->DecodeBatch(ptrs, toks, &lean)); });
     m->set_use_graphs(false);
     const double eager_ms =
         WallMs(1, 5, [&] { BENCH_CHECK(m->DecodeBatch(ptrs, toks, &r)); });
@@ -396,11 +419,16 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
     const double enq_ms =
         std::chrono::duration<double, std::milli>(rb.first_host_copy() - e0).count();
     const int ops = rb.ops();
-    if (b == 1) b1 = ms;
-    std::printf("%6d %9.2f %9.3f %11.1f %8.1f%% %9.2f %7d %9.2f\n", b, ms, ms / b1,
-                b * 1e3 / ms, 100 * floor_ms / ms, eager_ms, ops, enq_ms);
+    if (b == 1) {
+      b1 = ms;
+      b1_lean = ms_lean;
+    }
+    std::printf("%6d %9.2f %9.3f %11.1f %8.1f%% %9.2f %7d %9.2f %10.2f %9.3f\n", b, ms, ms / b1,
+                b * 1e3 / ms, 100 * floor_ms / ms, eager_ms, ops, enq_ms, ms_lean,
+                ms_lean / b1_lean);
     jb.push_back({{"B", b}, {"ms", ms}, {"x_b1", ms / b1}, {"tok_s", b * 1e3 / ms},
-                  {"eager_ms", eager_ms}, {"ops", ops}, {"enqueue_ms", enq_ms}});
+                  {"eager_ms", eager_ms}, {"ops", ops}, {"enqueue_ms", enq_ms},
+                  {"greedy_ms", ms_lean}, {"greedy_x_b1", ms_lean / b1_lean}});
     if (b == 64) {
       rb.StartTimeline();
       BENCH_CHECK(m->DecodeBatch(ptrs, toks, &r));

@@ -188,6 +188,47 @@ TEST_P(ExactnessTest, VerifyColumnsEqualDecode) {
   }
 }
 
+// A pass without logits (greedy decoding) gives the same argmax, hidden and
+// finiteness flags as one with, and CopyLogitsRow returns the bytes the
+// full copy would have held.
+TEST_P(ExactnessTest, PassWithoutLogitsKeepsArgmaxAndFetchesRows) {
+  const std::vector<int32_t> prompt = RandomTokens(9);
+  const std::vector<int32_t> cols = RandomTokens(4);
+  auto a = NewState(), b = NewState();
+  ForwardResult r;
+  ASSERT_TRUE(model_->Prefill(a.get(), prompt, {}, &r).ok());
+  ASSERT_TRUE(model_->Prefill(b.get(), prompt, {}, &r).ok());
+  ASSERT_EQ(r.finite, std::vector<int32_t>{1});
+
+  ForwardResult full, lean;
+  lean.want_logits = false;
+  ASSERT_TRUE(model_->Verify(a.get(), cols, &full).ok());
+  ASSERT_TRUE(model_->Verify(b.get(), cols, &lean).ok());
+  EXPECT_TRUE(lean.logits.empty());
+  EXPECT_EQ(lean.argmax, full.argmax);
+  EXPECT_EQ(lean.finite, std::vector<int32_t>(cols.size(), 1));
+  EXPECT_EQ(lean.hidden, full.hidden);
+  std::vector<float> row;
+  for (int j = 0; j < static_cast<int>(cols.size()); ++j) {
+    ASSERT_TRUE(model_->CopyLogitsRow(j, &row).ok());
+    EXPECT_TRUE(SameBytes(row, full.logits.data() + j * V_, V_)) << "row " << j;
+  }
+  EXPECT_EQ(model_->CopyLogitsRow(static_cast<int>(cols.size()), &row).code(),
+            absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE(model_->CommitVerified(a.get(), 1).ok());
+  ASSERT_TRUE(model_->CommitVerified(b.get(), 1).ok());
+
+  ForwardResult dfull, dlean;
+  dlean.want_logits = false;
+  ASSERT_TRUE(model_->Decode(a.get(), cols[2], &dfull).ok());
+  ASSERT_TRUE(model_->Decode(b.get(), cols[2], &dlean).ok());
+  EXPECT_TRUE(dlean.logits.empty());
+  EXPECT_EQ(dlean.argmax, dfull.argmax);
+  EXPECT_EQ(dlean.finite, std::vector<int32_t>{1});
+  ASSERT_TRUE(model_->CopyLogitsRow(0, &row).ok());
+  EXPECT_TRUE(SameBytes(row, dfull.logits.data(), V_));
+}
+
 TEST_P(ExactnessTest, PrefillEqualsTokenByTokenDecode) {
   // 70 > kMaxRows: the prefill runs in two chunks.
   for (int len : {1, 5, 17, Model::kMaxRows + 6}) {

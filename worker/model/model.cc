@@ -63,7 +63,7 @@ absl::Status Model::EnsureWorkspace() {
   SS_RETURN_IF_ERROR(floats(&ws->mtp_cat, 2 * H));
   SS_RETURN_IF_ERROR(floats(&ws->mtp_in, H));
   SS_RETURN_IF_ERROR(floats(&ws->logits, c.vocab_size));
-  SS_RETURN_IF_ERROR(floats(&ws->argmax, 1));
+  SS_RETURN_IF_ERROR(floats(&ws->argmax, 2));
   {
     const size_t entries =
         2 * static_cast<size_t>(c.num_hidden_layers) * R + (R + 1) / 2;
@@ -248,12 +248,14 @@ absl::Status Model::LmHead(int row0, int n) {
   Workspace& ws = *ws_;
   SS_RETURN_IF_ERROR(backend_->Matmul(kernels::DenseMatmul(
       n, ws.hidden.f32() + row0 * H, weights_.lm_head, ws.logits.f32())));
+  lm_head_rows_ = n;
   kernels::ArgmaxParams am;
   am.rows = n;
   am.cols = V;
   am.x = ws.logits.f32();
   am.x_stride = V;
   am.out = static_cast<int32_t*>(ws.argmax.data());
+  am.finite = am.out + n;
   return backend_->Argmax(am);
 }
 
@@ -263,16 +265,35 @@ absl::Status Model::CopyRowsOut(int row0, int n, ForwardResult* out) {
   Workspace& ws = *ws_;
   const size_t old = out->rows;
   out->rows += n;
-  out->logits.resize(out->rows * V);
+  if (out->want_logits) {
+    out->logits.resize(out->rows * V);
+    SS_RETURN_IF_ERROR(be.CopyToHost(out->logits.data() + old * V,
+                                     ws.logits.data(), n * V * sizeof(float)));
+  }
   out->hidden.resize(out->rows * H);
-  out->argmax.resize(out->rows);
-  SS_RETURN_IF_ERROR(be.CopyToHost(out->logits.data() + old * V,
-                                   ws.logits.data(), n * V * sizeof(float)));
   SS_RETURN_IF_ERROR(be.CopyToHost(out->hidden.data() + old * H,
                                    ws.hidden.f32() + row0 * H,
                                    n * H * sizeof(float)));
-  return be.CopyToHost(out->argmax.data() + old, ws.argmax.data(),
-                       n * sizeof(int32_t));
+  // [argmax n | finite n] in one copy.
+  std::vector<int32_t> flags(2 * n);
+  SS_RETURN_IF_ERROR(
+      be.CopyToHost(flags.data(), ws.argmax.data(), flags.size() * sizeof(int32_t)));
+  out->argmax.resize(out->rows);
+  out->finite.resize(out->rows);
+  std::copy(flags.begin(), flags.begin() + n, out->argmax.begin() + old);
+  std::copy(flags.begin() + n, flags.end(), out->finite.begin() + old);
+  return absl::OkStatus();
+}
+
+absl::Status Model::CopyLogitsRow(int row, std::vector<float>* logits) const {
+  if (ws_ == nullptr || row < 0 || row >= lm_head_rows_) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "logits row ", row, ": the latest pass produced ", lm_head_rows_, " rows"));
+  }
+  const int64_t V = config_.vocab_size;
+  logits->resize(V);
+  return backend_->CopyToHost(logits->data(), ws_->logits.f32() + row * V,
+                              V * sizeof(float));
 }
 
 absl::Status Model::CheckPrefill(const ModelState& state,

@@ -236,9 +236,16 @@ struct ForwardResult {
   // Position of row 0 (rows follow on). −1 for DecodeBatch, whose row i is
   // session i's token at that session's own position.
   int first_position = 0;
-  std::vector<float> logits;    // [rows][V]
+  // A request, set before the call (Clear keeps it): false leaves `logits`
+  // empty, saving the [rows][V] copy to the host (what greedy decoding
+  // skips: it needs only argmax and finite). Model::CopyLogitsRow fetches
+  // a row afterwards while the pass's logits are still in the workspace.
+  bool want_logits = true;
+  std::vector<float> logits;    // [rows][V] (empty unless want_logits)
   std::vector<float> hidden;    // [rows][H]: final-norm hidden (lm_head input)
   std::vector<int32_t> argmax;  // [rows]: greedy token of each row
+  std::vector<int32_t> finite;  // [rows]: 1 when every logit of the row is
+                                // finite, 0 when one is NaN or ±inf
 
   // Empty, with row 0 at `position` (keeps the vectors' capacity).
   void Clear(int position) {
@@ -247,6 +254,13 @@ struct ForwardResult {
     logits.clear();
     hidden.clear();
     argmax.clear();
+    finite.clear();
+  }
+  bool AllFinite() const {
+    for (int32_t f : finite) {
+      if (f == 0) return false;
+    }
+    return true;
   }
 };
 
@@ -323,6 +337,12 @@ class Model {
   absl::Status CommitVerified(ModelState* state, int column);
   // Drops the pending Verify without committing any column.
   void DiscardVerified(ModelState* state) const;
+
+  // Copies row `row` of the logits of the latest lm_head pass (the rows the
+  // latest Decode, DecodeBatch, Verify or MtpDraft produced, counted from 0)
+  // into `logits` ([V]). Valid until the next forward call on this model;
+  // OUT_OF_RANGE for a row that pass did not produce.
+  absl::Status CopyLogitsRow(int row, std::vector<float>* logits) const;
 
   // ---- Recorded steps (a backend that CanRecord: CUDA graphs on the GPU,
   // op closures on the CPU).
@@ -530,6 +550,7 @@ class Model {
   std::unique_ptr<Workspace> ws_;
   bool use_graphs_ = true;
   GraphStats graph_stats_;
+  int lm_head_rows_ = 0;  // rows of the latest LmHead (CopyLogitsRow)
   // Decode and draft recordings hold only workspace addresses (valid for
   // the model's lifetime); a key's first use runs op by op (lazy
   // allocation cannot be recorded).

@@ -28,7 +28,8 @@ struct Model::Workspace {
   Buffer mtp_cat;   // [R][2·H] [norm_emb(e) | norm_hid(h)]
   Buffer mtp_in;    // [R][H] trunk hiddens given to the MTP head
   Buffer logits;    // [R][V]
-  Buffer argmax;    // int32 [R]
+  Buffer argmax;    // int32 [2R]: a pass of n rows puts its argmax at
+                    // [0, n) and its finite flags at [n, 2n) (one copy)
   // Session table (DecodeBatch of B > 1 sessions, every recorded step),
   // uploaded once per step: per full-attention layer i, K then V cache
   // pointers [B] at entries 2i·B and (2i+1)·B; per linear layer j, conv

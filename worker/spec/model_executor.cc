@@ -45,6 +45,8 @@ absl::Status ModelExecutor::Decode(model::ModelState* state, int32_t token,
         tokens.push_back(s->token);
       }
       model::ForwardResult all;
+      all.want_logits = false;
+      for (Step* s : batch) all.want_logits = all.want_logits || s->out->want_logits;
       absl::Status status = model_->DecodeBatch(states, tokens, &all);
       if (!status.ok() && batch.size() > 1) {
         // One bad step (e.g. a full cache) must not fail its batch-mates:
@@ -66,11 +68,16 @@ absl::Status ModelExecutor::Decode(model::ModelState* state, int32_t token,
         {
           s->out->rows = 1;
           s->out->first_position = s->state->length() - 1;
-          s->out->logits.assign(all.logits.begin() + i * V,
-                                all.logits.begin() + (i + 1) * V);
+          if (s->out->want_logits) {
+            s->out->logits.assign(all.logits.begin() + i * V,
+                                  all.logits.begin() + (i + 1) * V);
+          } else {
+            s->out->logits.clear();
+          }
           s->out->hidden.assign(all.hidden.begin() + i * H,
                                 all.hidden.begin() + (i + 1) * H);
           s->out->argmax = {all.argmax[i]};
+          s->out->finite = {all.finite[i]};
         }
       }
     }

@@ -96,11 +96,10 @@ absl::Status SpecEngine::AppendLocked(SpecSession* s,
     SS_RETURN_IF_ERROR(FillMtpLocked(s, first_row, hiddens, next_tokens));
   }
   s->committed.insert(s->committed.end(), tokens.begin(), tokens.end());
-  const int V = model_->config().vocab_size;
   // r holds the last row only.
   s->last_hidden() = r.hidden;
   s->last_logits() = r.logits;
-  if (!AllFinite(s->last_logits().data(), V)) return NonFinite(s->id());
+  if (!r.AllFinite()) return NonFinite(s->id());
   s->next_pred = r.argmax[0];
   return absl::OkStatus();
 }
@@ -129,6 +128,8 @@ absl::Status SpecEngine::CommitOne(SpecSession* s, int32_t tok,
   }
   s->committed.push_back(tok);
   s->last_hidden() = out->hidden;
+  // Without logits (a greedy step, which leaves a token pending) the old
+  // ones are stale: last_logits is read only when nothing is pending.
   s->last_logits() = out->logits;
   return absl::OkStatus();
 }
@@ -189,8 +190,15 @@ absl::StatusOr<int32_t> SpecEngine::Choose(SpecSession* s, const BurstCtx& b,
 absl::Status SpecEngine::PlainStep(SpecSession* s, const BurstCtx& b,
                                    int32_t* next_token) {
   model::ForwardResult r;
+  // Greedy needs only the device's argmax and finiteness flag.
+  r.want_logits = !b.params.sampling.greedy();
   SS_RETURN_IF_ERROR(CommitOne(s, *s->pending_tok, &r));
-  SS_ASSIGN_OR_RETURN(*next_token, Choose(s, b, r.logits.data()));
+  if (r.want_logits) {
+    SS_ASSIGN_OR_RETURN(*next_token, Choose(s, b, r.logits.data()));
+  } else {
+    if (b.Injects(1) || !r.AllFinite()) return NonFinite(s->id());
+    *next_token = r.argmax[0];
+  }
   s->pending_tok = *next_token;
   return absl::OkStatus();
 }
@@ -212,8 +220,9 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
   int32_t tok = x;
   for (int i = 0; i < k; ++i) {
     model::ForwardResult d;
+    d.want_logits = !greedy;
     SS_RETURN_IF_ERROR(model_->MtpDraft(s->caches(), h, tok, L - 1 + i, &d));
-    if (!AllFinite(d.logits.data(), V)) return NonFinite(s->id());
+    if (!d.AllFinite()) return NonFinite(s->id());
     if (greedy) {
       tok = d.argmax[0];
     } else {
@@ -230,9 +239,10 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
   std::vector<int32_t> columns = {x};
   columns.insert(columns.end(), drafts.begin(), drafts.end());
   model::ForwardResult v;
+  v.want_logits = !greedy;
   SS_RETURN_IF_ERROR(model_->Verify(s->caches(), columns, &v));
   ++trunk_passes_;
-  if (b.Injects(k + 1) || !AllFinite(v.logits.data(), (k + 1) * V)) {
+  if (b.Injects(k + 1) || !v.AllFinite()) {
     model_->DiscardVerified(s->caches());
     return NonFinite(s->id());
   }
@@ -263,8 +273,9 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
                       columns.begin() + n + 1);
   s->last_hidden().assign(v.hidden.begin() + static_cast<size_t>(n) * H,
                           v.hidden.begin() + static_cast<size_t>(n + 1) * H);
-  s->last_logits().assign(v.logits.begin() + static_cast<size_t>(n) * V,
-                          v.logits.begin() + static_cast<size_t>(n + 1) * V);
+  // The bonus token stays pending, so last_logits (read only when nothing
+  // is pending) is not needed: the next Flush sets it.
+  s->last_logits().clear();
   s->pending_tok = out.bonus;
   s->telem.RecordRound(k, n);
   emitted->assign(drafts.begin(), drafts.begin() + n);

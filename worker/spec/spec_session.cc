@@ -53,6 +53,11 @@ void SpecSession::CheckInvariants() const {
     CHECK_LT(caches_->length(), caches_->capacity())
         << "session " << id_ << ": no row left for the pending token";
   }
+  if (!pending_tok.has_value() && committed_len() > 0) {
+    // The first token of the next burst may be sampled from them.
+    CHECK(!last_logits_.empty())
+        << "session " << id_ << ": nothing pending but no last logits";
+  }
   if (can_draft() && committed_len() > 0) {
     CHECK_EQ(caches_->mtp_length(), committed_len() - 1)
         << "session " << id_ << ": MTP KV is not filled up to the last row";

@@ -86,8 +86,10 @@ class SpecSession {
 
   model::ModelState* caches() { return caches_.get(); }
   const model::ModelState* caches() const { return caches_.get(); }
-  // Hidden and logits of the last committed row (valid once committed is
-  // non-empty).
+  // Hidden and logits of the last committed row. The hidden is valid once
+  // committed is non-empty; the logits only while no token is pending
+  // (they choose a burst's first token; greedy steps that leave a token
+  // pending do not copy them from the device).
   std::vector<float>& last_hidden() { return last_hidden_; }
   std::vector<float>& last_logits() { return last_logits_; }
 
