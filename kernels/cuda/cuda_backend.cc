@@ -14,6 +14,10 @@
 namespace specserve::kernels::cuda {
 namespace {
 
+// The matmul's pre-split x: 64 rows of in <= 32768 at 2 bf16 terms, in <=
+// 21845 at 3 (in/64 steps × 16 or 24 KiB); longer rows stage x per block.
+constexpr size_t kMatmulXFragBytes = size_t{8} << 20;
+
 bool Overlaps(const void* a, const void* b, size_t bytes) {
   const auto x = reinterpret_cast<uintptr_t>(a);
   const auto y = reinterpret_cast<uintptr_t>(b);
@@ -61,21 +65,24 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
   const size_t counter_bytes = MmaMatmulCounters() * sizeof(int);
   SS_ASSIGN_OR_RETURN(DeviceMemory counters, AllocateDevice(counter_bytes));
   SS_CUDA_RETURN_IF_ERROR(cudaMemset(counters.get(), 0, counter_bytes), "cudaMemset");
+  SS_ASSIGN_OR_RETURN(DeviceMemory x_frags, AllocateDevice(kMatmulXFragBytes));
   SS_ASSIGN_OR_RETURN(PinnedMemory flag, AllocatePinned(sizeof(int)));
   *static_cast<int*>(flag.get()) = 0;
   return std::unique_ptr<Backend>(new CudaBackend(
       options.device, std::move(stream), std::move(workspace), options.workspace_bytes,
-      std::move(counters), options.matmul_x_splits, std::move(flag)));
+      std::move(counters), std::move(x_frags), options.matmul_x_splits, std::move(flag)));
 }
 
 CudaBackend::CudaBackend(int device, CudaStream stream, DeviceMemory workspace,
                          size_t workspace_bytes, DeviceMemory matmul_counters,
-                         int matmul_x_splits, PinnedMemory error_flag)
+                         DeviceMemory matmul_x_frags, int matmul_x_splits,
+                         PinnedMemory error_flag)
     : device_(device),
       stream_(std::move(stream)),
       workspace_(std::move(workspace)),
       workspace_bytes_(workspace_bytes),
       matmul_counters_(std::move(matmul_counters)),
+      matmul_x_frags_(std::move(matmul_x_frags)),
       matmul_x_splits_(matmul_x_splits),
       error_flag_(std::move(error_flag)) {}
 
@@ -298,6 +305,7 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
   MatmulResources r;
   r.ws = Workspace{workspace_.get(), workspace_bytes_};
   r.counters = static_cast<int*>(matmul_counters_.get());
+  r.x_frags = Workspace{matmul_x_frags_.get(), kMatmulXFragBytes};
   r.x_splits = matmul_x_splits_;
   if (p.norm_weight != nullptr || p.swiglu) {  // (fused or not: LaunchMatmul decides)
     const size_t need = static_cast<size_t>(p.rows * p.in) * sizeof(float);

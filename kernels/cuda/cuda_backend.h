@@ -109,6 +109,7 @@ class CudaBackend : public Backend {
       const CudaBackendOptions& options);
   CudaBackend(int device, CudaStream stream, DeviceMemory workspace,
               size_t workspace_bytes, DeviceMemory matmul_counters,
+              DeviceMemory matmul_x_frags,
               int matmul_x_splits, PinnedMemory error_flag);
 
   // Makes device_ current on the calling thread.
@@ -122,6 +123,7 @@ class CudaBackend : public Backend {
   DeviceMemory workspace_;
   const size_t workspace_bytes_;
   DeviceMemory matmul_counters_;  // MmaMatmulCounters() ints, kept zero
+  DeviceMemory matmul_x_frags_;   // kMatmulXFragBytes: pre-split x (> 16 rows)
   // Unfused fused-norm matmuls (ops.h MatmulResources); grows on demand.
   DeviceMemory norm_scratch_;
   size_t norm_scratch_bytes_ = 0;

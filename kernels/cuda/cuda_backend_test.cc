@@ -136,7 +136,7 @@ const int kRows[] = {1, 3, 7, 17};
 
 TEST_F(CudaBackendTest, Matmul) {
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (int rows : {1, 2, 3, 4, 5, 7, 8, 9, 17, 64}) {
+    for (int rows : {1, 2, 3, 4, 5, 7, 8, 9, 17, 40, 64}) {
       for (int in : {1, 3, 7, 8, 17, 40, 129, 256, 264, 1000}) {
         for (int out : {1, 3, 7, 17, 33, 100}) {
           const bool acc = (rows + in + out) % 2 == 0;

@@ -199,7 +199,7 @@ absl::Status LaunchMatmul(const MatmulParams& p, const MatmulResources& r,
     return LaunchMatmul(plain, r, stream);
   }
   if (mma) {
-    return LaunchMmaMatmul(p, r.x_splits, r.ws, r.counters, stream);
+    return LaunchMmaMatmul(p, r.x_splits, r.ws, r.x_frags, r.counters, stream);
   }
   switch (p.w_dtype) {
     case DType::kF32:

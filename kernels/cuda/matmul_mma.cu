@@ -46,6 +46,14 @@
 // sums go to y; a piece's go to the workspace, where the last piece of its
 // tile to finish adds them in piece order.
 //
+// Pre-split x (more than 16 tokens, when `x_frags` holds them): a first
+// kernel (SplitXKernel) writes every 64-k step's fragments once, in the
+// order the warps read them; the matmul's blocks copy them a tile ahead
+// into a second shared-memory stage with cp.async, so no block splits x or
+// waits for its x loads between tiles. Both paths build fragments with
+// XFragments and feed the same mma sequence, so the bits do not depend on
+// the path (nor on T).
+//
 // Fused norm (MatmulParams.norm_weight, at most kMaxFusedNormRows tokens):
 // after the wait, the block computes each token's 1/rms exactly as RmsNorm
 // does (rms_inv.cuh) and normalises x while staging it, so the result is
@@ -198,9 +206,99 @@ __device__ __forceinline__ void LoadX8(const float* src, bool vec, float (&v)[8]
   }
 }
 
+// store(s, fragment) for the SPLITS bf16 fragments (s = 0 is hi) of
+// x[tok][k, k+8) as the matmul consumes them: the swiglu / fused-norm
+// prologue applied, zeros for a token or k out of range (k >= kend). The
+// staging in the kernel and the pre-split kernel both build fragments here,
+// so they hold the same bits.
+template <int SPLITS, typename Store>
+__device__ __forceinline__ void XFragments(const MatmulParams& p, const float* xb, int tokens,
+                                           int tok, int64_t k, int64_t kend, bool x_vec,
+                                           bool norm, const float* inv_rms, Store&& store) {
+  float v[8];
+  if (tok < tokens && k < kend) {
+    const float* src = xb + tok * p.x_stride + k;
+    LoadX8(src, x_vec, v);
+    if (p.swiglu) {  // v is the gate; the up half is `in` further on
+      float up[8];
+      LoadX8(src + p.in, x_vec, up);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = SwigluElem(v[e], up[e]);
+    }
+    if (norm) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        v[e] = NormedElem(v[e], inv_rms[tok], p.norm_weight, k + e, p.norm_plus_one);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+  }
+#pragma unroll
+  for (int s = 0; s < SPLITS; ++s) {
+    uint4 f;
+    f.x = SplitPair(v[0], v[1]);
+    f.y = SplitPair(v[2], v[3]);
+    f.z = SplitPair(v[4], v[5]);
+    f.w = SplitPair(v[6], v[7]);
+    store(s, f);
+  }
+}
+
+__device__ __forceinline__ bool XVectorLoads(const MatmulParams& p) {
+  return (reinterpret_cast<uintptr_t>(p.x) % 16 == 0) && (p.x_stride % 4 == 0) &&
+         (!p.swiglu || p.in % 4 == 0);
+}
+
+// Fragments of one 64-k step for NT·8 tokens, in the order the kernel reads
+// them from shared memory: [SPLITS][NT][2 halves][32 lanes] uint4.
 template <int NT, int SPLITS>
-__global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) MmaMatmulKernel(MmaArgs a) {
-  extern __shared__ uint4 xs[];  // [kRing][SPLITS][NT][2 halves][32 lanes]
+constexpr int kStepFragments = SPLITS * NT * 2 * 32;
+
+// Pre-split x (NT >= kPresplitMinNT): xf[step][...] = the fragments of
+// 64-k step `step` of tokens [t0, t0 + tokens), built once per call instead
+// of by every block. Block `step`, thread per (token, 8-wide chunk).
+template <int NT, int SPLITS>
+__global__ void __launch_bounds__(kThreads) SplitXKernel(MatmulParams p, int64_t t0, int tokens,
+                                                         uint4* xf) {
+  PdlBegin();
+  const int64_t step = blockIdx.x;
+  const bool x_vec = XVectorLoads(p);
+  const float* xb = p.x + t0 * p.x_stride;
+  uint4* out = xf + step * kStepFragments<NT, SPLITS>;
+  for (int item = threadIdx.x; item < NT * 8 * 8; item += kThreads) {
+    const int tok = item >> 3, c = item & 7;  // chunk c: k = step·64 + c·8
+    const int kl = c * 8;
+    const int qq = (kl >> 4) & 3, h = (kl >> 3) & 1;
+    const int dst_lane = (tok & 7) * 4 + qq, n = tok >> 3;
+    XFragments<SPLITS>(p, xb, tokens, tok, step * kStepK + c * 8, p.in, x_vec, false, nullptr,
+                       [&](int s, uint4 f) { out[((s * NT + n) * 2 + h) * 32 + dst_lane] = f; });
+  }
+}
+
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// PRESPLIT: x comes as pre-split fragments (xf, SplitXKernel), copied a
+// kRing-step tile ahead into a second shared-memory stage (cp.async) while
+// the current tile is consumed; otherwise every block splits and stages x
+// itself. Either way the fragments and the mma sequence are the same.
+template <int NT, int SPLITS, bool PRESPLIT>
+__global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1)
+    MmaMatmulKernel(MmaArgs a, const uint4* __restrict__ xf) {
+  // [stages][kRing][SPLITS][NT][2 halves][32 lanes]; 2 stages when PRESPLIT.
+  extern __shared__ uint4 xs_all[];
+  constexpr int kTileFragments = kRing * kStepFragments<NT, SPLITS>;
   __shared__ int is_last;
   __shared__ double sm_part[8][kRmsBlockThreads / 32];
   __shared__ float sm_inv[8];  // fused norm: 1/rms of each token (NT == 1)
@@ -238,9 +336,34 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) MmaMatmulKernel(Mma
   for (int u = 0; u < kRing; ++u) load_next(u);
   PdlWait();  // only the weights were read before this
 
-  const bool x_vec = (reinterpret_cast<uintptr_t>(p.x) % 16 == 0) && (p.x_stride % 4 == 0) &&
-                     (!p.swiglu || p.in % 4 == 0);
+  const bool x_vec = XVectorLoads(p);
   const float* xb = p.x + a.t0 * p.x_stride;
+
+  // PRESPLIT: the x loader runs one tile ahead of the consumer, across
+  // units, into the other stage. Padded steps past a unit's data are not
+  // copied (the consumer skips them).
+  Cursor xc = FirstOf(a, blockIdx.x);
+  int xkt = 0;
+  auto issue_x_tile = [&](int stage) {
+    if (xc.part < a.parts) {
+      const UnitView v = ViewUnit(a, xc, warp, g, q);
+      const int first = xkt * kRing;
+      const int steps = min(kRing, v.nsteps - first);
+      const uint4* src =
+          xf + (v.kbeg / kStepK + first) * static_cast<int64_t>(kStepFragments<NT, SPLITS>);
+      uint4* dst = xs_all + stage * kTileFragments;
+      for (int i = tid; i < steps * kStepFragments<NT, SPLITS>; i += kThreads) {
+        CpAsync16(dst + i, src + i);
+      }
+      if (++xkt == v.padded / kRing) {
+        xkt = 0;
+        xc = NextUnit(a, xc, v);
+      }
+    }
+    CpAsyncCommit();  // (empty past the last tile: the group count stays uniform)
+  };
+  int stage = 0;
+  if constexpr (PRESPLIT) issue_x_tile(0);
 
   // Fused norm (at most 8 tokens, so NT == 1): each token's 1/rms exactly
   // as RmsNorm computes it (rms_inv.cuh), then x is normalised as staged.
@@ -272,44 +395,25 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) MmaMatmulKernel(Mma
     }
     for (int kt = 0; kt < cv.padded / kRing; ++kt) {
       __syncthreads();  // the previous tile's fragments are consumed
-      // Stage x[tokens][kt's 256 k] as split bf16 fragments.
-      const int64_t ktile = cv.kbeg + static_cast<int64_t>(kt) * kTileK;
+      const uint4* xs = xs_all + stage * kTileFragments;
+      if constexpr (PRESPLIT) {
+        issue_x_tile(stage ^ 1);  // the stage consumed by the previous tile
+        CpAsyncWait<1>();         // this thread's copies of the current tile
+        stage ^= 1;
+      } else {
+        // Stage x[tokens][kt's 256 k] as split bf16 fragments.
+        const int64_t ktile = cv.kbeg + static_cast<int64_t>(kt) * kTileK;
 #pragma unroll
-      for (int it = 0; it < NT; ++it) {
-        const int item = it * kThreads + tid;  // (token, 8-wide chunk)
-        const int tok = item >> 5, c = item & 31;
-        const int64_t k = ktile + c * 8;
-        float v[8];
-        if (tok < a.tokens && k < kend) {
-          const float* src = xb + tok * p.x_stride + k;
-          LoadX8(src, x_vec, v);
-          if (p.swiglu) {  // v is the gate; the up half is `in` further on
-            float up[8];
-            LoadX8(src + p.in, x_vec, up);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v[e] = SwigluElem(v[e], up[e]);
-          }
-          if (fused_norm) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-              v[e] = NormedElem(v[e], sm_inv[tok], p.norm_weight, k + e, p.norm_plus_one);
-            }
-          }
-        } else {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = 0.0f;
-        }
-        const int kl = c * 8;  // 0..255 within the tile
-        const int u = kl >> 6, qq = (kl >> 4) & 3, h = (kl >> 3) & 1;
-        const int dst_lane = (tok & 7) * 4 + qq, n = tok >> 3;
-#pragma unroll
-        for (int s = 0; s < SPLITS; ++s) {
-          uint4 f;
-          f.x = SplitPair(v[0], v[1]);
-          f.y = SplitPair(v[2], v[3]);
-          f.z = SplitPair(v[4], v[5]);
-          f.w = SplitPair(v[6], v[7]);
-          xs[(((u * SPLITS + s) * NT + n) * 2 + h) * 32 + dst_lane] = f;
+        for (int it = 0; it < NT; ++it) {
+          const int item = it * kThreads + tid;  // (token, 8-wide chunk)
+          const int tok = item >> 5, c = item & 31;
+          const int kl = c * 8;  // 0..255 within the tile
+          const int u = kl >> 6, qq = (kl >> 4) & 3, h = (kl >> 3) & 1;
+          const int dst_lane = (tok & 7) * 4 + qq, n = tok >> 3;
+          XFragments<SPLITS>(p, xb, a.tokens, tok, ktile + c * 8, kend, x_vec,
+                             fused_norm, sm_inv, [&](int s, uint4 f) {
+                               xs_all[(((u * SPLITS + s) * NT + n) * 2 + h) * 32 + dst_lane] = f;
+                             });
         }
       }
       __syncthreads();
@@ -369,15 +473,38 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) MmaMatmulKernel(Mma
     __threadfence();
     const int64_t o0 = cv.tile * kTileOut;
     const int64_t piece_stride = static_cast<int64_t>(a.tokens) * p.out;
-    for (int idx = tid; idx < a.tokens * kTileOut; idx += kThreads) {
-      const int tok = idx / kTileOut;
-      const int64_t o = o0 + idx % kTileOut;
-      if (o >= p.out) continue;
-      const float* src = a.partial + static_cast<int64_t>(tok) * p.out + o;
-      float sum = __ldcg(src);
-      for (int s = 1; s < cv.pieces; ++s) sum = __fadd_rn(sum, __ldcg(src + s * piece_stride));
-      float* y = p.y + (a.t0 + tok) * p.y_stride + o;
-      *y = p.accumulate ? __fadd_rn(*y, sum) : sum;
+    // kE outputs per thread at a time, so that many loads are in flight (at
+    // 64 tokens a tile has 8192 outputs); each output's sum stays in piece
+    // order.
+    constexpr int kE = NT >= 4 ? 4 : 1;
+    const int total = a.tokens * kTileOut;
+    for (int base = tid; base < total; base += kThreads * kE) {
+      const float* src[kE];
+      float sum[kE];
+      bool ok[kE];
+#pragma unroll
+      for (int e = 0; e < kE; ++e) {
+        const int idx = base + e * kThreads;
+        const int tok = idx / kTileOut;
+        const int64_t o = o0 + idx % kTileOut;
+        ok[e] = idx < total && o < p.out;
+        src[e] = a.partial + static_cast<int64_t>(tok) * p.out + o;
+        sum[e] = ok[e] ? __ldcg(src[e]) : 0.0f;
+      }
+#pragma unroll 4
+      for (int s = 1; s < cv.pieces; ++s) {
+#pragma unroll
+        for (int e = 0; e < kE; ++e) {
+          if (ok[e]) sum[e] = __fadd_rn(sum[e], __ldcg(src[e] + s * piece_stride));
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < kE; ++e) {
+        if (!ok[e]) continue;
+        const int idx = base + e * kThreads;
+        float* y = p.y + (a.t0 + idx / kTileOut) * p.y_stride + o0 + idx % kTileOut;
+        *y = p.accumulate ? __fadd_rn(*y, sum[e]) : sum[e];
+      }
     }
     if (tid == 0) a.counters[cv.tile] = 0;
   }
@@ -385,10 +512,10 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1) MmaMatmulKernel(Mma
 
 // Blocks of one kernel instance resident on the device at once (cached;
 // every device a process uses is the same model).
-template <int NT, int SPLITS>
+template <int NT, int SPLITS, bool PRESPLIT>
 int64_t ResidentBlocks(size_t smem) {
   static const int64_t blocks = [&] {
-    auto kernel = MmaMatmulKernel<NT, SPLITS>;
+    auto kernel = MmaMatmulKernel<NT, SPLITS, PRESPLIT>;
     int device = 0, sms = 0, per_sm = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
@@ -403,24 +530,48 @@ int64_t ResidentBlocks(size_t smem) {
   return blocks;
 }
 
+// Pre-split x from this many N-tiles of 8 tokens (T > 16) when the
+// fragments fit `x_frags`; fewer tokens keep the in-block staging (the
+// decode path: one launch, and x is small).
+constexpr int kPresplitMinNT = 4;
+
 template <int NT, int SPLITS>
-absl::Status Launch(const MmaArgs& a, cudaStream_t stream) {
-  const size_t smem = sizeof(uint4) * kRing * SPLITS * NT * 2 * 32;
-  const int64_t resident = ResidentBlocks<NT, SPLITS>(smem);
-  if (resident <= 0) return absl::InternalError("matmul: no occupancy for the kernel");
-  LaunchPdl(MmaMatmulKernel<NT, SPLITS>,
-            dim3(static_cast<unsigned>(std::min(a.parts, resident))), kThreads, smem,
-            stream, a);
-  return LaunchStatus("matmul (tensor core) launch");
+absl::Status Launch(const MmaArgs& a, const Workspace& x_frags, cudaStream_t stream) {
+  const int64_t steps = CeilDiv(a.p.in, kStepK);
+  const size_t frag_bytes =
+      static_cast<size_t>(steps) * kStepFragments<NT, SPLITS> * sizeof(uint4);
+  const bool presplit = NT >= kPresplitMinNT && frag_bytes <= x_frags.bytes;
+  const size_t tile_bytes = sizeof(uint4) * kRing * kStepFragments<NT, SPLITS>;
+  const dim3 block(kThreads);
+  if (!presplit) {
+    const int64_t resident = ResidentBlocks<NT, SPLITS, false>(tile_bytes);
+    if (resident <= 0) return absl::InternalError("matmul: no occupancy for the kernel");
+    LaunchPdl(MmaMatmulKernel<NT, SPLITS, false>,
+              dim3(static_cast<unsigned>(std::min(a.parts, resident))), block, tile_bytes,
+              stream, a, static_cast<const uint4*>(nullptr));
+    return LaunchStatus("matmul (tensor core) launch");
+  }
+  if constexpr (NT >= kPresplitMinNT) {
+    uint4* xf = static_cast<uint4*>(x_frags.data);
+    LaunchPdl(SplitXKernel<NT, SPLITS>, dim3(static_cast<unsigned>(steps)), block, 0, stream,
+              a.p, a.t0, a.tokens, xf);
+    if (absl::Status s = LaunchStatus("matmul x split launch"); !s.ok()) return s;
+    const int64_t resident = ResidentBlocks<NT, SPLITS, true>(2 * tile_bytes);
+    if (resident <= 0) return absl::InternalError("matmul: no occupancy for the kernel");
+    LaunchPdl(MmaMatmulKernel<NT, SPLITS, true>,
+              dim3(static_cast<unsigned>(std::min(a.parts, resident))), block, 2 * tile_bytes,
+              stream, a, static_cast<const uint4*>(xf));
+  }
+  return LaunchStatus("matmul (tensor core, pre-split x) launch");
 }
 
 template <int SPLITS>
-absl::Status LaunchSplits(const MmaArgs& a, cudaStream_t stream) {
+absl::Status LaunchSplits(const MmaArgs& a, const Workspace& x_frags, cudaStream_t stream) {
   const int nt = (a.tokens + 7) / 8;
-  if (nt <= 1) return Launch<1, SPLITS>(a, stream);
-  if (nt <= 2) return Launch<2, SPLITS>(a, stream);
-  if (nt <= 4) return Launch<4, SPLITS>(a, stream);
-  return Launch<8, SPLITS>(a, stream);
+  if (nt <= 1) return Launch<1, SPLITS>(a, x_frags, stream);
+  if (nt <= 2) return Launch<2, SPLITS>(a, x_frags, stream);
+  if (nt <= 4) return Launch<4, SPLITS>(a, x_frags, stream);
+  return Launch<8, SPLITS>(a, x_frags, stream);
 }
 
 }  // namespace
@@ -451,7 +602,7 @@ int64_t MmaMatmulCounters() { return 16384; }
 void SetMmaMatmulPartsForBenchmark(int parts) { g_force_parts = std::max(parts, 0); }
 
 absl::Status LaunchMmaMatmul(const MatmulParams& p, int splits, const Workspace& ws,
-                             int* counters, cudaStream_t stream) {
+                             const Workspace& x_frags, int* counters, cudaStream_t stream) {
   if (splits != 2 && splits != 3) {
     return absl::InvalidArgumentError("matmul: splits must be 2 or 3");
   }
@@ -482,7 +633,8 @@ absl::Status LaunchMmaMatmul(const MatmulParams& p, int splits, const Workspace&
     a.parts = plan.parts;
     a.partial = static_cast<float*>(ws.data);
     a.counters = counters;
-    absl::Status s = splits == 3 ? LaunchSplits<3>(a, stream) : LaunchSplits<2>(a, stream);
+    absl::Status s = splits == 3 ? LaunchSplits<3>(a, x_frags, stream)
+                                 : LaunchSplits<2>(a, x_frags, stream);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

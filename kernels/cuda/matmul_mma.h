@@ -38,10 +38,13 @@ int64_t MmaMatmulCounters();
 
 // `splits`: 2 or 3 bf16 terms per x element. Uses `ws` for the pieces'
 // partial sums ([max_pieces][tokens][out] floats; calls with more rows than
-// fit run in several launches).
+// fit run in several launches) and, for more than 16 rows, `x_frags` for x
+// split once into bf16 fragments (in/64 steps × 16 KiB at 64 rows and 2
+// terms; where that does not fit, every block splits x itself: the same
+// bits, slower).
 absl::Status LaunchMmaMatmul(const MatmulParams& p, int splits,
-                             const Workspace& ws, int* counters,
-                             cudaStream_t stream);
+                             const Workspace& ws, const Workspace& x_frags,
+                             int* counters, cudaStream_t stream);
 
 }  // namespace specserve::kernels::cuda
 

@@ -58,6 +58,9 @@ struct MatmulResources {
   Workspace ws;
   int* counters = nullptr;
   int x_splits = 2;
+  // The tensor-core matmul's pre-split x for more than 16 rows
+  // (LaunchMmaMatmul); may be empty.
+  Workspace x_frags;
   // A fused-norm matmul the tensor-core kernel does not fuse (more than
   // kMaxFusedNormRows rows, or another path) normalises x here first:
   // needs rows·in floats.

@@ -64,14 +64,31 @@ __global__ void __launch_bounds__(kThreads) ArgmaxKernel(ArgmaxParams p) {
   float best_v = -INFINITY;
   int64_t best_i = INT64_MAX;
   bool finite = true;
-  for (int64_t i = threadIdx.x; i < p.cols; i += kThreads) {
-    const float v = x[i];  // NaN compares false: never taken
+  auto visit = [&](float v, int64_t i) {
     finite = finite && isfinite(v);
-    if (Better(v, i, best_v, best_i)) {
+    if (Better(v, i, best_v, best_i)) {  // NaN compares false: never taken
       best_v = v;
       best_i = i;
     }
+  };
+  // The winner does not depend on the visiting order (Better is a strict
+  // order on (value, index)), so 16-byte loads, several in flight, may scan
+  // an aligned row: one block reads a whole [V] row.
+  int64_t scalar_from = 0;
+  if (reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const int64_t n4 = p.cols / 4;
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < n4; j += kThreads) {
+      const float4 v = x4[j];
+      visit(v.x, 4 * j);
+      visit(v.y, 4 * j + 1);
+      visit(v.z, 4 * j + 2);
+      visit(v.w, 4 * j + 3);
+    }
+    scalar_from = 4 * n4;
   }
+  for (int64_t i = scalar_from + threadIdx.x; i < p.cols; i += kThreads) visit(x[i], i);
   if (!__all_sync(kFullMask, finite) && (threadIdx.x & 31) == 0) sm_finite = 0;
   for (int m = 16; m > 0; m >>= 1) {
     const float ov = __shfl_xor_sync(kFullMask, best_v, m);
