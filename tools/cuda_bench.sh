@@ -26,6 +26,8 @@
 #       3. (e) transformers generate on the same GPU
 #          (tools/cuda_bench/hf_generate.py): greedy ids on models/default
 #          against ours, tokens/s there and on the random 27B shape.
+#   tools/cuda_bench.sh sanitize  (GPU machine) compute-sanitizer memcheck,
+#       racecheck and synccheck over the GPU tests: $OUT/sanitizers.txt.
 #       Writes into $OUT (default /tmp/cuda_bench): checks.log,
 #       cuda_bench.txt, cuda_bench.json, hf_generate.{txt,json}, summary.txt.
 #       Exit 0 only if all passed.
@@ -47,7 +49,7 @@ if [ "$mode" = prepare ]; then
   du -sh "$carry" .carry/pack
   exit 0
 fi
-[ "$mode" = run ] || { echo "usage: $0 [prepare|run]" >&2; exit 2; }
+[ "$mode" = run ] || [ "$mode" = sanitize ] || { echo "usage: $0 [prepare|run|sanitize]" >&2; exit 2; }
 
 # prepare also packs the binaries (.carry/pack/cuda.tar.xz, a fifth of their
 # size: the working tree that travels is capped): carry .carry/pack alone.
@@ -58,6 +60,36 @@ if [ ! -x "$carry/cuda_bench" ] && [ -f .carry/pack/cuda.tar.xz ]; then
 fi
 out="${OUT:-/tmp/cuda_bench}"
 mkdir -p "$out"
+
+if [ "$mode" = sanitize ]; then
+  # compute-sanitizer over the GPU test cases: memcheck of the op, model,
+  # exactness and recorded-step tests; racecheck and synccheck of the
+  # kernels with shared-memory staging (matmul, delta rule, attention,
+  # norms, reductions). Writes $out/sanitizers.txt; exit 0 only if clean.
+  cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+  # (the full Matmul sweep is too slow under racecheck: the fused cases
+  # cover both x paths, the staged and the pre-split one at 64 rows)
+  shared='*MatmulFused*:*MatmulLoadPaths*:*GatedDeltaRule*:*Attention*:*RmsNorm*:*Argmax*:*Conv1d*'
+  runs=("memcheck cuda_backend_test *" "memcheck cuda_model_test *"
+        "memcheck exactness_cuda_test *" "memcheck recorded_steps_cuda_test *"
+        "racecheck cuda_backend_test $shared" "synccheck cuda_backend_test $shared")
+  fail=0
+  : > "$out/sanitizers.txt"
+  for r in "${runs[@]}"; do
+    read -r tool t filter <<< "$r"
+    # CUDA_SANITIZE_TOOLS="racecheck synccheck" runs only those tools.
+    case " ${CUDA_SANITIZE_TOOLS:-memcheck racecheck synccheck} " in *" $tool "*) ;; *) continue ;; esac
+    timeout "${CUDA_SANITIZE_TIMEOUT:-150}" "$cs" --tool "$tool" --error-exitcode 99 \
+      --print-limit 10 "$carry/$t" --gtest_filter="$filter" > "/tmp/san_${tool}_${t}.log" 2>&1
+    rc=$?
+    { echo "===== $tool $t ($filter): rc=$rc"
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard|Invalid|^\[  (PASSED|FAILED)" \
+        "/tmp/san_${tool}_${t}.log" | head -12; } >> "$out/sanitizers.txt"
+    [ $rc = 0 ] || fail=1
+  done
+  cat "$out/sanitizers.txt"
+  exit $fail
+fi
 failed=0
 summary=()
 note() { summary+=("$1 rc=$2"); [ "$2" = 0 ] || failed=1; }

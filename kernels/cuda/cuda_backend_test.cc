@@ -714,17 +714,22 @@ TEST_F(CudaBackendTest, ArgmaxLogSumExpSoftmax) {
   const float inf = INFINITY, nan = NAN;
   const std::vector<float> x = {nan, 1, 2, 2,  -inf, -inf, -inf, -inf,
                                 0,   nan, 3, nan, -0.0f, 0.0f, -1, -0.0f};
-  Dual xd = UpF(x), id = Zeros(4);
-  std::vector<int32_t> am[2];
+  Dual xd = UpF(x), id = Zeros(4), fd = Zeros(4);
+  std::vector<int32_t> am[2], fin[2];
   for (bool g : {false, true}) {
     ArgmaxParams ap;
     ap.rows = 4; ap.cols = 4; ap.x = xd.F(g); ap.x_stride = 4;
     ap.out = static_cast<int32_t*>(id.V(g));
+    ap.finite = static_cast<int32_t*>(fd.V(g));
     ASSERT_TRUE(B(g)->Argmax(ap).ok());
     am[g].resize(4);
+    fin[g].resize(4);
     ASSERT_TRUE(B(g)->CopyToHost(am[g].data(), id.V(g), 16).ok());
+    ASSERT_TRUE(B(g)->CopyToHost(fin[g].data(), fd.V(g), 16).ok());
   }
   EXPECT_EQ(am[0], am[1]) << "argmax corner cases";
+  EXPECT_EQ(fin[1], (std::vector<int32_t>{0, 0, 0, 1})) << "finite flags";
+  EXPECT_EQ(fin[0], fin[1]) << "finite flags, cpu vs cuda";
 }
 
 // ---------------------------------------------------------------- Memory

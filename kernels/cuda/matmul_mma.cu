@@ -155,12 +155,13 @@ struct UnitView {
   int64_t kbeg = 0;
   int klen = 0;     // elements in the piece
   int nsteps = 0;   // 64-k steps holding data
-  int padded = 0;   // nsteps rounded up to kRing (the ring's unit length)
+  int padded = 0;   // nsteps rounded up to the ring's length (its unit)
   int64_t end = 0;  // step after the piece
   const uint16_t* w0 = nullptr;
   const uint16_t* w1 = nullptr;
 };
 
+template <int RING>
 __device__ __forceinline__ UnitView ViewUnit(const MmaArgs& a, Cursor c, int warp, int g,
                                              int q) {
   const MatmulParams& p = a.p;
@@ -177,7 +178,7 @@ __device__ __forceinline__ UnitView ViewUnit(const MmaArgs& a, Cursor c, int war
   v.kbeg = (c.step - tile_begin) * kStepK;
   v.klen = static_cast<int>(min(p.in, (v.end - tile_begin) * kStepK) - v.kbeg);
   v.nsteps = static_cast<int>(v.end - c.step);
-  v.padded = (v.nsteps + kRing - 1) / kRing * kRing;
+  v.padded = (v.nsteps + RING - 1) / RING * RING;
   const int64_t o_base = v.tile * kTileOut + warp * kRowsPerWarp;
   const int64_t r0 = min(o_base + g, p.out - 1);
   const int64_t r1 = min(o_base + g + 8, p.out - 1);
@@ -290,15 +291,21 @@ __device__ __forceinline__ void CpAsyncWait() {
 }
 
 // PRESPLIT: x comes as pre-split fragments (xf, SplitXKernel), copied a
-// kRing-step tile ahead into a second shared-memory stage (cp.async) while
+// RING-step tile ahead into a second shared-memory stage (cp.async) while
 // the current tile is consumed; otherwise every block splits and stages x
 // itself. Either way the fragments and the mma sequence are the same.
-template <int NT, int SPLITS, bool PRESPLIT>
-__global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1)
+//
+// RING: weight steps in flight per lane (registers), also the steps of one
+// x tile. 4 for the staged kernels; 2 for the pre-split T > 32 one, which
+// then fits 128 registers and runs 2 blocks per SM. The ring depth only
+// buffers: the order of the mma instructions per output is the same.
+template <int NT, int SPLITS, bool PRESPLIT, int RING>
+__global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
     MmaMatmulKernel(MmaArgs a, const uint4* __restrict__ xf) {
-  // [stages][kRing][SPLITS][NT][2 halves][32 lanes]; 2 stages when PRESPLIT.
+  // [stages][RING][SPLITS][NT][2 halves][32 lanes]; 2 stages when PRESPLIT.
   extern __shared__ uint4 xs_all[];
-  constexpr int kTileFragments = kRing * kStepFragments<NT, SPLITS>;
+  static_assert(PRESPLIT || RING == kRing, "the in-block staging fills kRing-step tiles");
+  constexpr int kTileFragments = RING * kStepFragments<NT, SPLITS>;
   __shared__ int is_last;
   __shared__ double sm_part[8][kRmsBlockThreads / 32];
   __shared__ float sm_inv[8];  // fused norm: 1/rms of each token (NT == 1)
@@ -309,11 +316,11 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1)
   const int warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
 
-  // The loader runs kRing steps ahead of the consumer, across units.
+  // The loader runs RING steps ahead of the consumer, across units.
   Cursor lc = FirstOf(a, blockIdx.x);
   int lj = 0;
-  UnitView lv = ViewUnit(a, lc, warp, g, q);
-  uint4 ring[kRing][4];  // per slot: row r0 half 0/1, row r1 half 0/1
+  UnitView lv = ViewUnit<RING>(a, lc, warp, g, q);
+  uint4 ring[RING][4];  // per slot: row r0 half 0/1, row r1 half 0/1
   auto load_next = [&](int u) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -329,11 +336,11 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1)
     if (lv.valid && ++lj == lv.padded) {
       lj = 0;
       lc = NextUnit(a, lc, lv);
-      lv = ViewUnit(a, lc, warp, g, q);
+      lv = ViewUnit<RING>(a, lc, warp, g, q);
     }
   };
 #pragma unroll
-  for (int u = 0; u < kRing; ++u) load_next(u);
+  for (int u = 0; u < RING; ++u) load_next(u);
   PdlWait();  // only the weights were read before this
 
   const bool x_vec = XVectorLoads(p);
@@ -346,16 +353,16 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1)
   int xkt = 0;
   auto issue_x_tile = [&](int stage) {
     if (xc.part < a.parts) {
-      const UnitView v = ViewUnit(a, xc, warp, g, q);
-      const int first = xkt * kRing;
-      const int steps = min(kRing, v.nsteps - first);
+      const UnitView v = ViewUnit<RING>(a, xc, warp, g, q);
+      const int first = xkt * RING;
+      const int steps = min(RING, v.nsteps - first);
       const uint4* src =
           xf + (v.kbeg / kStepK + first) * static_cast<int64_t>(kStepFragments<NT, SPLITS>);
       uint4* dst = xs_all + stage * kTileFragments;
       for (int i = tid; i < steps * kStepFragments<NT, SPLITS>; i += kThreads) {
         CpAsync16(dst + i, src + i);
       }
-      if (++xkt == v.padded / kRing) {
+      if (++xkt == v.padded / RING) {
         xkt = 0;
         xc = NextUnit(a, xc, v);
       }
@@ -384,7 +391,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1)
   }
 
   for (Cursor cc = FirstOf(a, blockIdx.x); cc.part < a.parts;) {
-    const UnitView cv = ViewUnit(a, cc, warp, g, q);
+    const UnitView cv = ViewUnit<RING>(a, cc, warp, g, q);
     cc = NextUnit(a, cc, cv);
     const int64_t kend = cv.kbeg + cv.klen;
     float acc[NT][4];
@@ -393,7 +400,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
     }
-    for (int kt = 0; kt < cv.padded / kRing; ++kt) {
+    for (int kt = 0; kt < cv.padded / RING; ++kt) {
       __syncthreads();  // the previous tile's fragments are consumed
       const uint4* xs = xs_all + stage * kTileFragments;
       if constexpr (PRESPLIT) {
@@ -402,7 +409,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1)
         stage ^= 1;
       } else {
         // Stage x[tokens][kt's 256 k] as split bf16 fragments.
-        const int64_t ktile = cv.kbeg + static_cast<int64_t>(kt) * kTileK;
+        const int64_t ktile = cv.kbeg + static_cast<int64_t>(kt) * (RING * kStepK);
 #pragma unroll
         for (int it = 0; it < NT; ++it) {
           const int item = it * kThreads + tid;  // (token, 8-wide chunk)
@@ -419,8 +426,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1)
       __syncthreads();
 
 #pragma unroll
-      for (int u = 0; u < kRing; ++u) {
-        if (kt * kRing + u < cv.nsteps) {
+      for (int u = 0; u < RING; ++u) {
+        if (kt * RING + u < cv.nsteps) {
           const uint4& wa0 = ring[u][0];
           const uint4& wa1 = ring[u][1];
           const uint4& wb0 = ring[u][2];
@@ -512,10 +519,10 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 2 : 1)
 
 // Blocks of one kernel instance resident on the device at once (cached;
 // every device a process uses is the same model).
-template <int NT, int SPLITS, bool PRESPLIT>
+template <int NT, int SPLITS, bool PRESPLIT, int RING>
 int64_t ResidentBlocks(size_t smem) {
   static const int64_t blocks = [&] {
-    auto kernel = MmaMatmulKernel<NT, SPLITS, PRESPLIT>;
+    auto kernel = MmaMatmulKernel<NT, SPLITS, PRESPLIT, RING>;
     int device = 0, sms = 0, per_sm = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
@@ -544,9 +551,9 @@ absl::Status Launch(const MmaArgs& a, const Workspace& x_frags, cudaStream_t str
   const size_t tile_bytes = sizeof(uint4) * kRing * kStepFragments<NT, SPLITS>;
   const dim3 block(kThreads);
   if (!presplit) {
-    const int64_t resident = ResidentBlocks<NT, SPLITS, false>(tile_bytes);
+    const int64_t resident = ResidentBlocks<NT, SPLITS, false, kRing>(tile_bytes);
     if (resident <= 0) return absl::InternalError("matmul: no occupancy for the kernel");
-    LaunchPdl(MmaMatmulKernel<NT, SPLITS, false>,
+    LaunchPdl(MmaMatmulKernel<NT, SPLITS, false, kRing>,
               dim3(static_cast<unsigned>(std::min(a.parts, resident))), block, tile_bytes,
               stream, a, static_cast<const uint4*>(nullptr));
     return LaunchStatus("matmul (tensor core) launch");
@@ -556,10 +563,12 @@ absl::Status Launch(const MmaArgs& a, const Workspace& x_frags, cudaStream_t str
     LaunchPdl(SplitXKernel<NT, SPLITS>, dim3(static_cast<unsigned>(steps)), block, 0, stream,
               a.p, a.t0, a.tokens, xf);
     if (absl::Status s = LaunchStatus("matmul x split launch"); !s.ok()) return s;
-    const int64_t resident = ResidentBlocks<NT, SPLITS, true>(2 * tile_bytes);
+    constexpr int kPresplitRing = 2;
+    const size_t stage_bytes = sizeof(uint4) * kPresplitRing * kStepFragments<NT, SPLITS>;
+    const int64_t resident = ResidentBlocks<NT, SPLITS, true, kPresplitRing>(2 * stage_bytes);
     if (resident <= 0) return absl::InternalError("matmul: no occupancy for the kernel");
-    LaunchPdl(MmaMatmulKernel<NT, SPLITS, true>,
-              dim3(static_cast<unsigned>(std::min(a.parts, resident))), block, 2 * tile_bytes,
+    LaunchPdl(MmaMatmulKernel<NT, SPLITS, true, kPresplitRing>,
+              dim3(static_cast<unsigned>(std::min(a.parts, resident))), block, 2 * stage_bytes,
               stream, a, static_cast<const uint4*>(xf));
   }
   return LaunchStatus("matmul (tensor core, pre-split x) launch");
