@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -370,6 +371,51 @@ TEST_P(SpecEngineTest, NanLogitsFailTheBurst) {
     auto r = engine.RunBurst(s.get(), p, got.fn());
     EXPECT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find("non-finite"), std::string::npos);
+  }
+}
+
+// Concurrent plain steps batched by the executor, half of them without
+// logits (greedy): every caller gets what it asked for, equal to its step
+// run alone.
+TEST_P(SpecEngineTest, ExecutorBatchesStepsWithAndWithoutLogits) {
+  ModelExecutor executor(model_.get());
+  constexpr int kSessions = 6;
+  std::mt19937 rng(11);
+  std::vector<std::unique_ptr<model::ModelState>> batched, alone;
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < kSessions; ++i) {
+    const std::vector<int32_t> prompt = RandomTokens(&rng, 3 + i, vocab_);
+    for (auto* v : {&batched, &alone}) {
+      v->push_back(model_->NewState({.capacity = 64}).value());
+      model::ForwardResult r;
+      ASSERT_TRUE(model_->Prefill(v->back().get(), prompt, {}, &r).ok());
+    }
+    tokens.push_back(RandomTokens(&rng, 1, vocab_)[0]);
+  }
+  std::vector<model::ForwardResult> got(kSessions);
+  std::vector<absl::Status> status(kSessions);
+  {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kSessions; ++i) {
+      got[i].want_logits = i % 2 == 0;
+      threads.emplace_back([&, i] {
+        status[i] = executor.Decode(batched[i].get(), tokens[i], &got[i]);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (int i = 0; i < kSessions; ++i) {
+    ASSERT_TRUE(status[i].ok()) << status[i];
+    model::ForwardResult want;
+    ASSERT_TRUE(model_->Decode(alone[i].get(), tokens[i], &want).ok());
+    EXPECT_EQ(got[i].argmax, want.argmax) << "session " << i;
+    EXPECT_EQ(got[i].hidden, want.hidden) << "session " << i;
+    EXPECT_EQ(got[i].finite, std::vector<int32_t>{1}) << "session " << i;
+    if (got[i].want_logits) {
+      EXPECT_EQ(got[i].logits, want.logits) << "session " << i;
+    } else {
+      EXPECT_TRUE(got[i].logits.empty()) << "session " << i;
+    }
   }
 }
 
