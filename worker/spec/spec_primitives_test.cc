@@ -4,12 +4,14 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "telemetry/spec_telemetry.h"
 #include "worker/spec/philox.h"
 #include "worker/spec/sampling.h"
+#include "worker/spec/sampling_reference.h"
 #include "worker/spec/spec_accept.h"
 
 namespace specserve::spec {
@@ -81,6 +83,38 @@ TEST(Sampling, FiltersKeepTheRightTokens) {
   // NaN logits are refused.
   const std::vector<float> bad = {1.0f, NAN};
   EXPECT_FALSE(FilteredProbs(bad.data(), 2, {1.0f, 0, 1.0f, 0.0f}, &p).ok());
+}
+
+// FilteredProbs sorts only the prefix it needs; it keeps exactly the
+// definition's tokens, ties at the cut included, over random logits (some
+// with many ties, some flat enough that the nucleus spans most of a large
+// vocabulary) and filter settings.
+TEST(Sampling, FiltersMatchTheFullSortDefinition) {
+  std::mt19937 rng(5);
+  const std::vector<SamplingConfig> configs = {
+      {0.8f, 0, 1.0f, 0.0f},   {0.8f, 3, 1.0f, 0.0f},   {1.3f, 40, 0.9f, 0.0f},
+      {0.7f, 0, 0.5f, 0.0f},   {2.5f, 0, 0.99f, 0.0f},  {1.0f, 0, 1.0f, 0.05f},
+      {1.0f, 600, 0.95f, 0.1f}, {0.9f, 0, 0.8f, 0.02f}, {1.0f, 5000, 0.7f, 0.0f}};
+  for (int vocab : {1, 7, 300, 5000}) {
+    for (int ties : {0, 1}) {
+      std::normal_distribution<float> d(0.0f, 2.0f);
+      std::vector<float> logits(vocab);
+      for (float& x : logits) x = ties ? std::round(d(rng)) : d(rng);
+      for (const SamplingConfig& c : configs) {
+        const std::string what = "vocab " + std::to_string(vocab) + " ties " +
+                                 std::to_string(ties) + " top_k " + std::to_string(c.top_k) +
+                                 " top_p " + std::to_string(c.top_p) + " min_p " +
+                                 std::to_string(c.min_p);
+        std::vector<float> got;
+        ASSERT_TRUE(FilteredProbs(logits.data(), vocab, c, &got).ok()) << what;
+        const std::vector<double> want = FilteredProbsByFullSort(logits, c);
+        for (int i = 0; i < vocab; ++i) {
+          ASSERT_EQ(got[i] > 0.0f, want[i] > 0.0) << what << " token " << i;
+          EXPECT_NEAR(got[i], want[i], 1e-6 * want[i] + 1e-12) << what << " token " << i;
+        }
+      }
+    }
+  }
 }
 
 TEST(Accept, GreedyTakesTheLongestMatchingPrefix) {

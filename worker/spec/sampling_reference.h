@@ -1,0 +1,21 @@
+// The sampling filters (sampling.h) by their definition: sort the whole
+// vocabulary by probability (ties by id), cut by top-k, then top-p over the
+// survivors' renormalized mass, then min-p, and renormalize. O(V log V):
+// FilteredProbs keeps the same tokens while sorting only the prefix it
+// reads; tests compare the two and tools/sampling_bench times them.
+#ifndef SPECSERVE_WORKER_SPEC_SAMPLING_REFERENCE_H_
+#define SPECSERVE_WORKER_SPEC_SAMPLING_REFERENCE_H_
+
+#include <vector>
+
+#include "worker/spec/sampling.h"
+
+namespace specserve::spec {
+
+// probs[i] for finite logits (the caller checks finiteness), in double.
+std::vector<double> FilteredProbsByFullSort(const std::vector<float>& logits,
+                                            const SamplingConfig& c);
+
+}  // namespace specserve::spec
+
+#endif  // SPECSERVE_WORKER_SPEC_SAMPLING_REFERENCE_H_
