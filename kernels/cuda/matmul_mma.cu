@@ -39,8 +39,9 @@
 // blocks finish together whatever the shape (no last round of a few
 // units). The grid holds the blocks that fit at once; block b does parts b,
 // b + G, ... and their pieces in k order. Each lane streams its weights
-// through a kRing-step register ring (4 × 32 B per row pair) that runs on
-// across units, so a block's weight stream never drains between units; x
+// through a RING-step register ring (RING × 32 B per row pair; 4 steps, 2 on
+// the pre-split path) that runs on across units, so a block's weight stream
+// never drains between units; x
 // for the block's tokens is split and staged in shared memory per 256-wide
 // K tile, in fragment order (conflict-free 16-byte reads). A whole tile's
 // sums go to y; a piece's go to the workspace, where the last piece of its
