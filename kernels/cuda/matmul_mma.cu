@@ -89,7 +89,6 @@ constexpr int kRowsPerWarp = 16;
 constexpr int kTileOut = kWarps * kRowsPerWarp;  // outputs per unit
 constexpr int kStepK = 64;                       // k per ring step
 constexpr int kRing = 4;                         // steps in flight
-constexpr int kTileK = kStepK * kRing;           // k staged in smem at once
 constexpr int kMaxTokens = 64;                   // tokens per launch
 constexpr int kPlanBlocks = 264;                 // parts: 2 blocks per SM on 132 SMs
 int g_force_parts = 0;                           // bench override (0: plan)
