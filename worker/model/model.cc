@@ -248,7 +248,6 @@ absl::Status Model::LmHead(int row0, int n) {
   Workspace& ws = *ws_;
   SS_RETURN_IF_ERROR(backend_->Matmul(kernels::DenseMatmul(
       n, ws.hidden.f32() + row0 * H, weights_.lm_head, ws.logits.f32())));
-  lm_head_rows_ = n;
   kernels::ArgmaxParams am;
   am.rows = n;
   am.cols = V;
@@ -265,6 +264,9 @@ absl::Status Model::CopyRowsOut(int row0, int n, ForwardResult* out) {
   Workspace& ws = *ws_;
   const size_t old = out->rows;
   out->rows += n;
+  // Set here, not in LmHead: a replayed recording runs LmHead without
+  // calling it, but every pass with outputs ends here.
+  lm_head_rows_ = n;
   if (out->want_logits) {
     out->logits.resize(out->rows * V);
     SS_RETURN_IF_ERROR(be.CopyToHost(out->logits.data() + old * V,

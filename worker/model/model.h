@@ -550,7 +550,7 @@ class Model {
   std::unique_ptr<Workspace> ws_;
   bool use_graphs_ = true;
   GraphStats graph_stats_;
-  int lm_head_rows_ = 0;  // rows of the latest LmHead (CopyLogitsRow)
+  int lm_head_rows_ = 0;  // logits rows of the latest pass (CopyLogitsRow)
   // Decode and draft recordings hold only workspace addresses (valid for
   // the model's lifetime); a key's first use runs op by op (lazy
   // allocation cannot be recorded).

@@ -9,8 +9,10 @@
 #define SPECSERVE_WORKER_SPEC_SPEC_ACCEPT_H_
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
 namespace specserve::spec {
@@ -45,6 +47,17 @@ RoundOutcome AcceptSampled(absl::Span<const int> drafts,
                            const std::vector<std::vector<float>>& p,
                            const std::vector<std::vector<float>>& q,
                            uint64_t seed, RandomCounters* counters);
+
+// The same with the target distributions made on demand: target(j) returns
+// p[j], used before the next call. Only columns 0..n are asked for (n =
+// accepted), in order, so a round that rejects early filters fewer verify
+// columns; the outcome and the counters are those of the form above. A
+// target error is returned as is.
+using TargetProbs = std::function<absl::StatusOr<const std::vector<float>*>(int column)>;
+absl::StatusOr<RoundOutcome> AcceptSampled(absl::Span<const int> drafts,
+                                           const TargetProbs& target,
+                                           const std::vector<std::vector<float>>& q,
+                                           uint64_t seed, RandomCounters* counters);
 
 }  // namespace specserve::spec
 

@@ -238,8 +238,10 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
   // Verify [x, d_1..d_k] in one trunk pass.
   std::vector<int32_t> columns = {x};
   columns.insert(columns.end(), drafts.begin(), drafts.end());
+  // No logits come back: greedy needs the argmax only, and a sampled round
+  // fetches the columns its accept step reaches, one by one.
   model::ForwardResult v;
-  v.want_logits = !greedy;
+  v.want_logits = false;
   SS_RETURN_IF_ERROR(model_->Verify(s->caches(), columns, &v));
   ++trunk_passes_;
   if (b.Injects(k + 1) || !v.AllFinite()) {
@@ -251,12 +253,22 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
   if (greedy) {
     out = AcceptGreedy(drafts, v.argmax);
   } else {
-    std::vector<std::vector<float>> pd(k + 1);
-    for (int j = 0; j <= k; ++j) {
-      SS_RETURN_IF_ERROR(FilteredProbs(v.logits.data() + j * V, V, p.sampling,
-                                       &pd[j]));
+    // Verify column j's filtered distribution, made when the accept step
+    // reaches it (the verify's logits are still in the model's workspace).
+    std::vector<float> row, pj;
+    const TargetProbs target =
+        [&](int j) -> absl::StatusOr<const std::vector<float>*> {
+      SS_RETURN_IF_ERROR(model_->CopyLogitsRow(j, &row));
+      SS_RETURN_IF_ERROR(FilteredProbs(row.data(), V, p.sampling, &pj));
+      return &pj;
+    };
+    absl::StatusOr<RoundOutcome> sampled =
+        AcceptSampled(drafts, target, q, p.seed, &s->counters);
+    if (!sampled.ok()) {
+      model_->DiscardVerified(s->caches());
+      return sampled.status();
     }
-    out = AcceptSampled(drafts, pd, q, p.seed, &s->counters);
+    out = *sampled;
   }
   const int n = out.accepted;
   SS_RETURN_IF_ERROR(model_->CommitVerified(s->caches(), n));

@@ -190,6 +190,45 @@ TEST(Accept, SameSeedAndCountersReproduce) {
   EXPECT_EQ(a.uctr, b.uctr);
 }
 
+// On-demand targets: only columns 0..n are made, in order, and the outcome
+// and counters equal those of the all-columns form; a target error stops
+// the round.
+TEST(Accept, OnDemandTargetsAskOnlyTheColumnsReached) {
+  std::mt19937 rng(13);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<std::vector<float>> p, q;
+    for (int j = 0; j <= 3; ++j) p.push_back(RandomDist(&rng, 6, 1.0));
+    for (int i = 0; i < 3; ++i) q.push_back(RandomDist(&rng, 6, 1.0));
+    const std::vector<int> drafts = {static_cast<int>(rng() % 6), static_cast<int>(rng() % 6),
+                                     static_cast<int>(rng() % 6)};
+    RandomCounters a{1, 2}, b{1, 2};
+    const RoundOutcome all = AcceptSampled(drafts, p, q, 99 + trial, &a);
+    std::vector<int> asked;
+    const absl::StatusOr<RoundOutcome> lazy = AcceptSampled(
+        drafts,
+        [&](int j) -> absl::StatusOr<const std::vector<float>*> {
+          asked.push_back(j);
+          return &p[j];
+        },
+        q, 99 + trial, &b);
+    ASSERT_TRUE(lazy.ok());
+    EXPECT_EQ(lazy->accepted, all.accepted);
+    EXPECT_EQ(lazy->bonus, all.bonus);
+    EXPECT_EQ(a.sctr, b.sctr);
+    EXPECT_EQ(a.uctr, b.uctr);
+    std::vector<int> want(all.accepted + 1);
+    for (int j = 0; j <= all.accepted; ++j) want[j] = j;
+    EXPECT_EQ(asked, want);
+  }
+  RandomCounters c;
+  const absl::StatusOr<RoundOutcome> failed = AcceptSampled(
+      {0}, [](int) -> absl::StatusOr<const std::vector<float>*> {
+        return absl::UnavailableError("copy failed");
+      },
+      {{1.0f}}, 1, &c);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable);
+}
+
 TEST(Telemetry, DeltasSumToTotals) {
   SpecTelemetry t;
   t.RecordRound(3, 2);
