@@ -34,6 +34,7 @@
 #include "kernels/cuda/matmul_mma.h"
 #include "kernels/cuda/ops.h"
 #include "nlohmann/json.hpp"
+#include "tools/bench_timing/bench_timing.h"
 #include "tools/cuda_bench/random_model.h"
 #include "worker/model/model.h"
 #include "worker/spec/model_executor.h"
@@ -45,6 +46,8 @@ namespace {
 using kernels::Backend;
 using kernels::cuda::CudaBackend;
 using nlohmann::json;
+using bench::Median;
+using bench::WallMs;
 
 #define BENCH_CHECK(expr)                                                        \
   do {                                                                           \
@@ -56,11 +59,6 @@ using nlohmann::json;
     }                                                                            \
   } while (0)
 #define BENCH_CUDA(expr) BENCH_CHECK(kernels::cuda::CudaStatus((expr), #expr))
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // Median ms of `reps` event-timed calls of fn on `stream` after `warm`.
 template <typename Fn>
@@ -79,20 +77,6 @@ double EventMs(cudaStream_t stream, int warm, int reps, Fn fn) {
     float m = 0;
     BENCH_CUDA(cudaEventElapsedTime(&m, a->get(), b->get()));
     ms.push_back(m);
-  }
-  return Median(ms);
-}
-
-// Median wall ms of `reps` calls of fn (each ends with a host sync).
-template <typename Fn>
-double WallMs(int warm, int reps, Fn fn) {
-  for (int i = 0; i < warm; ++i) fn();
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                     .count());
   }
   return Median(ms);
 }

@@ -11,7 +11,6 @@
 // both must compute. Logits are N(0, 3) draws; the nucleus of a flatter row
 // spans more tokens, so top_p rows also run at temperature 2.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -24,6 +23,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
+#include "tools/bench_timing/bench_timing.h"
 #include "worker/spec/sampling.h"
 #include "worker/spec/sampling_reference.h"
 
@@ -36,20 +36,7 @@ namespace {
 using specserve::spec::FilteredProbs;
 using specserve::spec::FilteredProbsByFullSort;
 using specserve::spec::SamplingConfig;
-
-template <typename Fn>
-double MedianMs(int reps, Fn fn) {
-  fn();  // warm
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                     .count());
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
+using specserve::bench::WallMs;
 
 }  // namespace
 
@@ -75,13 +62,13 @@ int main(int argc, char** argv) {
     for (float& x : logits) x = d(rng);
     for (const SamplingConfig& c : configs) {
       std::vector<float> probs;
-      const double filters = MedianMs(reps, [&] {
+      const double filters = WallMs(1, reps, [&] {
         if (!FilteredProbs(logits.data(), vocab, c, &probs).ok()) std::abort();
       });
-      const double full = MedianMs(reps, [&] { FilteredProbsByFullSort(logits, c); });
+      const double full = WallMs(1, reps, [&] { FilteredProbsByFullSort(logits, c); });
       // The floor: the softmax in double over the row (max, exp, sum, scale).
       std::vector<double> p(vocab);
-      const double floor = MedianMs(reps, [&] {
+      const double floor = WallMs(1, reps, [&] {
         const float mx = *std::max_element(logits.begin(), logits.end());
         double total = 0.0;
         for (int i = 0; i < vocab; ++i) {
