@@ -47,6 +47,18 @@ bool AllRestartedOn(const SchedulerContext* ctx, const std::string& dir,
 
 }  // namespace
 
+absl::StatusOr<std::shared_ptr<const tokenizer::Tokenizer>> LoadModelTokenizer(
+    const std::string& model_dir) {
+  const std::string path = model_dir + "/tokenizer.json";
+  if (!std::filesystem::exists(path)) return nullptr;
+  auto loaded = tokenizer::Tokenizer::Load(path);
+  if (!loaded.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot load ", path, ": ", loaded.status().message()));
+  }
+  return std::shared_ptr<const tokenizer::Tokenizer>(std::move(*loaded));
+}
+
 grpc::Status LoadModelEverywhere(SchedulerContext* ctx, const std::string& model_dir,
                                  absl::Time deadline, specserve::v1::ModelInfo* model) {
   if (model_dir.empty()) {
@@ -64,17 +76,10 @@ grpc::Status LoadModelEverywhere(SchedulerContext* ctx, const std::string& model
                                        " is unavailable; LoadModel switches every worker"));
     }
   }
-  // The tokenizer is optional, as at start-up: without one, ids only.
-  std::shared_ptr<const tokenizer::Tokenizer> tokenizer;
-  const std::string tokenizer_path = model_dir + "/tokenizer.json";
-  if (std::filesystem::exists(tokenizer_path)) {
-    auto loaded = tokenizer::Tokenizer::Load(tokenizer_path);
-    if (!loaded.ok()) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("cannot load ", tokenizer_path, ": ",
-                                       loaded.status().message()));
-    }
-    tokenizer = std::move(*loaded);
+  auto tokenizer = LoadModelTokenizer(model_dir);
+  if (!tokenizer.ok()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        std::string(tokenizer.status().message()));
   }
   if (grpc::Status s = CallWorkers(ctx, model_dir, /*validate_only=*/true, deadline); !s.ok()) {
     return s;
@@ -97,7 +102,7 @@ grpc::Status LoadModelEverywhere(SchedulerContext* ctx, const std::string& model
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
-  ctx->SetTokenizer(std::move(tokenizer));
+  ctx->SetTokenizer(std::move(*tokenizer));
   const int closed = ctx->sessions->CloseAll();
   LOG(INFO) << "LoadModel: now serving " << model_dir << "; closed " << closed
             << " session(s)";

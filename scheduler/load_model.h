@@ -10,14 +10,22 @@
 #ifndef SPECSERVE_SCHEDULER_LOAD_MODEL_H_
 #define SPECSERVE_SCHEDULER_LOAD_MODEL_H_
 
+#include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/specserve.pb.h"
 #include "scheduler/scheduler_context.h"
 
 namespace specserve::scheduler {
+
+// The tokenizer of a model directory, at start-up and on LoadModel: its
+// tokenizer.json, or null when it has none (the API then takes token ids
+// only). An error names the file.
+absl::StatusOr<std::shared_ptr<const tokenizer::Tokenizer>> LoadModelTokenizer(
+    const std::string& model_dir);
 
 // INVALID_ARGUMENT (bad directory; nothing changed), FAILED_PRECONDITION
 // (requests are running), UNAVAILABLE (a worker is down, or did not come

@@ -14,7 +14,6 @@
 #include "absl/strings/str_split.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
-#include <filesystem>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -23,6 +22,7 @@
 #include "scheduler/admin_service.h"
 #include "scheduler/admission.h"
 #include "scheduler/idle_poller.h"
+#include "scheduler/load_model.h"
 #include "scheduler/public_services.h"
 #include "scheduler/request_registry.h"
 #include "scheduler/scheduler_context.h"
@@ -87,18 +87,16 @@ int main(int argc, char** argv) {
   sched::WorkerPool pool(addresses, pool_options);
 
   // The tokenizer is optional: without tokenizer.json the API takes ids only.
-  std::shared_ptr<const specserve::tokenizer::Tokenizer> tokenizer;
-  const std::string tokenizer_path =
-      absl::GetFlag(FLAGS_model) + "/tokenizer.json";
-  if (std::filesystem::exists(tokenizer_path)) {
-    auto t = specserve::tokenizer::Tokenizer::Load(tokenizer_path);
-    if (!t.ok()) {
-      LOG(ERROR) << "cannot load " << tokenizer_path << ": " << t.status();
-      return 1;
-    }
-    tokenizer = std::move(*t);
-  } else {
-    LOG(WARNING) << tokenizer_path << " not found: text input disabled";
+  auto loaded_tokenizer = sched::LoadModelTokenizer(absl::GetFlag(FLAGS_model));
+  if (!loaded_tokenizer.ok()) {
+    LOG(ERROR) << loaded_tokenizer.status();
+    return 1;
+  }
+  std::shared_ptr<const specserve::tokenizer::Tokenizer> tokenizer =
+      std::move(*loaded_tokenizer);
+  if (tokenizer == nullptr) {
+    LOG(WARNING) << absl::GetFlag(FLAGS_model)
+                 << "/tokenizer.json not found: text input disabled";
   }
 
   specserve::telemetry::SchedulerMetrics metrics;
