@@ -385,9 +385,7 @@ TEST_P(BatchTest, FreeDraftState) {
 }
 
 std::string ModelName(const ::testing::TestParamInfo<std::string>& info) {
-  std::string name = info.param.substr(info.param.find_last_of('/') + 1);
-  std::replace(name.begin(), name.end(), '-', '_');
-  return name;
+  return testing::PathParamName(info.param);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, BatchTest, ::testing::ValuesIn(ModelParams()),

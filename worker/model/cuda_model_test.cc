@@ -177,7 +177,7 @@ TEST_P(CudaModelTest, LogitsAndGreedyMatchCpu) {
 }
 
 std::string ModelName(const ::testing::TestParamInfo<std::string>& info) {
-  return info.param.substr(info.param.find_last_of('/') + 1);
+  return testing::PathParamName(info.param);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaModelTest,

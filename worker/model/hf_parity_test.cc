@@ -133,11 +133,7 @@ TEST_P(HfParityTest, MatchesTransformers) {
 }
 
 std::string FixtureName(const ::testing::TestParamInfo<std::string>& info) {
-  std::string s = info.param.substr(info.param.find_last_of('/') + 1);
-  s = s.substr(0, s.find('.'));
-  for (char& c : s)
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  return s;
+  return testing::PathParamName(info.param);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfParityTest,

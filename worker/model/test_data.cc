@@ -1,6 +1,7 @@
 #include "worker/model/test_data.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -51,6 +52,15 @@ std::vector<std::string> DefaultAndTestModels() {
   std::vector<std::string> p = {"models/default"};
   for (const std::string& d : TestModelDirs()) p.push_back(d);
   return p;
+}
+
+std::string PathParamName(const std::string& path) {
+  std::string name = path.substr(path.find_last_of('/') + 1);
+  name = name.substr(0, name.find('.'));
+  for (char& c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return name;
 }
 
 std::vector<int32_t> RandomTokens(int n, int vocab, std::mt19937* rng) {

@@ -26,6 +26,11 @@ std::vector<std::string> TestModelDirs();
 // the recorded-step tests run (DefaultModelDir() resolves the first).
 std::vector<std::string> DefaultAndTestModels();
 
+// A gtest parameter name for a repository path: its last component up to
+// the first '.', other characters than letters and digits as '_'
+// ("models/specserve-tiny-py" -> "specserve_tiny_py").
+std::string PathParamName(const std::string& path);
+
 // n token ids drawn uniformly from [0, vocab) with `rng`.
 std::vector<int32_t> RandomTokens(int n, int vocab, std::mt19937* rng);
 

@@ -423,11 +423,7 @@ TEST_P(SpecEngineTest, ExecutorBatchesStepsWithAndWithoutLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Models, SpecEngineTest, ::testing::ValuesIn(ModelDirs()),
                          [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n) {
-                             if (!isalnum(c)) c = '_';
-                           }
-                           return n;
+                           return model::testing::PathParamName(info.param);
                          });
 
 }  // namespace
