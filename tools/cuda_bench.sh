@@ -18,6 +18,8 @@
 #          skips the chi-square part), specserve_worker
 #          --device cuda:0 coming up, compute-sanitizer memcheck on the
 #          matmul/embed op tests (CUDA_BENCH_SANITIZE=0 skips it);
+#          and mma_order_probe (informational: does wgmma sum a k16 slice
+#          with mma.sync's bits?);
 #       2. cuda_bench: copy bandwidth, matmul sweep, the random-weight
 #          Qwen3.5-27B-shape model ((a) decode, (b) verify 2..8, (c)
 #          DecodeBatch 1..64), models/default decode and (d) plain vs
@@ -40,10 +42,13 @@ if [ "$mode" = prepare ]; then
   tools/cuda_check.sh prepare || exit 1
   ob="${CUDA_CHECK_OUTPUT_BASE:-$HOME/.cache/bazel_cuda/ob}"
   flags=(--config=cuda --config=static)
-  bazel --output_base="$ob" build "${flags[@]}" --symlink_prefix=/ //tools/cuda_bench || exit 1
+  bazel --output_base="$ob" build "${flags[@]}" --symlink_prefix=/ //tools/cuda_bench \
+    //tools/cuda_bench:mma_order_probe || exit 1
   bin="$(bazel --output_base="$ob" info "${flags[@]}" bazel-bin 2>/dev/null)" || exit 1
-  rm -f "$carry/cuda_bench"
-  cp "$bin/tools/cuda_bench/cuda_bench" "$carry/cuda_bench" && chmod u+w,a+x "$carry/cuda_bench"
+  for b in cuda_bench mma_order_probe; do
+    rm -f "$carry/$b"
+    cp "$bin/tools/cuda_bench/$b" "$carry/$b" && chmod u+w,a+x "$carry/$b" || exit 1
+  done
   mkdir -p .carry/pack
   tar -C "$carry" -cf - $(cd "$carry" && ls) | xz -6 -T2 > .carry/pack/cuda.tar.xz || exit 1
   du -sh "$carry" .carry/pack
@@ -157,6 +162,10 @@ if [ "${CUDA_BENCH_SANITIZE:-1}" != 0 ] && [ -x "$cs" ]; then
   { echo "== memcheck matmul/embed"; grep -E "ERROR SUMMARY|Invalid|^\[  (PASSED|FAILED)" /tmp/cb_san.log | head; } >> "$out/checks.log"
   note "memcheck matmul/embed" $rc
 fi
+# Facts for the next kernel (informational, not a check): does wgmma sum a
+# k16 slice with mma.sync's bits?
+timeout 60 "$carry/mma_order_probe" > "$out/mma_order_probe.txt" 2>&1
+echo "== mma_order_probe: rc=$? ($(tail -1 "$out/mma_order_probe.txt"))" >> "$out/checks.log"
 cat "$out/checks.log"
 
 echo "== cuda_bench"

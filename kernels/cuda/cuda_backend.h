@@ -34,11 +34,14 @@ namespace specserve::kernels::cuda {
 
 struct CudaBackendOptions {
   int device = 0;
-  // Scratch for split-KV attention and overlapping CopyOnDevice. Attention
-  // needs num_heads·min(64, ceil(n/16))·(head_dim+2)·4 bytes per query row
-  // in flight (≈2.1 MB for 32 heads of 256 at n >= 1K); longer calls are
-  // split into batches of rows that fit.
-  size_t workspace_bytes = size_t{64} << 20;
+  // Scratch for split-KV attention, overlapping CopyOnDevice and the
+  // tensor-core matmul's K-piece sums. Attention needs
+  // num_heads·min(64, ceil(n/16))·(head_dim+2)·4 bytes per query row in
+  // flight (≈2.1 MB for 32 heads of 256 at n >= 1K); the matmul needs
+  // max_pieces·rows·out floats (127 MB for a 248320-wide lm_head at 64 rows
+  // and 2 pieces). Longer calls are split into batches of rows that fit,
+  // and a split matmul reads its weights once per batch.
+  size_t workspace_bytes = size_t{256} << 20;
   // bf16 terms per fp32 activation on the tensor-core matmul path: 2 (the
   // default) keeps 16 significant bits (relative error <= 2^-17 per x, about
   // fp32 accumulation noise) and does a third fewer tensor-core

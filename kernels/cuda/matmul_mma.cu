@@ -48,12 +48,20 @@
 // tile to finish adds them in piece order.
 //
 // Pre-split x (more than 16 tokens, when `x_frags` holds them): a first
-// kernel (SplitXKernel) writes every 64-k step's fragments once, in the
-// order the warps read them; the matmul's blocks copy them a tile ahead
-// into a second shared-memory stage with cp.async, so no block splits x or
-// waits for its x loads between tiles. Both paths build fragments with
-// XFragments and feed the same mma sequence, so the bits do not depend on
-// the path (nor on T).
+// kernel (SplitXKernel) writes every 64-k step's fragments once (above 32
+// tokens as the shared-memory B operand of wgmma); the matmul's blocks copy
+// them a tile ahead into a second shared-memory stage with cp.async, so no
+// block splits x or waits for its x loads between tiles, and above 32
+// tokens each warpgroup multiplies its 64 rows by all the tokens per wgmma
+// (x read from shared memory once per warpgroup instead of once per warp).
+// Every path builds fragments with XFragments and puts every product in
+// the same slot of the same k16 instruction in the same order, and wgmma
+// sums a k16 slice with the bits of mma.sync (checked on the H200 by
+// tools/cuda_bench/mma_order_probe.cu), so the bits do not depend on the
+// path (nor on T). At 64 tokens the x
+// fragments a block copies per step are as many bytes as its weights (16
+// KiB each); there ncu finds neither DRAM (35%) nor L2 (49%) nor the tensor
+// pipe saturated (tools/cuda_bench/NOTES.md).
 //
 // Fused norm (MatmulParams.norm_weight, at most kMaxFusedNormRows tokens):
 // after the wait, the block computes each token's 1/rms exactly as RmsNorm
@@ -257,9 +265,32 @@ __device__ __forceinline__ bool XVectorLoads(const MatmulParams& p) {
 template <int NT, int SPLITS>
 constexpr int kStepFragments = SPLITS * NT * 2 * 32;
 
+// The wgmma B operand of one (64-k step, split s, instruction j): the 16
+// k-slots of instruction j for NT·8 tokens as no-swizzle core matrices (8
+// tokens × 8 slots, 128 contiguous bytes): core (token/8, slot/8) at byte
+// (token/8 · 2 + slot/8) · 128, token%8 at 16 bytes per row. So K-adjacent
+// cores are kWgmmaLbo bytes apart and token-adjacent ones kWgmmaSbo.
+template <int NT>
+constexpr int kWgmmaBBytes = NT * 8 * 16 * 2;
+constexpr uint32_t kWgmmaLbo = 128;
+constexpr uint32_t kWgmmaSbo = 256;
+
+// The pre-split kernel multiplies with wgmma at 64 tokens (N = 64), with
+// mma.sync at 32: at 32 tokens the wgmma kernel was the slower one on the
+// H200 (gate|up 135 against 118 us; 162 against 216 us at 64 tokens).
+template <int NT>
+constexpr bool kPresplitWgmma = NT == 8;
+
 // Pre-split x (NT >= kPresplitMinNT): xf[step][...] = the fragments of
 // 64-k step `step` of tokens [t0, t0 + tokens), built once per call instead
 // of by every block. Block `step`, thread per (token, 8-wide chunk).
+//
+// For wgmma (kPresplitWgmma) the layout is its B operand's, [SPLITS][4
+// instructions][kWgmmaBBytes], with each value in the slot its mma.sync
+// fragment gives it (slots 2q, 2q+1, 2q+8, 2q+9 of instruction j hold k =
+// q·16 + 4j + 0..3): the same products in the same slots, so the same bits.
+// Otherwise it is the order the warps read: [SPLITS][NT][2 halves][32
+// lanes] uint4. kStepFragments<NT, SPLITS> uint4 per step either way.
 template <int NT, int SPLITS>
 __global__ void __launch_bounds__(kThreads) SplitXKernel(MatmulParams p, int64_t t0, int tokens,
                                                          uint4* xf) {
@@ -274,8 +305,77 @@ __global__ void __launch_bounds__(kThreads) SplitXKernel(MatmulParams p, int64_t
     const int qq = (kl >> 4) & 3, h = (kl >> 3) & 1;
     const int dst_lane = (tok & 7) * 4 + qq, n = tok >> 3;
     XFragments<SPLITS>(p, xb, tokens, tok, step * kStepK + c * 8, p.in, x_vec, false, nullptr,
-                       [&](int s, uint4 f) { out[((s * NT + n) * 2 + h) * 32 + dst_lane] = f; });
+                       [&](int s, uint4 f) {
+                         if constexpr (kPresplitWgmma<NT>) {
+                           // f.x, f.y: instruction 2h (slots 2q,2q+1 | 2q+8,2q+9);
+                           // f.z, f.w: instruction 2h + 1.
+                           char* b = reinterpret_cast<char*>(out) +
+                                     (s * 4 + 2 * h) * kWgmmaBBytes<NT> + n * 2 * 128 +
+                                     (tok & 7) * 16 + qq * 4;
+                           *reinterpret_cast<uint32_t*>(b) = f.x;
+                           *reinterpret_cast<uint32_t*>(b + 128) = f.y;
+                           *reinterpret_cast<uint32_t*>(b + kWgmmaBBytes<NT>) = f.z;
+                           *reinterpret_cast<uint32_t*>(b + kWgmmaBBytes<NT> + 128) = f.w;
+                         } else {
+                           out[((s * NT + n) * 2 + h) * 32 + dst_lane] = f;
+                         }
+                       });
   }
+}
+
+// wgmma (sm_90a): D[64 rows][NT·8 tokens] += A·B over one k16 slice, A (the
+// weights) from the registers in mma.sync's A layout (per warp: its 16
+// rows), B from shared memory at `b` (kWgmmaBBytes, the layout above).
+// D in mma.sync's C layout per warp and N-tile: acc[n][0..3].
+__device__ __forceinline__ uint64_t WgmmaDesc(const void* b) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(b));
+  return static_cast<uint64_t>((addr >> 4) & 0x3fff) |
+         static_cast<uint64_t>(kWgmmaLbo >> 4) << 16 |
+         static_cast<uint64_t>(kWgmmaSbo >> 4) << 32;  // base offset 0, no swizzle
+}
+
+template <int NT>
+__device__ __forceinline__ void Wgmma(float (&acc)[NT][4], uint32_t a0, uint32_t a1,
+                                      uint32_t a2, uint32_t a3, uint64_t desc);
+
+template <>
+__device__ __forceinline__ void Wgmma<4>(float (&d)[4][4], uint32_t a0, uint32_t a1,
+                                         uint32_t a2, uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+      "{%16,%17,%18,%19}, %20, 1, 1, 1, 0;\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
+        "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
+        "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
+        "+f"(d[3][3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<8>(float (&d)[8][4], uint32_t a0, uint32_t a1,
+                                         uint32_t a2, uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+      "{%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
+        "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
+        "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
+        "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
+        "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+}
+
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommitAndWait() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
 
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
@@ -293,7 +393,12 @@ __device__ __forceinline__ void CpAsyncWait() {
 // PRESPLIT: x comes as pre-split fragments (xf, SplitXKernel), copied a
 // RING-step tile ahead into a second shared-memory stage (cp.async) while
 // the current tile is consumed; otherwise every block splits and stages x
-// itself. Either way the fragments and the mma sequence are the same.
+// itself. With kPresplitWgmma, each warpgroup (4 warps, 64 rows) issues one
+// wgmma per (split, instruction j) where each warp would issue NT mma.sync,
+// reading x from shared memory once per warpgroup, not once per warp. Same
+// A registers, same B slots, same order per accumulator, and wgmma sums a
+// k16 slice with mma.sync's bits (tools/cuda_bench/mma_order_probe.cu,
+// checked on the H200), so the bits are the same on every path.
 //
 // RING: weight steps in flight per lane (registers), also the steps of one
 // x tile. 4 for the staged kernels; 2 for the pre-split T > 32 one, which
@@ -305,6 +410,7 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
   // [stages][RING][SPLITS][NT][2 halves][32 lanes]; 2 stages when PRESPLIT.
   extern __shared__ uint4 xs_all[];
   static_assert(PRESPLIT || RING == kRing, "the in-block staging fills kRing-step tiles");
+  constexpr bool kWg = PRESPLIT && kPresplitWgmma<NT>;
   constexpr int kTileFragments = RING * kStepFragments<NT, SPLITS>;
   __shared__ int is_last;
   __shared__ double sm_part[8][kRmsBlockThreads / 32];
@@ -406,6 +512,8 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
       if constexpr (PRESPLIT) {
         issue_x_tile(stage ^ 1);  // the stage consumed by the previous tile
         CpAsyncWait<1>();         // this thread's copies of the current tile
+        // wgmma reads shared memory through the async proxy.
+        if constexpr (kWg) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         stage ^= 1;
       } else {
         // Stage x[tokens][kt's 256 k] as split bf16 fragments.
@@ -427,7 +535,26 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
 
 #pragma unroll
       for (int u = 0; u < RING; ++u) {
-        if (kt * RING + u < cv.nsteps) {
+        if (kWg && kt * RING + u < cv.nsteps) {
+          // (the wgmmas read ring[u]: they complete before load_next
+          // refills it, and before the next tile's copy overwrites xs)
+          const uint4& wa0 = ring[u][0];
+          const uint4& wa1 = ring[u][1];
+          const uint4& wb0 = ring[u][2];
+          const uint4& wb1 = ring[u][3];
+          const char* b = reinterpret_cast<const char*>(xs) +
+                          u * kStepFragments<NT, SPLITS> * sizeof(uint4);
+          WgmmaFence();
+#pragma unroll
+          for (int s = SPLITS - 1; s >= 0; --s) {
+            const char* bs = b + s * 4 * kWgmmaBBytes<NT>;
+            Wgmma<NT>(acc, wa0.x, wb0.x, wa0.y, wb0.y, WgmmaDesc(bs));
+            Wgmma<NT>(acc, wa0.z, wb0.z, wa0.w, wb0.w, WgmmaDesc(bs + kWgmmaBBytes<NT>));
+            Wgmma<NT>(acc, wa1.x, wb1.x, wa1.y, wb1.y, WgmmaDesc(bs + 2 * kWgmmaBBytes<NT>));
+            Wgmma<NT>(acc, wa1.z, wb1.z, wa1.w, wb1.w, WgmmaDesc(bs + 3 * kWgmmaBBytes<NT>));
+          }
+          WgmmaCommitAndWait();
+        } else if (!kWg && kt * RING + u < cv.nsteps) {
           const uint4& wa0 = ring[u][0];
           const uint4& wa1 = ring[u][1];
           const uint4& wb0 = ring[u][2];
