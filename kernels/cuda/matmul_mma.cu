@@ -323,10 +323,10 @@ __global__ void __launch_bounds__(kThreads) SplitXKernel(MatmulParams p, int64_t
   }
 }
 
-// wgmma (sm_90a): D[64 rows][NT·8 tokens] += A·B over one k16 slice, A (the
+// wgmma (sm_90a): D[64 rows][64 tokens] += A·B over one k16 slice, A (the
 // weights) from the registers in mma.sync's A layout (per warp: its 16
-// rows), B from shared memory at `b` (kWgmmaBBytes, the layout above).
-// D in mma.sync's C layout per warp and N-tile: acc[n][0..3].
+// rows), B from shared memory (kWgmmaBBytes<8>, the layout above, at
+// `desc`). D in mma.sync's C layout per warp and N-tile: d[n][0..3].
 __device__ __forceinline__ uint64_t WgmmaDesc(const void* b) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(b));
   return static_cast<uint64_t>((addr >> 4) & 0x3fff) |
@@ -334,27 +334,8 @@ __device__ __forceinline__ uint64_t WgmmaDesc(const void* b) {
          static_cast<uint64_t>(kWgmmaSbo >> 4) << 32;  // base offset 0, no swizzle
 }
 
-template <int NT>
-__device__ __forceinline__ void Wgmma(float (&acc)[NT][4], uint32_t a0, uint32_t a1,
-                                      uint32_t a2, uint32_t a3, uint64_t desc);
-
-template <>
-__device__ __forceinline__ void Wgmma<4>(float (&d)[4][4], uint32_t a0, uint32_t a1,
-                                         uint32_t a2, uint32_t a3, uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
-      "{%16,%17,%18,%19}, %20, 1, 1, 1, 0;\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
-        "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
-        "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
-        "+f"(d[3][3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<8>(float (&d)[8][4], uint32_t a0, uint32_t a1,
-                                         uint32_t a2, uint32_t a3, uint64_t desc) {
+__device__ __forceinline__ void Wgmma64(float (&d)[8][4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint64_t desc) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
@@ -376,6 +357,25 @@ __device__ __forceinline__ void WgmmaFence() {
 __device__ __forceinline__ void WgmmaCommitAndWait() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+
+// One 64-k step at 64 tokens: for split s = SPLITS-1 .. 0, the four k16
+// instructions j in order, A from the step's weight registers w[0..3] (row
+// g half 0/1, row g+8 half 0/1: the mma.sync kernel's), B from the step's
+// fragments at `step` (SPLITS·4 blocks of kWgmmaBBytes<8>). The order per
+// accumulator is the mma.sync kernel's.
+template <int SPLITS>
+__device__ __forceinline__ void WgmmaStep(float (&acc)[8][4], const uint4 (&w)[4],
+                                          const char* step) {
+  constexpr int kB = kWgmmaBBytes<8>;
+#pragma unroll
+  for (int s = SPLITS - 1; s >= 0; --s) {
+    const char* b = step + s * 4 * kB;
+    Wgmma64(acc, w[0].x, w[2].x, w[0].y, w[2].y, WgmmaDesc(b));
+    Wgmma64(acc, w[0].z, w[2].z, w[0].w, w[2].w, WgmmaDesc(b + kB));
+    Wgmma64(acc, w[1].x, w[3].x, w[1].y, w[3].y, WgmmaDesc(b + 2 * kB));
+    Wgmma64(acc, w[1].z, w[3].z, w[1].w, w[3].w, WgmmaDesc(b + 3 * kB));
+  }
 }
 
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
@@ -535,26 +535,16 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
 
 #pragma unroll
       for (int u = 0; u < RING; ++u) {
-        if (kWg && kt * RING + u < cv.nsteps) {
-          // (the wgmmas read ring[u]: they complete before load_next
-          // refills it, and before the next tile's copy overwrites xs)
-          const uint4& wa0 = ring[u][0];
-          const uint4& wa1 = ring[u][1];
-          const uint4& wb0 = ring[u][2];
-          const uint4& wb1 = ring[u][3];
-          const char* b = reinterpret_cast<const char*>(xs) +
-                          u * kStepFragments<NT, SPLITS> * sizeof(uint4);
-          WgmmaFence();
-#pragma unroll
-          for (int s = SPLITS - 1; s >= 0; --s) {
-            const char* bs = b + s * 4 * kWgmmaBBytes<NT>;
-            Wgmma<NT>(acc, wa0.x, wb0.x, wa0.y, wb0.y, WgmmaDesc(bs));
-            Wgmma<NT>(acc, wa0.z, wb0.z, wa0.w, wb0.w, WgmmaDesc(bs + kWgmmaBBytes<NT>));
-            Wgmma<NT>(acc, wa1.x, wb1.x, wa1.y, wb1.y, WgmmaDesc(bs + 2 * kWgmmaBBytes<NT>));
-            Wgmma<NT>(acc, wa1.z, wb1.z, wa1.w, wb1.w, WgmmaDesc(bs + 3 * kWgmmaBBytes<NT>));
+        if constexpr (kWg) {
+          if (kt * RING + u < cv.nsteps) {
+            // (the wgmmas read ring[u]: they complete before load_next
+            // refills it, and before the next tile's copy overwrites xs)
+            WgmmaFence();
+            WgmmaStep<SPLITS>(acc, ring[u], reinterpret_cast<const char*>(xs) +
+                                                u * kStepFragments<NT, SPLITS> * sizeof(uint4));
+            WgmmaCommitAndWait();
           }
-          WgmmaCommitAndWait();
-        } else if (!kWg && kt * RING + u < cv.nsteps) {
+        } else if (kt * RING + u < cv.nsteps) {
           const uint4& wa0 = ring[u][0];
           const uint4& wa1 = ring[u][1];
           const uint4& wb0 = ring[u][2];
