@@ -1,6 +1,8 @@
 // Causal GQA attention over a KV cache with the optional sigmoid output gate
 // (kernels/attention.h), split over the keys in two kernels:
-//  1. partial: block (chunk c, head h, row t). Row t sees n = first_position
+//  1. partial: block (chunk c, heads h0..h0+G-1 of one KV head, row t),
+//     G = 1, 2, 3 or 6 by the launch's size (HeadsPerBlock); each head's
+//     arithmetic is the same whatever G. Row t sees n = first_position
 //     + t + 1 cache rows, cut into nc = min(64, ceil(n/16)) chunks of
 //     ceil(n/nc) rows (16 rows: one key group per warp, so a short context
 //     costs one load round trip instead of one per 16 keys). The block's 4 warps take groups of 4 consecutive keys
@@ -55,13 +57,17 @@ struct Batch {
   float* ml;          // [rows][heads][max_chunks][2]
 };
 
-template <int DPL>
+// G query heads of one KV head per block (heads h0 .. h0+G-1): the keys and
+// values are loaded once for the G heads, and each head's arithmetic is
+// exactly the one-head block's (the same keys per warp, the same fmaf and
+// warp-sum order, the same merges), so G does not change any bits.
+template <int DPL, int G>
 __global__ void __launch_bounds__(kThreads)
     AttentionPartialKernel(AttentionParams p, Batch b) {
-  __shared__ float sm_m[kWarps], sm_l[kWarps];
-  __shared__ float sm_acc[kWarps][kMaxHeadDim];
+  __shared__ float sm_m[G][kWarps], sm_l[G][kWarps];
+  __shared__ float sm_acc[G][kWarps][kMaxHeadDim];
   const int c = blockIdx.x;
-  const int64_t h = blockIdx.y;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * G;
   const int64_t tl = blockIdx.z;
   const int64_t t = b.row0 + tl;
   const int64_t n = Visible(p, t);
@@ -74,94 +80,131 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int hd = static_cast<int>(p.head_dim);
-  const int64_t kvh = h / (p.num_heads / p.num_kv_heads);
-  const float* q = p.q + t * p.q_row_stride + h * p.q_head_stride;
+  const int64_t kvh = h0 / (p.num_heads / p.num_kv_heads);
   const float* k_cache = p.positions != nullptr ? p.k_caches[t] : p.k_cache;
   const float* v_cache = p.positions != nullptr ? p.v_caches[t] : p.v_cache;
-  float qv[DPL];
+  float qv[G][DPL];
 #pragma unroll
-  for (int jj = 0; jj < DPL; ++jj) {
-    const int e = lane + 32 * jj;
-    qv[jj] = e < hd ? q[e] : 0.0f;
+  for (int i = 0; i < G; ++i) {
+    const float* q = p.q + t * p.q_row_stride + (h0 + i) * p.q_head_stride;
+#pragma unroll
+    for (int jj = 0; jj < DPL; ++jj) {
+      const int e = lane + 32 * jj;
+      qv[i][jj] = e < hd ? q[e] : 0.0f;
+    }
   }
 
-  float m = -INFINITY, l = 0.0f;
-  float acc[DPL];
+  float m[G], l[G], acc[G][DPL];
 #pragma unroll
-  for (int jj = 0; jj < DPL; ++jj) acc[jj] = 0.0f;
+  for (int i = 0; i < G; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < DPL; ++jj) acc[i][jj] = 0.0f;
+  }
 
   for (int64_t r = begin + warp * kGroup; r < end; r += kWarps * kGroup) {
-    float s[kGroup];
+    float kv[kGroup][DPL];  // the group's keys, then its values
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
       const int64_t rr = r + g;
-      float part = 0.0f;
-      if (rr < end) {
-        const float* k = k_cache + rr * p.kv_row_stride + kvh * hd;
+      const float* k = k_cache + rr * p.kv_row_stride + kvh * hd;
 #pragma unroll
-        for (int jj = 0; jj < DPL; ++jj) {
-          const int e = lane + 32 * jj;
-          if (e < hd) part = fmaf(qv[jj], k[e], part);
-        }
+      for (int jj = 0; jj < DPL; ++jj) {
+        const int e = lane + 32 * jj;
+        kv[g][jj] = rr < end && e < hd ? k[e] : 0.0f;
       }
-      const float dot = WarpSum(part);
-      s[g] = rr < end ? __fmul_rn(dot, p.scale) : -INFINITY;
     }
-    float mx = m;
+    float s[G][kGroup];
 #pragma unroll
-    for (int g = 0; g < kGroup; ++g) mx = fmaxf(mx, s[g]);
-    // Key r is valid, so mx is finite (for finite inputs).
-    const float corr = m == -INFINITY ? 0.0f : expf(__fsub_rn(m, mx));
-    l = __fmul_rn(l, corr);
+    for (int i = 0; i < G; ++i) {
 #pragma unroll
-    for (int jj = 0; jj < DPL; ++jj) acc[jj] = __fmul_rn(acc[jj], corr);
+      for (int g = 0; g < kGroup; ++g) {
+        const int64_t rr = r + g;
+        float part = 0.0f;
+        if (rr < end) {
+#pragma unroll
+          for (int jj = 0; jj < DPL; ++jj) {
+            const int e = lane + 32 * jj;
+            if (e < hd) part = fmaf(qv[i][jj], kv[g][jj], part);
+          }
+        }
+        const float dot = WarpSum(part);
+        s[i][g] = rr < end ? __fmul_rn(dot, p.scale) : -INFINITY;
+      }
+    }
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
       const int64_t rr = r + g;
-      if (rr < end) {
-        const float pg = expf(__fsub_rn(s[g], mx));
-        l = __fadd_rn(l, pg);
-        const float* v = v_cache + rr * p.kv_row_stride + kvh * hd;
+      const float* v = v_cache + rr * p.kv_row_stride + kvh * hd;
 #pragma unroll
-        for (int jj = 0; jj < DPL; ++jj) {
-          const int e = lane + 32 * jj;
-          if (e < hd) acc[jj] = fmaf(pg, v[e], acc[jj]);
-        }
+      for (int jj = 0; jj < DPL; ++jj) {
+        const int e = lane + 32 * jj;
+        kv[g][jj] = rr < end && e < hd ? v[e] : 0.0f;
       }
     }
-    m = mx;
+#pragma unroll
+    for (int i = 0; i < G; ++i) {
+      float mx = m[i];
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) mx = fmaxf(mx, s[i][g]);
+      // Key r is valid, so mx is finite (for finite inputs).
+      const float corr = m[i] == -INFINITY ? 0.0f : expf(__fsub_rn(m[i], mx));
+      l[i] = __fmul_rn(l[i], corr);
+#pragma unroll
+      for (int jj = 0; jj < DPL; ++jj) acc[i][jj] = __fmul_rn(acc[i][jj], corr);
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        if (r + g < end) {
+          const float pg = expf(__fsub_rn(s[i][g], mx));
+          l[i] = __fadd_rn(l[i], pg);
+#pragma unroll
+          for (int jj = 0; jj < DPL; ++jj) {
+            const int e = lane + 32 * jj;
+            if (e < hd) acc[i][jj] = fmaf(pg, kv[g][jj], acc[i][jj]);
+          }
+        }
+      }
+      m[i] = mx;
+    }
   }
 
-  // Merge the warps in warp order.
-  if (lane == 0) {
-    sm_m[warp] = m;
-    sm_l[warp] = l;
-  }
+  // Merge the warps in warp order, per head.
 #pragma unroll
-  for (int jj = 0; jj < DPL; ++jj) {
-    const int e = lane + 32 * jj;
-    if (e < hd) sm_acc[warp][e] = acc[jj];
+  for (int i = 0; i < G; ++i) {
+    if (lane == 0) {
+      sm_m[i][warp] = m[i];
+      sm_l[i][warp] = l[i];
+    }
+#pragma unroll
+    for (int jj = 0; jj < DPL; ++jj) {
+      const int e = lane + 32 * jj;
+      if (e < hd) sm_acc[i][warp][e] = acc[i][jj];
+    }
   }
   __syncthreads();
-  float big = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) big = fmaxf(big, sm_m[w]);
-  float ew[kWarps];
-  float big_l = 0.0f;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    ew[w] = sm_m[w] == -INFINITY ? 0.0f : expf(__fsub_rn(sm_m[w], big));
-    big_l = fmaf(sm_l[w], ew[w], big_l);
-  }
-  const int64_t slot = (tl * p.num_heads + h) * b.max_chunks + c;
-  for (int e = threadIdx.x; e < hd; e += kThreads) {
-    float a = 0.0f;
+  for (int i = 0; i < G; ++i) {
+    float big = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) big = fmaxf(big, sm_m[i][w]);
+    float ew[kWarps];
+    float big_l = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) a = fmaf(sm_acc[w][e], ew[w], a);
-    b.acc[slot * hd + e] = a;
-  }
-  if (threadIdx.x == 0) {
-    b.ml[slot * 2] = big;
-    b.ml[slot * 2 + 1] = big_l;
+    for (int w = 0; w < kWarps; ++w) {
+      ew[w] = sm_m[i][w] == -INFINITY ? 0.0f : expf(__fsub_rn(sm_m[i][w], big));
+      big_l = fmaf(sm_l[i][w], ew[w], big_l);
+    }
+    const int64_t slot = (tl * p.num_heads + h0 + i) * b.max_chunks + c;
+    for (int e = threadIdx.x; e < hd; e += kThreads) {
+      float a = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) a = fmaf(sm_acc[i][w][e], ew[w], a);
+      b.acc[slot * hd + e] = a;
+    }
+    if (threadIdx.x == 0) {
+      b.ml[slot * 2] = big;
+      b.ml[slot * 2 + 1] = big_l;
+    }
   }
 }
 
@@ -202,6 +245,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Query heads per partial block: the most of 6, 3, 2 that divides a KV
+// head's group and still leaves at least kMinBlocks blocks for the launch's
+// `slots` (rows × chunk slots); else 1. (Any choice gives the same bits.)
+int HeadsPerBlock(const AttentionParams& p, int64_t slots) {
+  constexpr int64_t kMinBlocks = 264;  // two per SM on an H100/H200
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  for (int g : {6, 3, 2}) {
+    if (group % g == 0 && slots * (p.num_heads / g) >= kMinBlocks) return g;
+  }
+  return 1;
+}
+
 template <int DPL>
 absl::Status RunBatches(const AttentionParams& p, const Workspace& ws, cudaStream_t stream) {
   const size_t per_row = AttentionWorkspaceBytesPerRow(p);
@@ -217,9 +272,15 @@ absl::Status RunBatches(const AttentionParams& p, const Workspace& ws, cudaStrea
     b.max_chunks = NumChunks(MaxVisible(p, row0, rows_here));
     b.acc = static_cast<float*>(ws.data);
     b.ml = b.acc + rows_here * p.num_heads * b.max_chunks * p.head_dim;
-    AttentionPartialKernel<DPL><<<dim3(b.max_chunks, static_cast<unsigned>(p.num_heads),
-                                       static_cast<unsigned>(rows_here)),
-                                  kThreads, 0, stream>>>(p, b);
+    const int g = HeadsPerBlock(p, rows_here * b.max_chunks);
+    const dim3 grid(b.max_chunks, static_cast<unsigned>(p.num_heads / g),
+                    static_cast<unsigned>(rows_here));
+    switch (g) {
+      case 6: AttentionPartialKernel<DPL, 6><<<grid, kThreads, 0, stream>>>(p, b); break;
+      case 3: AttentionPartialKernel<DPL, 3><<<grid, kThreads, 0, stream>>>(p, b); break;
+      case 2: AttentionPartialKernel<DPL, 2><<<grid, kThreads, 0, stream>>>(p, b); break;
+      default: AttentionPartialKernel<DPL, 1><<<grid, kThreads, 0, stream>>>(p, b); break;
+    }
     if (absl::Status s = LaunchStatus("attention partial launch"); !s.ok()) return s;
     AttentionCombineKernel<<<dim3(static_cast<unsigned>(p.num_heads),
                                   static_cast<unsigned>(rows_here)),

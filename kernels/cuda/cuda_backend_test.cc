@@ -482,6 +482,41 @@ TEST_F(CudaBackendTest, AttentionLongContext) {
   }
 }
 
+// A launch with many rows gives a block several query heads of one KV head
+// (HeadsPerBlock: 6 here); a row alone gets one or three. Same bits, and the
+// CPU agrees.
+TEST_F(CudaBackendTest, AttentionHeadsPerBlockDoNotChangeBits) {
+  struct Case { int hd, first; };
+  for (Case cs : {Case{256, 40}, Case{64, 3000}, Case{100, 300}}) {
+    const int rows = 100, nh = 24, nkv = 4, hd = cs.hd, cap = cs.first + rows;
+    const std::string what = absl::StrCat("hd=", hd, " first=", cs.first);
+    const std::vector<float> q = Random(rows * nh * hd, -2, 2),
+                             k = Random(cap * nkv * hd, -2, 2), v = Random(cap * nkv * hd);
+    Dual qd = UpF(q), kd = UpF(k), vd = UpF(v), od = Zeros(rows * nh * hd);
+    auto params = [&](bool g, int64_t r0, int64_t nrows, float* out) {
+      AttentionParams p;
+      p.rows = nrows; p.num_heads = nh; p.num_kv_heads = nkv; p.head_dim = hd;
+      p.q = qd.F(g) + r0 * nh * hd; p.q_row_stride = nh * hd; p.q_head_stride = hd;
+      p.k_cache = kd.F(g); p.v_cache = vd.F(g); p.kv_row_stride = nkv * hd;
+      p.capacity = cap; p.first_position = cs.first + r0;
+      p.out = out; p.out_row_stride = nh * hd; p.scale = 1.0f / std::sqrt(float(hd));
+      return p;
+    };
+    std::vector<float> res[2];
+    for (bool g : {false, true}) {
+      ASSERT_TRUE(B(g)->Attention(params(g, 0, rows, od.F(g))).ok()) << what;
+      res[g] = Down(od, g, rows * nh * hd);
+    }
+    ExpectClose(res[0], res[1], 1e-4, what);
+    Buffer one = GpuZeros(nh * hd);
+    for (int t = 0; t < rows; ++t) {
+      ASSERT_TRUE(gpu_->Attention(params(true, t, 1, one.f32())).ok());
+      ExpectBitEqual(DownG(one, nh * hd).data(), res[1].data() + t * nh * hd, nh * hd,
+                     what + " row " + std::to_string(t));
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, SessionBatchMatchesSessionsAlone) {
   ExpectSessionBatchMatchesAlone(gpu_.get(), 77);
   ExpectSessionBatchMatchesAlone(gpu_.get(), 78);
