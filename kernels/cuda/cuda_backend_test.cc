@@ -104,6 +104,12 @@ class CudaBackendTest : public ::testing::Test {
     return out;
   }
 
+  // `rows` query rows at positions first.. over a random cache of
+  // first + rows rows (dense heads, scale 1/sqrt(hd)): CPU and CUDA agree
+  // within `tol`, and each row alone on the GPU has the batch's bits.
+  void ExpectAttentionMatchesCpuAndRowsAlone(int rows, int nh, int nkv, int hd, int first,
+                                             double tol, const std::string& what);
+
   std::unique_ptr<Backend> gpu_;
   std::unique_ptr<Backend> cpu_;
   std::mt19937 rng_{20240611};
@@ -128,6 +134,36 @@ void ExpectClose(const std::vector<float>& cpu, const std::vector<float>& gpu, d
 
 void ExpectBitEqual(const float* a, const float* b, size_t n, const std::string& what) {
   EXPECT_EQ(0, std::memcmp(a, b, n * 4)) << what;
+}
+
+void CudaBackendTest::ExpectAttentionMatchesCpuAndRowsAlone(int rows, int nh, int nkv, int hd,
+                                                            int first, double tol,
+                                                            const std::string& what) {
+  const int cap = first + rows;
+  const std::vector<float> q = Random(rows * nh * hd, -2, 2), k = Random(cap * nkv * hd, -2, 2),
+                           v = Random(cap * nkv * hd);
+  Dual qd = UpF(q), kd = UpF(k), vd = UpF(v), od = Zeros(rows * nh * hd);
+  auto params = [&](bool g, int64_t r0, int64_t nrows, float* out) {
+    AttentionParams p;
+    p.rows = nrows; p.num_heads = nh; p.num_kv_heads = nkv; p.head_dim = hd;
+    p.q = qd.F(g) + r0 * nh * hd; p.q_row_stride = nh * hd; p.q_head_stride = hd;
+    p.k_cache = kd.F(g); p.v_cache = vd.F(g); p.kv_row_stride = nkv * hd;
+    p.capacity = cap; p.first_position = first + r0;
+    p.out = out; p.out_row_stride = nh * hd; p.scale = 1.0f / std::sqrt(float(hd));
+    return p;
+  };
+  std::vector<float> res[2];
+  for (bool g : {false, true}) {
+    ASSERT_TRUE(B(g)->Attention(params(g, 0, rows, od.F(g))).ok()) << what;
+    res[g] = Down(od, g, rows * nh * hd);
+  }
+  ExpectClose(res[0], res[1], tol, what);
+  Buffer one = GpuZeros(nh * hd);
+  for (int t = 0; t < rows; ++t) {
+    ASSERT_TRUE(gpu_->Attention(params(true, t, 1, one.f32())).ok()) << what;
+    ExpectBitEqual(DownG(one, nh * hd).data(), res[1].data() + t * nh * hd, nh * hd,
+                   what + " row " + std::to_string(t));
+  }
 }
 
 const int kRows[] = {1, 3, 7, 17};
@@ -454,67 +490,17 @@ TEST_F(CudaBackendTest, Attention) {
 
 // Past 64·256 visible rows the chunk count saturates and chunks grow.
 TEST_F(CudaBackendTest, AttentionLongContext) {
-  const int rows = 3, nh = 2, nkv = 1, hd = 64, first = 17000, cap = first + rows;
-  const std::vector<float> q = Random(rows * nh * hd, -2, 2), k = Random(cap * nkv * hd, -2, 2),
-                           v = Random(cap * nkv * hd);
-  Dual qd = UpF(q), kd = UpF(k), vd = UpF(v), od = Zeros(rows * nh * hd);
-  auto params = [&](bool g, int64_t r0, int64_t nrows, float* out) {
-    AttentionParams p;
-    p.rows = nrows; p.num_heads = nh; p.num_kv_heads = nkv; p.head_dim = hd;
-    p.q = qd.F(g) + r0 * nh * hd; p.q_row_stride = nh * hd; p.q_head_stride = hd;
-    p.k_cache = kd.F(g); p.v_cache = vd.F(g); p.kv_row_stride = nkv * hd;
-    p.capacity = cap; p.first_position = first + r0;
-    p.out = out; p.out_row_stride = nh * hd; p.scale = 0.125f;
-    return p;
-  };
-  std::vector<float> res[2];
-  for (bool g : {false, true}) {
-    ASSERT_TRUE(B(g)->Attention(params(g, 0, rows, od.F(g))).ok());
-    res[g] = Down(od, g, rows * nh * hd);
-  }
   // 17000-term fp32 sums: the CPU's sequential order drifts by ~√n ulps.
-  ExpectClose(res[0], res[1], 1e-4, "long attention");
-  Buffer one = GpuZeros(nh * hd);
-  for (int t = 0; t < rows; ++t) {
-    ASSERT_TRUE(gpu_->Attention(params(true, t, 1, one.f32())).ok());
-    ExpectBitEqual(DownG(one, nh * hd).data(), res[1].data() + t * nh * hd, nh * hd,
-                   "long attention row " + std::to_string(t));
-  }
+  ExpectAttentionMatchesCpuAndRowsAlone(3, 2, 1, 64, 17000, 1e-4, "long attention");
 }
 
 // A launch with many rows gives a block several query heads of one KV head
 // (HeadsPerBlock: 6 here); a row alone gets one or three. Same bits, and the
 // CPU agrees.
 TEST_F(CudaBackendTest, AttentionHeadsPerBlockDoNotChangeBits) {
-  struct Case { int hd, first; };
-  for (Case cs : {Case{256, 40}, Case{64, 3000}, Case{100, 300}}) {
-    const int rows = 100, nh = 24, nkv = 4, hd = cs.hd, cap = cs.first + rows;
-    const std::string what = absl::StrCat("hd=", hd, " first=", cs.first);
-    const std::vector<float> q = Random(rows * nh * hd, -2, 2),
-                             k = Random(cap * nkv * hd, -2, 2), v = Random(cap * nkv * hd);
-    Dual qd = UpF(q), kd = UpF(k), vd = UpF(v), od = Zeros(rows * nh * hd);
-    auto params = [&](bool g, int64_t r0, int64_t nrows, float* out) {
-      AttentionParams p;
-      p.rows = nrows; p.num_heads = nh; p.num_kv_heads = nkv; p.head_dim = hd;
-      p.q = qd.F(g) + r0 * nh * hd; p.q_row_stride = nh * hd; p.q_head_stride = hd;
-      p.k_cache = kd.F(g); p.v_cache = vd.F(g); p.kv_row_stride = nkv * hd;
-      p.capacity = cap; p.first_position = cs.first + r0;
-      p.out = out; p.out_row_stride = nh * hd; p.scale = 1.0f / std::sqrt(float(hd));
-      return p;
-    };
-    std::vector<float> res[2];
-    for (bool g : {false, true}) {
-      ASSERT_TRUE(B(g)->Attention(params(g, 0, rows, od.F(g))).ok()) << what;
-      res[g] = Down(od, g, rows * nh * hd);
-    }
-    ExpectClose(res[0], res[1], 1e-4, what);
-    Buffer one = GpuZeros(nh * hd);
-    for (int t = 0; t < rows; ++t) {
-      ASSERT_TRUE(gpu_->Attention(params(true, t, 1, one.f32())).ok());
-      ExpectBitEqual(DownG(one, nh * hd).data(), res[1].data() + t * nh * hd, nh * hd,
-                     what + " row " + std::to_string(t));
-    }
-  }
+  ExpectAttentionMatchesCpuAndRowsAlone(100, 24, 4, 256, 40, 1e-4, "hd=256 first=40");
+  ExpectAttentionMatchesCpuAndRowsAlone(100, 24, 4, 64, 3000, 1e-4, "hd=64 first=3000");
+  ExpectAttentionMatchesCpuAndRowsAlone(100, 24, 4, 100, 300, 1e-4, "hd=100 first=300");
 }
 
 TEST_F(CudaBackendTest, SessionBatchMatchesSessionsAlone) {
