@@ -58,10 +58,10 @@
 // the same slot of the same k16 instruction in the same order, and wgmma
 // sums a k16 slice with the bits of mma.sync (checked on the H200 by
 // tools/cuda_bench/mma_order_probe.cu), so the bits do not depend on the
-// path (nor on T). At 64 tokens the x
-// fragments a block copies per step are as many bytes as its weights (16
-// KiB each); there ncu finds neither DRAM (35%) nor L2 (49%) nor the tensor
-// pipe saturated (tools/cuda_bench/NOTES.md).
+// path (nor on T). At 64 tokens the x fragments a block copies per step are
+// as many bytes as its weights (16 KiB each); there ncu finds neither DRAM
+// (35%) nor L2 (49%) nor the tensor pipe saturated (tools/cuda_bench/
+// NOTES.md): the kernel waits on its weight loads and its per-tile barrier.
 //
 // Fused norm (MatmulParams.norm_weight, at most kMaxFusedNormRows tokens):
 // after the wait, the block computes each token's 1/rms exactly as RmsNorm
