@@ -36,6 +36,7 @@ namespace {
 using specserve::spec::FilteredProbs;
 using specserve::spec::FilteredProbsByFullSort;
 using specserve::spec::SamplingConfig;
+using specserve::spec::TemperatureSoftmax;
 using specserve::bench::WallMs;
 
 }  // namespace
@@ -67,15 +68,10 @@ int main(int argc, char** argv) {
       });
       const double full = WallMs(1, reps, [&] { FilteredProbsByFullSort(logits, c); });
       // The floor: the softmax in double over the row (max, exp, sum, scale).
-      std::vector<double> p(vocab);
+      std::vector<double> p;
       const double floor = WallMs(1, reps, [&] {
-        const float mx = *std::max_element(logits.begin(), logits.end());
-        double total = 0.0;
-        for (int i = 0; i < vocab; ++i) {
-          p[i] = std::exp(static_cast<double>(logits[i] - mx) / c.temperature);
-          total += p[i];
-        }
-        for (double& x : p) x /= total;
+        p = TemperatureSoftmax(logits.data(), vocab,
+                               *std::max_element(logits.begin(), logits.end()), c.temperature);
       });
       std::printf("%8d %6.2f %5d %6.2f %5.2f %10.2f %10.2f %8.1f %10.2f %8.2f\n", vocab,
                   c.temperature, c.top_k, c.top_p, c.min_p, filters, full, full / filters,

@@ -384,12 +384,8 @@ TEST_P(BatchTest, FreeDraftState) {
   ExpectSameContinuation(s.get(), t.get(), RandomTokens(3));
 }
 
-std::string ModelName(const ::testing::TestParamInfo<std::string>& info) {
-  return testing::PathParamName(info.param);
-}
-
 INSTANTIATE_TEST_SUITE_P(Models, BatchTest, ::testing::ValuesIn(ModelParams()),
-                         ModelName);
+                         testing::PathParamName);
 
 }  // namespace
 }  // namespace specserve::model

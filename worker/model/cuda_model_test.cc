@@ -176,13 +176,9 @@ TEST_P(CudaModelTest, LogitsAndGreedyMatchCpu) {
       near_ties_);
 }
 
-std::string ModelName(const ::testing::TestParamInfo<std::string>& info) {
-  return testing::PathParamName(info.param);
-}
-
 INSTANTIATE_TEST_SUITE_P(Models, CudaModelTest,
                          ::testing::ValuesIn(testing::DefaultAndTestModels()),
-                         ModelName);
+                         testing::PathParamName);
 
 }  // namespace
 }  // namespace specserve::model

@@ -384,12 +384,8 @@ TEST_P(ExactnessTest, RejectsBadInput) {
             absl::StatusCode::kOutOfRange);
 }
 
-std::string ModelName(const ::testing::TestParamInfo<std::string>& info) {
-  return testing::PathParamName(info.param);
-}
-
 INSTANTIATE_TEST_SUITE_P(TestModels, ExactnessTest,
-                         ::testing::ValuesIn(ModelParams()), ModelName);
+                         ::testing::ValuesIn(ModelParams()), testing::PathParamName);
 
 }  // namespace
 }  // namespace specserve::model

@@ -132,13 +132,9 @@ TEST_P(HfParityTest, MatchesTransformers) {
                  std::to_string(std::max(worst_mtp, worst_chain)));
 }
 
-std::string FixtureName(const ::testing::TestParamInfo<std::string>& info) {
-  return testing::PathParamName(info.param);
-}
-
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfParityTest,
                          ::testing::ValuesIn(testing::FixtureFiles()),
-                         FixtureName);
+                         testing::PathParamName);
 
 TEST(HfParityFixturesTest, FixturesExist) {
   EXPECT_FALSE(testing::FixtureFiles().empty()) << "no tests/fixtures/*.json";

@@ -219,13 +219,9 @@ TEST_P(RecordedStepsTest, FailedRecordingFallsBackPerSession) {
   EXPECT_EQ(model.graph_stats().replayed, replayed + 1) << "a replays after resume";
 }
 
-std::string ModelName(const ::testing::TestParamInfo<std::string>& info) {
-  return testing::PathParamName(info.param);
-}
-
 INSTANTIATE_TEST_SUITE_P(Models, RecordedStepsTest,
                          ::testing::ValuesIn(testing::DefaultAndTestModels()),
-                         ModelName);
+                         testing::PathParamName);
 
 }  // namespace
 }  // namespace specserve::model

@@ -54,7 +54,8 @@ std::vector<std::string> DefaultAndTestModels() {
   return p;
 }
 
-std::string PathParamName(const std::string& path) {
+std::string PathParamName(const ::testing::TestParamInfo<std::string>& info) {
+  const std::string& path = info.param;
   std::string name = path.substr(path.find_last_of('/') + 1);
   name = name.substr(0, name.find('.'));
   for (char& c : name) {

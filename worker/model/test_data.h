@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "gtest/gtest.h"
 
 namespace specserve::model::testing {
 
@@ -26,10 +27,11 @@ std::vector<std::string> TestModelDirs();
 // the recorded-step tests run (DefaultModelDir() resolves the first).
 std::vector<std::string> DefaultAndTestModels();
 
-// A gtest parameter name for a repository path: its last component up to
-// the first '.', other characters than letters and digits as '_'
+// The gtest parameter name of a repository path (the name generator of
+// suites parameterised by model or fixture paths): its last component up
+// to the first '.', other characters than letters and digits as '_'
 // ("models/specserve-tiny-py" -> "specserve_tiny_py").
-std::string PathParamName(const std::string& path);
+std::string PathParamName(const ::testing::TestParamInfo<std::string>& info);
 
 // n token ids drawn uniformly from [0, vocab) with `rng`.
 std::vector<int32_t> RandomTokens(int n, int vocab, std::mt19937* rng);

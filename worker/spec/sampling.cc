@@ -73,15 +73,7 @@ absl::Status FilteredProbs(const float* logits, int vocab,
     }
     max_logit = std::max(max_logit, logits[i]);
   }
-  // Softmax in double so the filters' cumulative sums do not depend on the
-  // float rounding of a long sum.
-  std::vector<double> p(vocab);
-  double total = 0.0;
-  for (int i = 0; i < vocab; ++i) {
-    p[i] = std::exp(static_cast<double>(logits[i] - max_logit) / c.temperature);
-    total += p[i];
-  }
-  for (double& x : p) x /= total;
+  const std::vector<double> p = TemperatureSoftmax(logits, vocab, max_logit, c.temperature);
 
   const bool top_k = c.top_k > 0 && c.top_k < vocab;
   const bool top_p = c.top_p < 1.0f;
@@ -141,6 +133,20 @@ absl::Status FilteredProbs(const float* logits, int vocab,
     (*probs)[order[i]] = static_cast<float>(p[order[i]] / kept);
   }
   return absl::OkStatus();
+}
+
+std::vector<double> TemperatureSoftmax(const float* logits, int vocab, float max_logit,
+                                       float temperature) {
+  // In double so the filters' cumulative sums do not depend on the float
+  // rounding of a long sum.
+  std::vector<double> p(vocab);
+  double total = 0.0;
+  for (int i = 0; i < vocab; ++i) {
+    p[i] = std::exp(static_cast<double>(logits[i] - max_logit) / temperature);
+    total += p[i];
+  }
+  for (double& x : p) x /= total;
+  return p;
 }
 
 int ArgmaxFirst(const float* logits, int vocab) {

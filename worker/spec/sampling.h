@@ -35,6 +35,12 @@ absl::Status ValidateSamplingConfig(const SamplingConfig& c);
 absl::Status FilteredProbs(const float* logits, int vocab,
                            const SamplingConfig& c, std::vector<float>* probs);
 
+// softmax(logits / temperature) in double (finite logits, max_logit their
+// maximum): the distribution every filter starts from, shared with the
+// full-sort reference so that both filter the same numbers.
+std::vector<double> TemperatureSoftmax(const float* logits, int vocab, float max_logit,
+                                       float temperature);
+
 // Index of the first maximum (greedy); the tie rule matches the kernels'.
 int ArgmaxFirst(const float* logits, int vocab);
 

@@ -1,7 +1,6 @@
 #include "worker/spec/sampling_reference.h"
 
 #include <algorithm>
-#include <cmath>
 #include <numeric>
 
 namespace specserve::spec {
@@ -9,14 +8,8 @@ namespace specserve::spec {
 std::vector<double> FilteredProbsByFullSort(const std::vector<float>& logits,
                                             const SamplingConfig& c) {
   const int V = static_cast<int>(logits.size());
-  const float mx = *std::max_element(logits.begin(), logits.end());
-  std::vector<double> p(V);
-  double total = 0.0;
-  for (int i = 0; i < V; ++i) {
-    p[i] = std::exp(static_cast<double>(logits[i] - mx) / c.temperature);
-    total += p[i];
-  }
-  for (double& x : p) x /= total;
+  const std::vector<double> p = TemperatureSoftmax(
+      logits.data(), V, *std::max_element(logits.begin(), logits.end()), c.temperature);
   std::vector<int> order(V);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });

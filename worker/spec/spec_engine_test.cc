@@ -422,9 +422,7 @@ TEST_P(SpecEngineTest, ExecutorBatchesStepsWithAndWithoutLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, SpecEngineTest, ::testing::ValuesIn(ModelDirs()),
-                         [](const auto& info) {
-                           return model::testing::PathParamName(info.param);
-                         });
+                         model::testing::PathParamName);
 
 }  // namespace
 }  // namespace specserve::spec
