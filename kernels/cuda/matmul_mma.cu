@@ -85,6 +85,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/matmul_mma.h"
+#include "kernels/cuda/mma_instructions.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/rms_inv.cuh"
 
@@ -133,15 +134,6 @@ struct Cursor {
 // parts <= steps (PlanMmaMatmul).
 __device__ __forceinline__ Cursor FirstOf(const MmaArgs& a, int64_t v) {
   return Cursor{v, v < a.parts ? PartBegin(a, v) : 0};
-}
-
-__device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                    uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // Packs rn_bf16(a) (low half) and rn_bf16(b); leaves the residuals in a, b.
@@ -323,40 +315,10 @@ __global__ void __launch_bounds__(kThreads) SplitXKernel(MatmulParams p, int64_t
   }
 }
 
-// wgmma (sm_90a): D[64 rows][64 tokens] += A·B over one k16 slice, A (the
-// weights) from the registers in mma.sync's A layout (per warp: its 16
-// rows), B from shared memory (kWgmmaBBytes<8>, the layout above, at
-// `desc`). D in mma.sync's C layout per warp and N-tile: d[n][0..3].
+// The descriptor of a B operand in the layout above (kWgmmaBBytes<8> at
+// `b`); Wgmma64 (mma_instructions.cuh) multiplies by it.
 __device__ __forceinline__ uint64_t WgmmaDesc(const void* b) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(b));
-  return static_cast<uint64_t>((addr >> 4) & 0x3fff) |
-         static_cast<uint64_t>(kWgmmaLbo >> 4) << 16 |
-         static_cast<uint64_t>(kWgmmaSbo >> 4) << 32;  // base offset 0, no swizzle
-}
-
-__device__ __forceinline__ void Wgmma64(float (&d)[8][4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                        uint32_t a3, uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-      "{%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
-        "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
-        "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
-        "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
-        "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-        "+f"(d[7][2]), "+f"(d[7][3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
-}
-
-__device__ __forceinline__ void WgmmaFence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void WgmmaCommitAndWait() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  return WgmmaNoSwizzleDesc(b, kWgmmaLbo, kWgmmaSbo);
 }
 
 // One 64-k step at 64 tokens: for split s = SPLITS-1 .. 0, the four k16

@@ -1,7 +1,9 @@
 // Does one wgmma (sm_90a, A in registers, B in shared memory) accumulate a
 // k16 slice with the same bits as the m16n8k16 mma.sync the matmul kernel
-// uses? Row invariance across the matmul's T <= 16 (mma.sync) and a future
-// T > 16 wgmma path needs exactly that, for every column count N.
+// uses? Row invariance across the matmul's mma.sync paths (up to 32 rows)
+// and its wgmma path (33-64 rows) needs exactly that, for every column
+// count N. It calls the matmul's own instruction wrappers
+// (kernels/cuda/mma_instructions.cuh), plus an N = 8 wgmma of its own.
 //
 // The probe multiplies bf16 A[64][K] by B[K][N] (N = 8 and 64) into fp32 in
 // one warpgroup both ways, k16 slice after k16 slice from C = 0, with
@@ -12,8 +14,8 @@
 // from mma.sync. Prints one line per case; exit status 0 when both
 // instructions agree bit for bit everywhere.
 //
-// Build (sm_90a): nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a
-//   tools/cuda_bench/mma_order_probe.cu -o mma_order_probe
+// Build (sm_90a): bazel build --config=cuda //tools/cuda_bench:mma_order_probe
+// (tools/cuda_bench.sh prepare builds and carries it).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -24,7 +26,15 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cuda/mma_instructions.cuh"
+
 namespace {
+
+using specserve::kernels::cuda::Mma;
+using specserve::kernels::cuda::Wgmma64;
+using specserve::kernels::cuda::WgmmaCommitAndWait;
+using specserve::kernels::cuda::WgmmaFence;
+using specserve::kernels::cuda::WgmmaNoSwizzleDesc;
 
 #define PROBE_CUDA(x)                                                              \
   do {                                                                             \
@@ -67,11 +77,7 @@ __global__ void MmaSyncKernel(const __nv_bfloat16* a, const __nv_bfloat16* b, in
     for (int n = 0; n < N / 8; ++n) {
       const __nv_bfloat16* bc = b + (8 * n + g) * K + k0 + 2 * q;
       const uint32_t b0 = Pack(bc), b1 = Pack(bc + 8);
-      asm volatile(
-          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-          "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-          : "+f"(acc[n][0]), "+f"(acc[n][1]), "+f"(acc[n][2]), "+f"(acc[n][3])
-          : "r"(ar[0]), "r"(ar[1]), "r"(ar[2]), "r"(ar[3]), "r"(b0), "r"(b1));
+      Mma(acc[n], ar[0], ar[1], ar[2], ar[3], b0, b1);
     }
   }
   for (int n = 0; n < N / 8; ++n) {
@@ -82,40 +88,12 @@ __global__ void MmaSyncKernel(const __nv_bfloat16* a, const __nv_bfloat16* b, in
   }
 }
 
-__device__ __forceinline__ uint64_t Desc(const void* smem, uint32_t lbo, uint32_t sbo) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  uint64_t desc = (addr >> 4) & 0x3fff;
-  desc |= static_cast<uint64_t>((lbo >> 4) & 0x3fff) << 16;
-  desc |= static_cast<uint64_t>((sbo >> 4) & 0x3fff) << 32;
-  return desc;  // base offset 0, no swizzle
-}
-
-template <int N>
-__device__ __forceinline__ void Wgmma(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc);
-
-template <>
-__device__ __forceinline__ void Wgmma<8>(float (&d)[4], const uint32_t (&a)[4], uint64_t desc) {
+// wgmma at N = 8 (the matmul itself runs N = 64: Wgmma64).
+__device__ __forceinline__ void Wgmma8(float (&d)[1][4], const uint32_t (&a)[4], uint64_t desc) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
       "{%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, 1, 1, 1, 0;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<64>(float (&d)[32], const uint32_t (&a)[4],
-                                          uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-      "{%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
-        "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
-        "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
-        "+f"(d[31])
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
 
@@ -129,7 +107,7 @@ __global__ void WgmmaKernel(const __nv_bfloat16* a, const __nv_bfloat16* b, int 
   // (padded: a wrong reading of the offsets must not read past the array)
   __shared__ __align__(128) __nv_bfloat16 bs[N * 16 + 4096];
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  float acc[N / 2] = {};
+  float acc[N / 8][4] = {};
   for (int k0 = 0; k0 < K; k0 += 16) {
     __syncthreads();
     for (int i = threadIdx.x; i < N * 16; i += blockDim.x) {
@@ -140,16 +118,21 @@ __global__ void WgmmaKernel(const __nv_bfloat16* a, const __nv_bfloat16* b, int 
     __syncthreads();
     uint32_t ar[4];
     LoadA(a, K, w, lane, k0, ar);
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-    Wgmma<N>(acc, ar, Desc(bs, lbo, sbo));
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    WgmmaFence();
+    const uint64_t desc = WgmmaNoSwizzleDesc(bs, lbo, sbo);
+    if constexpr (N == 8) {
+      Wgmma8(acc, ar, desc);
+    } else {
+      static_assert(N == 64, "N = 8 or 64");
+      Wgmma64(acc, ar[0], ar[1], ar[2], ar[3], desc);
+    }
+    WgmmaCommitAndWait();
   }
   // D layout: like mma.sync's C per warp, N/8 column tiles of 4 values.
   for (int n = 0; n < N / 8; ++n) {
     for (int i = 0; i < 4; ++i) {
       const int row = 16 * w + g + (i >> 1) * 8, col = 8 * n + 2 * q + (i & 1);
-      d[row * N + col] = acc[n * 4 + i];
+      d[row * N + col] = acc[n][i];
     }
   }
 }
