@@ -58,9 +58,7 @@ class BatchTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<ModelState> NewState(int capacity = 96) {
-    auto s = model_->NewState({.capacity = capacity, .max_verify_columns = 8});
-    EXPECT_TRUE(s.ok()) << s.status();
-    return std::move(*s);
+    return testing::NewStateOrFail(model_.get(), capacity, 8);
   }
 
   // Every linear layer's committed state, concatenated.

@@ -63,8 +63,7 @@ class CudaModelTest : public ::testing::TestWithParam<std::string> {
     if (kernels::cuda::CudaDeviceCount() == 0) {
       GTEST_SKIP() << "no CUDA device visible";
     }
-    dir_ = GetParam() == "models/default" ? testing::DefaultModelDir()
-                                          : testing::RepoPath(GetParam());
+    dir_ = testing::ModelDirOf(GetParam());
     auto g = kernels::cuda::CreateCudaBackend(0);
     ASSERT_TRUE(g.ok()) << g.status();
     gpu_ = std::move(*g);
@@ -89,9 +88,7 @@ class CudaModelTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<ModelState> NewState(Model* m, int capacity = 256) {
-    auto s = m->NewState({.capacity = capacity, .max_verify_columns = 8});
-    EXPECT_TRUE(s.ok()) << s.status();
-    return s.ok() ? std::move(*s) : nullptr;
+    return testing::NewStateOrFail(m, capacity, 8);
   }
 
   // Compares row r of `gpu` with row r of `cpu` (logits within kRelTol, the

@@ -108,9 +108,7 @@ class ExactnessTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<ModelState> NewState(int capacity = 256) {
-    auto s = model_->NewState({.capacity = capacity, .max_verify_columns = 16});
-    EXPECT_TRUE(s.ok());
-    return std::move(*s);
+    return testing::NewStateOrFail(model_.get(), capacity, 16);
   }
 
   // Every linear layer's state (column < 0: committed), concatenated.

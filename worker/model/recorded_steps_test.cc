@@ -27,8 +27,7 @@ class RecordedStepsTest : public ::testing::TestWithParam<std::string> {
     gpu_ = testing::MakeTestBackend(&why);
     if (gpu_ == nullptr) GTEST_SKIP() << why;
     ASSERT_TRUE(gpu_->CanRecord()) << testing::TestBackendName() << " cannot record";
-    dir_ = GetParam() == "models/default" ? testing::DefaultModelDir()
-                                          : testing::RepoPath(GetParam());
+    dir_ = testing::ModelDirOf(GetParam());
     auto m = Model::Load(dir_, gpu_.get());
     ASSERT_TRUE(m.ok()) << dir_ << ": " << m.status();
     model_ = std::move(*m);
@@ -41,9 +40,7 @@ class RecordedStepsTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<ModelState> NewState(Model* m, int capacity = 256) {
-    auto s = m->NewState({.capacity = capacity, .max_verify_columns = 8});
-    EXPECT_TRUE(s.ok()) << s.status();
-    return s.ok() ? std::move(*s) : nullptr;
+    return testing::NewStateOrFail(m, capacity, 8);
   }
 
   std::string dir_;

@@ -77,6 +77,16 @@ std::string DefaultModelDir() {
   return RepoPath("models/specserve-tiny-py");
 }
 
+std::string ModelDirOf(const std::string& param) {
+  return param == "models/default" ? DefaultModelDir() : RepoPath(param);
+}
+
+std::unique_ptr<ModelState> NewStateOrFail(Model* m, int capacity, int verify_columns) {
+  auto s = m->NewState({.capacity = capacity, .max_verify_columns = verify_columns});
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
 std::vector<std::string> TestModelDirs() {
   return List("tests/models", true, "");
 }

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
+#include "worker/model/model.h"
 
 namespace specserve::model::testing {
 
@@ -39,6 +40,14 @@ std::vector<int32_t> RandomTokens(int n, int vocab, std::mt19937* rng);
 // Absolute path of models/default's folder. The link itself is not in
 // Bazel's runfiles (they carry the folder it names).
 std::string DefaultModelDir();
+
+// Absolute path of a model parameter of DefaultAndTestModels():
+// DefaultModelDir() for "models/default", RepoPath otherwise.
+std::string ModelDirOf(const std::string& param);
+
+// A new state of `m` (`capacity` positions, verify rounds of up to
+// `verify_columns`); nullptr with a test failure when it cannot be made.
+std::unique_ptr<ModelState> NewStateOrFail(Model* m, int capacity, int verify_columns);
 
 struct MtpChain {
   int32_t start_token = 0;
