@@ -34,6 +34,20 @@ absl::StatusOr<Weight> Backend::UploadStackedWeight(DType dtype,
   return w;
 }
 
+absl::Status Backend::AttentionInputs(const AttentionInputsParams& p) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  for (const RmsNormParams* n : {&p.q_norm, &p.k_norm}) {
+    if (absl::Status s = RmsNorm(*n); !s.ok()) return s;
+  }
+  for (const RopeParams* r : {&p.q_rope, &p.k_rope}) {
+    if (absl::Status s = Rope(*r); !s.ok()) return s;
+  }
+  for (const ScatterRowsParams* c : {&p.k_scatter, &p.v_scatter}) {
+    if (absl::Status s = ScatterRows(*c); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Backend::BeginRecording() {
   return absl::UnimplementedError(absl::StrCat(name(), " backend cannot record ops"));
 }

@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/attention.h"
+#include "kernels/attention_inputs.h"
 #include "kernels/conv1d.h"
 #include "kernels/embed.h"
 #include "kernels/gated_delta_rule.h"
@@ -114,6 +115,10 @@ class Backend {
   virtual absl::Status LogSumExp(const LogSumExpParams& p) = 0;
   virtual absl::Status Softmax(const SoftmaxParams& p) = 0;
   virtual absl::Status ScatterRows(const ScatterRowsParams& p) = 0;
+  // q_norm, k_norm, RoPE of q and k, the K and V scatters: by default those
+  // six ops in that order (backend.cc); a backend overrides it to fuse them
+  // with the same bits (kernels/attention_inputs.h).
+  virtual absl::Status AttentionInputs(const AttentionInputsParams& p);
 
  protected:
   friend class Buffer;

@@ -65,6 +65,9 @@ class ForwardingBackend : public Backend {
   absl::Status ScatterRows(const ScatterRowsParams& p) override {
     return inner_->ScatterRows(p);
   }
+  absl::Status AttentionInputs(const AttentionInputsParams& p) override {
+    return inner_->AttentionInputs(p);
+  }
 
  protected:
   Backend* inner() const { return inner_; }

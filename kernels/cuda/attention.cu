@@ -66,6 +66,7 @@ __global__ void __launch_bounds__(kThreads)
     AttentionPartialKernel(AttentionParams p, Batch b) {
   __shared__ float sm_m[G][kWarps], sm_l[G][kWarps];
   __shared__ float sm_acc[G][kWarps][kMaxHeadDim];
+  PdlBegin();
   const int c = blockIdx.x;
   const int64_t h0 = static_cast<int64_t>(blockIdx.y) * G;
   const int64_t tl = blockIdx.z;
@@ -211,6 +212,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     AttentionCombineKernel(AttentionParams p, Batch b) {
   __shared__ float sm_e[kMaxChunks];
+  PdlBegin();
   const int64_t h = blockIdx.x;
   const int64_t tl = blockIdx.y;
   const int64_t t = b.row0 + tl;
@@ -275,16 +277,18 @@ absl::Status RunBatches(const AttentionParams& p, const Workspace& ws, cudaStrea
     const int g = HeadsPerBlock(p, rows_here * b.max_chunks);
     const dim3 grid(b.max_chunks, static_cast<unsigned>(p.num_heads / g),
                     static_cast<unsigned>(rows_here));
+    const dim3 block(kThreads);
+    auto partial = AttentionPartialKernel<DPL, 1>;
     switch (g) {
-      case 6: AttentionPartialKernel<DPL, 6><<<grid, kThreads, 0, stream>>>(p, b); break;
-      case 3: AttentionPartialKernel<DPL, 3><<<grid, kThreads, 0, stream>>>(p, b); break;
-      case 2: AttentionPartialKernel<DPL, 2><<<grid, kThreads, 0, stream>>>(p, b); break;
-      default: AttentionPartialKernel<DPL, 1><<<grid, kThreads, 0, stream>>>(p, b); break;
+      case 6: partial = AttentionPartialKernel<DPL, 6>; break;
+      case 3: partial = AttentionPartialKernel<DPL, 3>; break;
+      case 2: partial = AttentionPartialKernel<DPL, 2>; break;
+      default: break;
     }
+    LaunchPdl(partial, grid, block, 0, stream, p, b);
     if (absl::Status s = LaunchStatus("attention partial launch"); !s.ok()) return s;
-    AttentionCombineKernel<<<dim3(static_cast<unsigned>(p.num_heads),
-                                  static_cast<unsigned>(rows_here)),
-                             kThreads, 0, stream>>>(p, b);
+    const dim3 cgrid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(rows_here));
+    LaunchPdl(AttentionCombineKernel, cgrid, block, 0, stream, p, b);
     if (absl::Status s = LaunchStatus("attention combine launch"); !s.ok()) return s;
   }
   return absl::OkStatus();

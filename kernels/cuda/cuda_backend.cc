@@ -373,6 +373,12 @@ absl::Status CudaBackend::ScatterRows(const ScatterRowsParams& p) {
   return LaunchScatterRows(p, stream_.get());
 }
 
+absl::Status CudaBackend::AttentionInputs(const AttentionInputsParams& p) {
+  if (!FusesAttentionInputs(p)) return Backend::AttentionInputs(p);
+  SS_RETURN_IF_ERROR(UseDevice());
+  return LaunchAttentionInputs(p, stream_.get());
+}
+
 absl::Status CudaBackend::Softmax(const SoftmaxParams& p) {
   SS_RETURN_IF_ERROR(UseDevice());
   return LaunchSoftmax(p, stream_.get());

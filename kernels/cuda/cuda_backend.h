@@ -103,6 +103,8 @@ class CudaBackend : public Backend {
   absl::Status LogSumExp(const LogSumExpParams& p) override;
   absl::Status Softmax(const SoftmaxParams& p) override;
   absl::Status ScatterRows(const ScatterRowsParams& p) override;
+  // One kernel where the six ops fuse (ops.h), else the six ops.
+  absl::Status AttentionInputs(const AttentionInputsParams& p) override;
 
  protected:
   void Free(void* data) override;

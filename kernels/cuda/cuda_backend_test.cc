@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/ops.h"
 #include "kernels/session_batch_check.h"
 
 namespace specserve::kernels::cuda {
@@ -432,6 +434,106 @@ TEST_F(CudaBackendTest, Rope) {
             ExpectBitEqual(Down(fresh, true, rows * rs).data(), res[1].data(), rows * rs,
                            what + " rows alone");
           }
+        }
+      }
+    }
+  }
+}
+
+// AttentionInputs fused into one kernel against the six ops it stands for
+// (Backend::AttentionInputs, on the GPU): the same bits in q, k and both
+// caches, for one session's rows (consecutive cache rows) and for a session
+// batch (a cache and a position per row), partial and full rotary dims.
+TEST_F(CudaBackendTest, AttentionInputsFusedEqualsTheSixOps) {
+  for (int rows : kRows) {
+    for (auto [nh, nkv, hd] : {std::tuple{24, 4, 256}, std::tuple{6, 2, 64},
+                               std::tuple{3, 3, 18}}) {
+      for (int rot : {0, hd / 4 - (hd / 4) % 2, hd}) {
+        for (bool batch : {false, true}) {
+          const std::string what = absl::StrCat("rows=", rows, " nh=", nh, " nkv=", nkv,
+                                                " hd=", hd, " rot=", rot, " batch=", batch);
+          const int kv_dim = nkv * hd, W = nh * 2 * hd + 2 * kv_dim, cap = 40 + rows;
+          const std::vector<float> qkv = Random(static_cast<size_t>(rows) * W, -3, 3);
+          const std::vector<float> qw = Random(hd, -0.5f, 0.5f), kw = Random(hd, -0.5f, 0.5f);
+          const std::vector<float> inv = RopeInvFreq(10000000.0, std::max(rot, 2));
+          Dual qwd = UpF(qw), kwd = UpF(kw), fd = UpF(inv);
+          std::vector<int32_t> pos(rows);
+          for (int t = 0; t < rows; ++t) pos[t] = batch ? (7 * t + 3) % cap : 5 + t;
+          Dual posd = Up(pos.data(), rows * 4);
+          std::vector<float> out[2][3];  // [fused][qkv, k caches, v caches]
+          for (bool fused : {false, true}) {
+            Dual x = UpF(qkv);
+            // Batch: one cache pair per row; otherwise one pair for all rows.
+            const int caches = batch ? rows : 1;
+            Dual kc = Zeros(static_cast<size_t>(caches) * cap * kv_dim);
+            Dual vc = Zeros(static_cast<size_t>(caches) * cap * kv_dim);
+            std::vector<float*> kp(caches), vp(caches);
+            for (int i = 0; i < caches; ++i) {
+              kp[i] = kc.F(true) + static_cast<size_t>(i) * cap * kv_dim;
+              vp[i] = vc.F(true) + static_cast<size_t>(i) * cap * kv_dim;
+            }
+            Dual kpd = Up(kp.data(), caches * sizeof(float*));
+            Dual vpd = Up(vp.data(), caches * sizeof(float*));
+            float* q = x.F(true);
+            AttentionInputsParams p;
+            p.q_norm.rows = rows * nh;
+            p.q_norm.dim = hd;
+            p.q_norm.x = p.q_norm.y = q;
+            p.q_norm.x_stride = p.q_norm.y_stride = 2 * hd;
+            p.q_norm.group = nh;
+            p.q_norm.x_group_stride = p.q_norm.y_group_stride = W;
+            p.q_norm.weight = qwd.F(true);
+            p.k_norm = p.q_norm;
+            p.k_norm.rows = rows * nkv;
+            p.k_norm.x = p.k_norm.y = q + nh * 2 * hd;
+            p.k_norm.x_stride = p.k_norm.y_stride = hd;
+            p.k_norm.group = nkv;
+            p.k_norm.weight = kwd.F(true);
+            p.q_rope.rows = rows;
+            p.q_rope.heads = nh;
+            p.q_rope.head_dim = hd;
+            p.q_rope.rotary_dim = rot;
+            p.q_rope.x = q;
+            p.q_rope.row_stride = W;
+            p.q_rope.head_stride = 2 * hd;
+            p.q_rope.inv_freq = fd.F(true);
+            p.k_rope = p.q_rope;
+            p.k_rope.heads = nkv;
+            p.k_rope.x = p.k_norm.y;
+            p.k_rope.head_stride = hd;
+            p.k_scatter.rows = rows;
+            p.k_scatter.cols = kv_dim;
+            p.k_scatter.src = p.k_norm.x;
+            p.k_scatter.src_stride = W;
+            p.k_scatter.dst_row_stride = kv_dim;
+            p.v_scatter = p.k_scatter;
+            p.v_scatter.src = p.k_norm.x + kv_dim;
+            if (batch) {
+              p.q_rope.positions = p.k_rope.positions = static_cast<int32_t*>(posd.V(true));
+              p.k_scatter.dst_rows = p.v_scatter.dst_rows = p.q_rope.positions;
+              p.k_scatter.dst = static_cast<float* const*>(kpd.V(true));
+              p.v_scatter.dst = static_cast<float* const*>(vpd.V(true));
+            } else {
+              p.q_rope.first_position = p.k_rope.first_position = pos[0];
+              p.k_scatter.dst_base = kc.F(true);
+              p.v_scatter.dst_base = vc.F(true);
+              p.k_scatter.dst_first_row = p.v_scatter.dst_first_row = pos[0];
+            }
+            ASSERT_TRUE(FusesAttentionInputs(p)) << what;
+            const absl::Status s =
+                fused ? gpu_->AttentionInputs(p) : gpu_->Backend::AttentionInputs(p);
+            ASSERT_TRUE(s.ok()) << what << ": " << s;
+            out[fused][0] = Down(x, true, qkv.size());
+            out[fused][1] = Down(kc, true, static_cast<size_t>(caches) * cap * kv_dim);
+            out[fused][2] = Down(vc, true, static_cast<size_t>(caches) * cap * kv_dim);
+          }
+          for (int b = 0; b < 3; ++b) {
+            ASSERT_EQ(out[0][b].size(), out[1][b].size());
+            ExpectBitEqual(out[0][b].data(), out[1][b].data(), out[0][b].size(),
+                           what + (b == 0 ? " q|k|v" : b == 1 ? " k cache" : " v cache"));
+          }
+          // The rows were really normalised and written (not left as they were).
+          EXPECT_NE(0, std::memcmp(out[1][0].data(), qkv.data(), qkv.size() * 4)) << what;
         }
       }
     }

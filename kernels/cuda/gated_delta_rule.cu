@@ -31,7 +31,8 @@
 // (p.states) gives each row its own blocks (blockIdx.z = row), which run
 // the one-row call's instructions on that row's state, in place.
 //
-// Plain launch (no PDL): every input may be written by the previous kernel.
+// Launched as a programmatic dependent (common.cuh): the kernel waits for
+// the previous one before it reads anything.
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
@@ -103,6 +104,7 @@ __global__ void __launch_bounds__(W * 32, 1) GatedDeltaRuleKernel(GatedDeltaRule
   constexpr bool kAllCols = kDv != 0 && kDv % kCols == 0;
   __shared__ __align__(16) float qk[W][2][R];  // per warp: k̂, q̂ of its rows
   __shared__ __align__(8) float red[2][W][kCols];  // u, o partials per warp
+  PdlBegin();  // every input may be written by the previous kernel
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -283,7 +285,7 @@ void Launch(const GatedDeltaRuleParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(CeilDiv(p.v_head_dim, 32 * V)),
                   static_cast<unsigned>(p.num_v_heads),
                   p.states != nullptr ? static_cast<unsigned>(p.rows) : 1u);
-  GatedDeltaRuleKernel<R, W, V, kFull, kDv><<<grid, W * 32, 0, stream>>>(p);
+  LaunchPdl(GatedDeltaRuleKernel<R, W, V, kFull, kDv>, grid, dim3(W * 32), 0, stream, p);
 }
 
 // Rows of 32 per warp, W = ceil(dk/32) warps, a column per lane.

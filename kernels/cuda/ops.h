@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/attention.h"
+#include "kernels/attention_inputs.h"
 #include "kernels/conv1d.h"
 #include "kernels/embed.h"
 #include "kernels/gated_delta_rule.h"
@@ -88,6 +89,13 @@ absl::Status LaunchSwiglu(const SwigluParams& p, cudaStream_t stream);
 absl::Status LaunchAttention(const AttentionParams& p, const Workspace& ws,
                              cudaStream_t stream);
 size_t AttentionWorkspaceBytesPerRow(const AttentionParams& p);
+
+// The six ops of AttentionInputs as one kernel, when they describe one
+// layout (FusesAttentionInputs: each norm in place over its rope's head
+// vectors, key heads back to back, the scatters reading rotated keys and
+// values of the same rows and width); INVALID_ARGUMENT otherwise.
+bool FusesAttentionInputs(const AttentionInputsParams& p);
+absl::Status LaunchAttentionInputs(const AttentionInputsParams& p, cudaStream_t stream);
 
 absl::Status LaunchConv1d(const Conv1dParams& p, cudaStream_t stream);
 absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleParams& p,

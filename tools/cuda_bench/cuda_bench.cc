@@ -13,6 +13,7 @@
 // Prints tables and writes --json.
 //
 // Usage: cuda_bench [--json=FILE] [--default_model=DIR] [--skip_model]
+//                   [--skip_matmul] [--quick_sweep] [--x_splits=2] [--leave_out]
 //                   [--synthetic_dir=/tmp/specserve_27b]
 #include <cuda_runtime_api.h>
 
@@ -26,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -105,6 +107,8 @@ double CopyGBs(CudaBackend* be, size_t bytes) {
 struct Ctx {
   double copy_gbs = 0;
   int model_splits = 2;  // --x_splits: bf16 terms per x in the models' matmuls
+  bool leave_out = false;  // --leave_out: LeaveOutSweep after (a)
+  bool quick_sweep = false;  // --quick_sweep (MatmulSweep)
   json out = json::object();
 };
 
@@ -126,7 +130,10 @@ void MatmulSweep(Ctx* ctx) {
       // o_proj, q|k|v, lm_head.
       {5120, 17408}, {34816, 5120}, {16480, 5120}, {5120, 6144},
       {14336, 5120}, {248320, 5120}};
-  const int ts[] = {1, 2, 4, 8, 16, 32, 64};
+  // --quick_sweep: T = 1, 4, 64 on the tensor-core path only, no plan
+  // variants (kernel experiments).
+  const std::vector<int> ts = ctx->quick_sweep ? std::vector<int>{1, 4, 64}
+                                               : std::vector<int>{1, 2, 4, 8, 16, 32, 64};
   std::printf("\n== matmul, bf16 weight (floor = weight bytes / copy bandwidth)\n");
   std::printf("%-16s %-10s %4s %9s %9s %8s %8s\n", "[out][in]", "path", "T", "us", "floor_us",
               "%floor", "x T=1");
@@ -139,6 +146,7 @@ void MatmulSweep(Ctx* ctx) {
   };
   const Path paths[] = {{"mma-x2", 2}, {"fma", 0}};
   for (const Path& path : paths) {
+    if (ctx->quick_sweep && path.splits == 0) continue;
     auto owner = MakeBackend(path.splits);
     auto* be = static_cast<CudaBackend*>(owner.get());
     RandomWeightsBackend rb(be, 0.02f);
@@ -185,6 +193,7 @@ void MatmulSweep(Ctx* ctx) {
     }
   }
   ctx->out["matmul"] = rows;
+  if (ctx->quick_sweep) return;
 
   // Plan variants: parts forced per call (0 = the plan's choice), mma-x2.
   std::printf("\n== plan variants, mma-x2 (parts 0 = the plan's own choice; pieces = the most "
@@ -246,6 +255,40 @@ json PrintTimeline(const char* label,
     out.push_back({{"op", name}, {"ms", ms / steps}, {"calls", calls / steps}});
   }
   return out;
+}
+
+// (a) with groups of short ops left out (--leave_out): the greedy step,
+// recorded again without them, against the full step: the most that fusing
+// each group away could save. The tokens are meaningless meanwhile.
+void LeaveOutSweep(RandomWeightsBackend* rb, model::Model* m, model::ModelState* st,
+                   int32_t* next, double full_ms, json* j) {
+  const std::vector<std::pair<std::string, std::set<std::string>>> groups = {
+      {"conv1d", {"conv1d"}},
+      {"gated_delta_rule", {"gated_delta_rule"}},
+      {"gated_rms_norm", {"gated_rms_norm"}},
+      {"attention_inputs", {"attention_inputs"}},
+      {"attention", {"attention"}},
+      {"all short ops", {"conv1d", "gated_delta_rule", "gated_rms_norm", "rms_norm", "rope",
+                         "scatter_rows", "attention_inputs", "attention", "swiglu"}},
+  };
+  model::ForwardResult lean;
+  lean.want_logits = false;
+  std::printf("    left out (greedy step recorded again without them; full %.2f ms):\n"
+              "      %-28s %9s %9s\n", full_ms, "ops", "ms", "saved_ms");
+  json out = json::array();
+  for (const auto& [name, ops] : groups) {
+    rb->set_skipped(ops);
+    m->DropRecordedSteps();
+    const double ms = WallMs(3, 20, [&] {
+      BENCH_CHECK(m->Decode(st, *next, &lean));
+      *next = lean.argmax[0];
+    });
+    std::printf("      %-28s %9.2f %9.2f\n", name.c_str(), ms, full_ms - ms);
+    out.push_back({{"left_out", name}, {"ms", ms}, {"saved_ms", full_ms - ms}});
+  }
+  rb->set_skipped({});
+  m->DropRecordedSteps();
+  (*j)["decode_left_out"] = out;
 }
 
 void ModelBench(Ctx* ctx, const std::string& dir) {
@@ -342,6 +385,7 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
     j["decode_timeline"] = PrintTimeline("(a) decode", rb.StopTimeline(), 3);
   }
   m->set_use_graphs(true);
+  if (ctx->leave_out) LeaveOutSweep(&rb, m.get(), st->get(), &next, dec_lean, &j);
   // (b) verify.
   // Greedy rounds (the engine's) take no logits; each column is set against
   // the decode step of the same kind.
@@ -364,6 +408,18 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
                   {"x_greedy_decode", ms_lean / dec_lean}});
   }
   j["verify"] = jv;
+  {
+    // Verify of 4 columns op by op: where its time goes beside (a)'s.
+    m->set_use_graphs(false);
+    std::vector<int32_t> cols(4, next);
+    rb.StartTimeline();
+    for (int i = 0; i < 3; ++i) {
+      BENCH_CHECK(m->Verify(st->get(), cols, &lean));
+      m->DiscardVerified(st->get());
+    }
+    j["verify4_timeline"] = PrintTimeline("(b) verify of 4 columns", rb.StopTimeline(), 3);
+    m->set_use_graphs(true);
+  }
   st->reset();
   // (c) DecodeBatch of B sessions, 32-token contexts.
   std::printf("(c) DecodeBatch, B sessions at 32-token contexts (ms with the step's CUDA "
@@ -528,7 +584,7 @@ void EngineBench(Ctx* ctx, const std::string& dir) {
 
 int Main(int argc, char** argv) {
   std::string json_path = "cuda_bench.json", default_model, synth = "/tmp/specserve_27b";
-  bool skip_model = false, skip_matmul = false;
+  bool skip_model = false, skip_matmul = false, ctx_leave_out = false, ctx_quick = false;
   // bf16 terms per activation in the models' matmuls: 2 is the worker's
   // default (CudaBackendOptions), 3 the exact split.
   int model_splits = 2;
@@ -539,6 +595,8 @@ int Main(int argc, char** argv) {
     if (a.rfind("--synthetic_dir=", 0) == 0) synth = a.substr(16);
     if (a == "--skip_model") skip_model = true;
     if (a == "--skip_matmul") skip_matmul = true;
+    if (a == "--leave_out") ctx_leave_out = true;
+    if (a == "--quick_sweep") ctx_quick = true;
     if (a.rfind("--x_splits=", 0) == 0) model_splits = std::stoi(a.substr(11));
   }
   if (kernels::cuda::CudaDeviceCount() == 0) {
@@ -547,6 +605,8 @@ int Main(int argc, char** argv) {
   }
   Ctx ctx;
   ctx.model_splits = model_splits;
+  ctx.leave_out = ctx_leave_out;
+  ctx.quick_sweep = ctx_quick;
   ctx.out["model_x_splits"] = model_splits;
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));

@@ -55,25 +55,51 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w,
   SS_RETURN_IF_ERROR(be.Matmul(
       NormedMatmul(rows, ws.h.f32(), w.input_norm, c.rms_norm_eps, a.qkv_proj, q)));
 
-  // q_norm over the query half of every head, k_norm over every key head
-  // (grouped: heads inside the W-wide token rows).
-  kernels::RmsNormParams qn;
-  qn.rows = rows * nh;
+  // Per row block (all rows of a session batch, or one slice): q_norm over
+  // the query half of every head and k_norm over every key head (grouped:
+  // heads inside the W-wide token rows), RoPE of both, then the keys and
+  // values into the cache rows; one AttentionInputs call each.
+  kernels::AttentionInputsParams in;
+  kernels::RmsNormParams& qn = in.q_norm;
   qn.dim = hd;
-  qn.x = qn.y = q;
   qn.x_stride = qn.y_stride = 2 * hd;
   qn.group = nh;
   qn.x_group_stride = qn.y_group_stride = W;
   qn.weight = a.q_norm.f32();
   qn.eps = c.rms_norm_eps;
-  SS_RETURN_IF_ERROR(be.RmsNorm(qn));
-  kernels::RmsNormParams kn = qn;
-  kn.rows = rows * nkv;
-  kn.x = kn.y = k;
+  kernels::RmsNormParams& kn = in.k_norm;
+  kn = qn;
   kn.x_stride = kn.y_stride = hd;
   kn.group = nkv;
   kn.weight = a.k_norm.f32();
-  SS_RETURN_IF_ERROR(be.RmsNorm(kn));
+  kernels::RopeParams& rq = in.q_rope;
+  rq.heads = nh;
+  rq.head_dim = hd;
+  rq.rotary_dim = c.rotary_dim();
+  rq.row_stride = W;
+  rq.head_stride = 2 * hd;
+  rq.inv_freq = weights_.rope_inv_freq.f32();
+  kernels::RopeParams& rk = in.k_rope;
+  rk = rq;
+  rk.heads = nkv;
+  rk.head_stride = hd;
+  kernels::ScatterRowsParams& sk = in.k_scatter;
+  sk.cols = kv_dim;
+  sk.src_stride = W;
+  sk.dst_row_stride = kv_dim;
+  kernels::ScatterRowsParams& sv = in.v_scatter;
+  sv = sk;
+  // Rows [row0, row0 + n) of the projection.
+  auto set_rows = [&](int64_t row0, int64_t n) {
+    qn.rows = n * nh;
+    kn.rows = n * nkv;
+    rq.rows = rk.rows = sk.rows = sv.rows = n;
+    rq.x = qn.y = q + row0 * W;
+    qn.x = rq.x;
+    rk.x = kn.y = k + row0 * W;
+    kn.x = sk.src = rk.x;
+    sv.src = v + row0 * W;
+  };
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   kernels::AttentionParams at;
@@ -87,37 +113,14 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w,
   at.kv_row_stride = kv_dim;
   at.out_row_stride = nh * hd;
   at.scale = scale;
-  kernels::RopeParams rq;
-  rq.heads = nh;
-  rq.head_dim = hd;
-  rq.rotary_dim = c.rotary_dim();
-  rq.row_stride = W;
-  rq.head_stride = 2 * hd;
-  rq.inv_freq = weights_.rope_inv_freq.f32();
-  kernels::ScatterRowsParams sk;
-  sk.cols = kv_dim;
-  sk.src_stride = W;
-  sk.dst_row_stride = kv_dim;
   if (batch != nullptr) {
     // One call per op over all sessions (per-row positions and caches).
-    rq.rows = rows;
-    rq.x = q;
-    rq.positions = batch->positions;
-    SS_RETURN_IF_ERROR(be.Rope(rq));
-    kernels::RopeParams rk = rq;
-    rk.heads = nkv;
-    rk.x = k;
-    rk.head_stride = hd;
-    SS_RETURN_IF_ERROR(be.Rope(rk));
-    sk.rows = rows;
-    sk.src = k;
+    set_rows(0, rows);
+    rq.positions = rk.positions = batch->positions;
     sk.dst = batch->k;
-    sk.dst_rows = batch->positions;
-    SS_RETURN_IF_ERROR(be.ScatterRows(sk));
-    kernels::ScatterRowsParams sv = sk;
-    sv.src = v;
     sv.dst = batch->v;
-    SS_RETURN_IF_ERROR(be.ScatterRows(sv));
+    sk.dst_rows = sv.dst_rows = batch->positions;
+    SS_RETURN_IF_ERROR(be.AttentionInputs(in));
 
     at.rows = rows;
     at.q = q;
@@ -132,25 +135,13 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w,
     for (size_t i = 0; i < slices.size(); ++i) {
       const Slice& s = slices[i];
       const KvCache& kv = *kvs[i];
-      rq.rows = s.rows;
-      rq.x = q + s.row0 * W;
-      rq.first_position = s.start;
-      SS_RETURN_IF_ERROR(be.Rope(rq));
-      kernels::RopeParams rk = rq;
-      rk.heads = nkv;
-      rk.x = k + s.row0 * W;
-      rk.head_stride = hd;
-      SS_RETURN_IF_ERROR(be.Rope(rk));
-      // The slice's keys and values to its cache rows [start, start+rows).
-      sk.rows = s.rows;
-      sk.src = k + s.row0 * W;
+      // The slice's keys and values go to its cache rows [start, start+rows).
+      set_rows(s.row0, s.rows);
+      rq.first_position = rk.first_position = s.start;
       sk.dst_base = kv.k.f32();
-      sk.dst_first_row = s.start;
-      SS_RETURN_IF_ERROR(be.ScatterRows(sk));
-      kernels::ScatterRowsParams sv = sk;
-      sv.src = v + s.row0 * W;
       sv.dst_base = kv.v.f32();
-      SS_RETURN_IF_ERROR(be.ScatterRows(sv));
+      sk.dst_first_row = sv.dst_first_row = s.start;
+      SS_RETURN_IF_ERROR(be.AttentionInputs(in));
 
       at.rows = s.rows;
       at.q = q + s.row0 * W;

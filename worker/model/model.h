@@ -360,6 +360,9 @@ class Model {
   static constexpr int kGraphPositionBucket = 256;
   void set_use_graphs(bool on) { use_graphs_ = on; }
   bool use_graphs() const { return use_graphs_; }
+  // Forgets the recorded decode and batch steps (benchmarks that change what
+  // a step enqueues); the next step of each key runs op by op, then records.
+  void DropRecordedSteps() { steps_.Clear(); }
   struct GraphStats {
     int64_t eager = 0;     // graphable steps run op by op (first use of a key)
     int64_t recorded = 0;  // recordings made

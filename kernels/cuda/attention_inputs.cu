@@ -1,0 +1,120 @@
+// AttentionInputs (kernels/attention_inputs.h) in one launch: a warp per
+// (row, query or key head) vector normalises it (WarpInvRms and NormedElem,
+// rms_inv.cuh: RmsNorm's warp path), rotates its first rotary_dim elements
+// (RopeKernel's formulas: the angle pos·inv_freq[i] in fp32, cosf/sinf, no
+// contraction) and writes it back in place; a key head's warp also writes
+// the rotated key and the same head of the new value into the cache rows
+// ScatterRows would. Every element goes through the same fp32 operations as
+// in the six separate ops, so the bits are theirs.
+//
+// Fused only when the six Params describe that layout (FusesAttentionInputs);
+// otherwise the backend runs the six ops.
+//
+// In place: WarpInvRms reads the whole vector before its butterfly returns,
+// and afterwards each element is read and written by one lane only (lane
+// i % 32 owns the pair (i, i + rotary_dim/2) for i < rotary_dim/2 and
+// element i from rotary_dim on).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/rms_inv.cuh"
+
+namespace specserve::kernels::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+
+// Row t's destination row of a scatter (ScatterRowsKernel's address).
+__device__ __forceinline__ float* ScatterRow(const ScatterRowsParams& s, int64_t t) {
+  return s.dst != nullptr ? s.dst[t] + int64_t{s.dst_rows[t]} * s.dst_row_stride
+                          : s.dst_base + (s.dst_first_row + t) * s.dst_row_stride;
+}
+
+__global__ void __launch_bounds__(kWarps * 32) AttentionInputsKernel(AttentionInputsParams p) {
+  PdlBegin();
+  const int lane = threadIdx.x & 31;
+  const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int64_t qh = p.q_rope.heads, kh = p.k_rope.heads;
+  const int64_t t = task / (qh + kh);
+  if (t >= p.q_rope.rows) return;
+  const int64_t j = task % (qh + kh);
+  const bool is_k = j >= qh;
+  const int64_t h = is_k ? j - qh : j;
+  const RmsNormParams& n = is_k ? p.k_norm : p.q_norm;
+  const RopeParams& r = is_k ? p.k_rope : p.q_rope;
+  float* x = r.x + t * r.row_stride + h * r.head_stride;
+  const int64_t dim = n.dim;
+  const float inv = WarpInvRms(x, dim, n.eps, lane);
+
+  const int64_t half = r.rotary_dim / 2;
+  float* cache = nullptr;
+  if (is_k) cache = ScatterRow(p.k_scatter, t) + h * dim;
+  float pos = 0.0f;
+  if (half > 0) {
+    pos = static_cast<float>(r.positions != nullptr ? r.positions[t] : r.first_position + t);
+  }
+  for (int64_t i = lane; i < dim; i += 32) {
+    if (i < half) {
+      const float x1 = NormedElem(x[i], inv, n.weight, i, n.plus_one);
+      const float x2 = NormedElem(x[i + half], inv, n.weight, i + half, n.plus_one);
+      const float angle = __fmul_rn(pos, r.inv_freq[i]);
+      const float c = cosf(angle);
+      const float s = sinf(angle);
+      const float y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+      const float y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+      x[i] = y1;
+      x[i + half] = y2;
+      if (cache != nullptr) {
+        cache[i] = y1;
+        cache[i + half] = y2;
+      }
+    } else if (i >= 2 * half) {
+      const float y = NormedElem(x[i], inv, n.weight, i, n.plus_one);
+      x[i] = y;
+      if (cache != nullptr) cache[i] = y;
+    }
+  }
+  if (is_k) {
+    const float* v = p.v_scatter.src + t * p.v_scatter.src_stride + h * dim;
+    float* vrow = ScatterRow(p.v_scatter, t) + h * dim;
+    for (int64_t i = lane; i < dim; i += 32) vrow[i] = v[i];
+  }
+}
+
+// The norm covers exactly the rope's head vectors, in place.
+bool NormMatchesRope(const RmsNormParams& n, const RopeParams& r) {
+  return n.y == n.x && n.x == r.x && n.y_stride == n.x_stride &&
+         n.y_group_stride == n.x_group_stride && n.group == r.heads &&
+         n.x_stride == r.head_stride && n.x_group_stride == r.row_stride &&
+         n.rows == r.rows * r.heads && n.dim == r.head_dim && n.dim < kRmsBlockDim;
+}
+
+}  // namespace
+
+bool FusesAttentionInputs(const AttentionInputsParams& p) {
+  const RopeParams& q = p.q_rope;
+  const RopeParams& k = p.k_rope;
+  const ScatterRowsParams& ks = p.k_scatter;
+  const ScatterRowsParams& vs = p.v_scatter;
+  return NormMatchesRope(p.q_norm, q) && NormMatchesRope(p.k_norm, k) &&
+         q.rows == k.rows && k.head_stride == k.head_dim &&
+         // the key scatter copies the rotated keys, heads back to back
+         ks.src == k.x && ks.src_stride == k.row_stride && ks.rows == k.rows &&
+         ks.cols == k.heads * k.head_dim &&
+         // the value scatter: the same row and column layout
+         vs.rows == k.rows && vs.cols == ks.cols;
+}
+
+absl::Status LaunchAttentionInputs(const AttentionInputsParams& p, cudaStream_t stream) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  if (!FusesAttentionInputs(p)) {
+    return absl::InvalidArgumentError("attention_inputs: the six ops do not fuse");
+  }
+  const int64_t tasks = p.q_rope.rows * (p.q_rope.heads + p.k_rope.heads);
+  const int64_t blocks = CeilDiv(tasks, kWarps);
+  if (blocks > 0x7fffffff) return absl::InvalidArgumentError("attention_inputs: too many rows");
+  LaunchPdl(AttentionInputsKernel, static_cast<unsigned>(blocks), kWarps * 32, 0, stream, p);
+  return LaunchStatus("attention_inputs launch");
+}
+
+}  // namespace specserve::kernels::cuda
