@@ -551,18 +551,23 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
     each_output([&](int64_t o, int tok, float v) {
       a.partial[(static_cast<int64_t>(cv.piece) * a.tokens + tok) * p.out + o] = v;
     });
-    __threadfence();
+    // Every thread's partials, then one fence and the count: the barrier
+    // orders the block's stores before thread 0's fence, which is cumulative
+    // (the pattern of a cooperative-groups grid sync).
     __syncthreads();
-    if (tid == 0) is_last = atomicAdd(&a.counters[cv.tile], 1) == cv.pieces - 1;
+    if (tid == 0) {
+      __threadfence();
+      is_last = atomicAdd(&a.counters[cv.tile], 1) == cv.pieces - 1;
+    }
     __syncthreads();
     if (!is_last) continue;  // (is_last is rewritten only after two more barriers)
     __threadfence();
     const int64_t o0 = cv.tile * kTileOut;
     const int64_t piece_stride = static_cast<int64_t>(a.tokens) * p.out;
     // kE outputs per thread at a time, so that many loads are in flight (at
-    // 64 tokens a tile has 8192 outputs); each output's sum stays in piece
-    // order.
-    constexpr int kE = NT >= 4 ? 4 : 1;
+    // 64 tokens a tile has 8192 outputs; at 8 tokens 1024, one pass); each
+    // output's sum stays in piece order.
+    constexpr int kE = 4;
     const int total = a.tokens * kTileOut;
     for (int base = tid; base < total; base += kThreads * kE) {
       const float* src[kE];
