@@ -67,6 +67,10 @@ __global__ void __cluster_dims__(kArgmaxSplit, 1, 1) __launch_bounds__(kThreads)
   PdlBegin();
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
+  // Arrive now, wait before the first write to rank 0's shared memory: a
+  // block may touch another's shared memory only once that block has
+  // started (racecheck flags it otherwise); the scan runs in between.
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
   __shared__ float sm_v[kThreads / 32];
   __shared__ int64_t sm_i[kThreads / 32];
   __shared__ int sm_finite;
@@ -123,6 +127,7 @@ __global__ void __cluster_dims__(kArgmaxSplit, 1, 1) __launch_bounds__(kThreads)
     sm_i[warp] = best_i;
   }
   __syncthreads();
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
   if (threadIdx.x == 0) {
     for (int w = 0; w < kThreads / 32; ++w) {
       if (Better(sm_v[w], sm_i[w], best_v, best_i)) {
@@ -134,7 +139,9 @@ __global__ void __cluster_dims__(kArgmaxSplit, 1, 1) __launch_bounds__(kThreads)
     cluster.map_shared_rank(cl_i, 0)[part] = best_i;
     cluster.map_shared_rank(cl_finite, 0)[part] = sm_finite;
   }
-  cluster.sync();  // the winners are in rank 0's shared memory
+  // The winners are in rank 0's shared memory (and no block has left while
+  // it might still be written to).
+  cluster.sync();
   if (part == 0 && threadIdx.x == 0) {
     int all_finite = 1;
     for (int k = 0; k < kArgmaxSplit; ++k) {
