@@ -28,6 +28,10 @@
 #       3. (e) transformers generate on the same GPU
 #          (tools/cuda_bench/hf_generate.py): greedy ids on models/default
 #          against ours, tokens/s there and on the random 27B shape.
+#   tools/cuda_bench.sh ab BASE NEW [ROUNDS]   (GPU machine, carry .carry/ab)
+#       prepare also keeps each build's cuda_bench as .carry/ab/<rev>.tar.xz;
+#       ab runs two of them alternately on one machine and prints the
+#       27B-shape figures' medians and new/base ratios ($OUT/ab.{txt,json}).
 #   tools/cuda_bench.sh sanitize  (GPU machine) compute-sanitizer memcheck,
 #       racecheck and synccheck over the GPU tests: $OUT/sanitizers.txt.
 #       Writes into $OUT (default /tmp/cuda_bench): checks.log,
@@ -51,10 +55,46 @@ if [ "$mode" = prepare ]; then
   done
   mkdir -p .carry/pack
   tar -C "$carry" -cf - $(cd "$carry" && ls) | xz -6 -T2 > .carry/pack/cuda.tar.xz || exit 1
-  du -sh "$carry" .carry/pack
+  # This build's cuda_bench, kept by revision for `ab` (the newest 6).
+  rev="$(git rev-parse --short=8 HEAD)"
+  [ -z "$(git status --porcelain --untracked-files=no)" ] || rev="$rev-dirty"
+  mkdir -p .carry/ab
+  tar -C "$carry" -cf - cuda_bench | xz -6 -T2 > ".carry/ab/$rev.tar.xz" || exit 1
+  ls -t .carry/ab/*.tar.xz | tail -n +7 | xargs -r rm -f
+  echo "kept .carry/ab/$rev.tar.xz for: tools/cuda_bench.sh ab BASE $rev"
+  du -sh "$carry" .carry/pack .carry/ab
   exit 0
 fi
-[ "$mode" = run ] || [ "$mode" = sanitize ] || { echo "usage: $0 [prepare|run|sanitize]" >&2; exit 2; }
+if [ "$mode" = ab ]; then
+  # A/B on one machine (carry .carry/ab): the 27B-shape model figures of two
+  # kept builds, run alternately ROUNDS times each, medians and ratios
+  # (tools/cuda_bench/ab_compare.py). Machines of different device calls
+  # differ by ~1.5%, more than most single changes: compare within a call.
+  base="${2:?usage: $0 ab BASE NEW [ROUNDS] (names of .carry/ab/*.tar.xz)}"
+  new="${3:?usage: $0 ab BASE NEW [ROUNDS]}"
+  rounds="${4:-2}"
+  out="${OUT:-/tmp/cuda_bench}"
+  mkdir -p "$out"
+  for b in "$base" "$new"; do
+    mkdir -p ".carry/ab_bin/$b"
+    python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+      ".carry/ab/$b.tar.xz" ".carry/ab_bin/$b" || exit 1
+  done
+  files=()
+  for i in $(seq 1 "$rounds"); do
+    for b in "$base" "$new"; do
+      echo "== $b, round $i"
+      timeout 200 ".carry/ab_bin/$b/cuda_bench" --skip_matmul --json="$out/${b}_$i.json" \
+        > "$out/${b}_$i.txt" 2>&1 || { echo "cuda_bench $b failed"; tail -5 "$out/${b}_$i.txt"; exit 1; }
+      grep -E "^\(a\)|greedy \(no" "$out/${b}_$i.txt"
+      files+=("$out/${b}_$i.json")
+    done
+  done
+  python3 tools/cuda_bench/ab_compare.py "$base" "$new" "$out/ab.json" "${files[@]}" |
+    tee "$out/ab.txt"
+  exit "${PIPESTATUS[0]}"
+fi
+[ "$mode" = run ] || [ "$mode" = sanitize ] || { echo "usage: $0 [prepare|run|sanitize|ab]" >&2; exit 2; }
 
 # prepare also packs the binaries (.carry/pack/cuda.tar.xz, a fifth of their
 # size: the working tree that travels is capped): carry .carry/pack alone.
