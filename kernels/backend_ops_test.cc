@@ -403,6 +403,84 @@ TEST_P(BackendOpsTest, ScatterRowsBlock) {
   EXPECT_EQ(backend_->ScatterRows(p).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// AttentionInputs is its six ops in order (q_norm, k_norm, RoPE of q and k,
+// the K and V scatters): the same bits as issuing them one by one. A bad
+// part is refused before any part runs: nothing is written.
+TEST_P(BackendOpsTest, AttentionInputsIsTheSixOpsAndRefusesBadInputWhole) {
+  const int rows = 3, nh = 4, nkv = 2, hd = 8, rot = 4, first = 6, cap = 12;
+  const int kv = nkv * hd, W = nh * 2 * hd + 2 * kv;
+  const std::vector<float> qkv = Random(rows * W, &rng_, -2, 2);
+  const std::vector<float> qw = Random(hd, &rng_), kw = Random(hd, &rng_);
+  const std::vector<float> inv = RopeInvFreq(10000.0, rot);
+  Buffer qwb = Up(qw), kwb = Up(kw), fb = Up(inv);
+  auto params = [&](float* x, float* kc, float* vc) {
+    AttentionInputsParams p;
+    p.q_norm.rows = rows * nh;
+    p.q_norm.dim = hd;
+    p.q_norm.x = p.q_norm.y = x;
+    p.q_norm.x_stride = p.q_norm.y_stride = 2 * hd;
+    p.q_norm.group = nh;
+    p.q_norm.x_group_stride = p.q_norm.y_group_stride = W;
+    p.q_norm.weight = qwb.f32();
+    p.k_norm = p.q_norm;
+    p.k_norm.rows = rows * nkv;
+    p.k_norm.x = p.k_norm.y = x + nh * 2 * hd;
+    p.k_norm.x_stride = p.k_norm.y_stride = hd;
+    p.k_norm.group = nkv;
+    p.k_norm.weight = kwb.f32();
+    p.q_rope.rows = rows;
+    p.q_rope.heads = nh;
+    p.q_rope.head_dim = hd;
+    p.q_rope.rotary_dim = rot;
+    p.q_rope.x = x;
+    p.q_rope.row_stride = W;
+    p.q_rope.head_stride = 2 * hd;
+    p.q_rope.first_position = first;
+    p.q_rope.inv_freq = fb.f32();
+    p.k_rope = p.q_rope;
+    p.k_rope.heads = nkv;
+    p.k_rope.x = p.k_norm.y;
+    p.k_rope.head_stride = hd;
+    p.k_scatter.rows = rows;
+    p.k_scatter.cols = kv;
+    p.k_scatter.src = p.k_norm.y;
+    p.k_scatter.src_stride = W;
+    p.k_scatter.dst_base = kc;
+    p.k_scatter.dst_first_row = first;
+    p.k_scatter.dst_row_stride = kv;
+    p.v_scatter = p.k_scatter;
+    p.v_scatter.src = p.k_norm.y + kv;
+    p.v_scatter.dst_base = vc;
+    return p;
+  };
+  const std::vector<float> zeros(cap * kv, 0.0f);
+  Buffer x1 = Up(qkv), k1 = Up(zeros), v1 = Up(zeros);
+  Buffer x2 = Up(qkv), k2 = Up(zeros), v2 = Up(zeros);
+  ASSERT_TRUE(backend_->AttentionInputs(params(x1.f32(), k1.f32(), v1.f32())).ok());
+  const AttentionInputsParams six = params(x2.f32(), k2.f32(), v2.f32());
+  ASSERT_TRUE(backend_->RmsNorm(six.q_norm).ok());
+  ASSERT_TRUE(backend_->RmsNorm(six.k_norm).ok());
+  ASSERT_TRUE(backend_->Rope(six.q_rope).ok());
+  ASSERT_TRUE(backend_->Rope(six.k_rope).ok());
+  ASSERT_TRUE(backend_->ScatterRows(six.k_scatter).ok());
+  ASSERT_TRUE(backend_->ScatterRows(six.v_scatter).ok());
+  EXPECT_EQ(Down(x1, qkv.size()), Down(x2, qkv.size()));
+  EXPECT_EQ(Down(k1, zeros.size()), Down(k2, zeros.size()));
+  EXPECT_EQ(Down(v1, zeros.size()), Down(v2, zeros.size()));
+  EXPECT_NE(Down(x1, qkv.size()), qkv);
+  EXPECT_NE(Down(k1, zeros.size()), zeros);
+
+  // The last part is bad (both scatter modes at once): INVALID_ARGUMENT,
+  // and the first five did not run.
+  Buffer x3 = Up(qkv), k3 = Up(zeros), v3 = Up(zeros);
+  AttentionInputsParams bad = params(x3.f32(), k3.f32(), v3.f32());
+  bad.v_scatter.dst_rows = reinterpret_cast<const int32_t*>(fb.f32());
+  EXPECT_EQ(backend_->AttentionInputs(bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Down(x3, qkv.size()), qkv);
+  EXPECT_EQ(Down(k3, zeros.size()), zeros);
+  EXPECT_EQ(Down(v3, zeros.size()), zeros);
+}
+
 TEST_P(BackendOpsTest, Rope) {
   for (int rows : kSizes) {
     for (int heads : {1, 3}) {
