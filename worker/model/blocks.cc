@@ -50,55 +50,26 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w,
   // W wide; the keys and values go to the caches after k_norm and RoPE.
   const int64_t q_width = nh * 2 * hd, W = q_width + 2 * kv_dim;
   float* const q = ws.qkv.f32();
-  float* const k = q + q_width;
-  float* const v = k + kv_dim;
   SS_RETURN_IF_ERROR(be.Matmul(
       NormedMatmul(rows, ws.h.f32(), w.input_norm, c.rms_norm_eps, a.qkv_proj, q)));
 
   // Per row block (all rows of a session batch, or one slice): q_norm over
-  // the query half of every head and k_norm over every key head (grouped:
-  // heads inside the W-wide token rows), RoPE of both, then the keys and
-  // values into the cache rows; one AttentionInputs call each.
-  kernels::AttentionInputsParams in;
-  kernels::RmsNormParams& qn = in.q_norm;
-  qn.dim = hd;
-  qn.x_stride = qn.y_stride = 2 * hd;
-  qn.group = nh;
-  qn.x_group_stride = qn.y_group_stride = W;
-  qn.weight = a.q_norm.f32();
-  qn.eps = c.rms_norm_eps;
-  kernels::RmsNormParams& kn = in.k_norm;
-  kn = qn;
-  kn.x_stride = kn.y_stride = hd;
-  kn.group = nkv;
-  kn.weight = a.k_norm.f32();
-  kernels::RopeParams& rq = in.q_rope;
-  rq.heads = nh;
-  rq.head_dim = hd;
-  rq.rotary_dim = c.rotary_dim();
-  rq.row_stride = W;
-  rq.head_stride = 2 * hd;
-  rq.inv_freq = weights_.rope_inv_freq.f32();
-  kernels::RopeParams& rk = in.k_rope;
-  rk = rq;
-  rk.heads = nkv;
-  rk.head_stride = hd;
-  kernels::ScatterRowsParams& sk = in.k_scatter;
-  sk.cols = kv_dim;
-  sk.src_stride = W;
-  sk.dst_row_stride = kv_dim;
-  kernels::ScatterRowsParams& sv = in.v_scatter;
-  sv = sk;
-  // Rows [row0, row0 + n) of the projection.
-  auto set_rows = [&](int64_t row0, int64_t n) {
-    qn.rows = n * nh;
-    kn.rows = n * nkv;
-    rq.rows = rk.rows = sk.rows = sv.rows = n;
-    rq.x = qn.y = q + row0 * W;
-    qn.x = rq.x;
-    rk.x = kn.y = k + row0 * W;
-    kn.x = sk.src = rk.x;
-    sv.src = v + row0 * W;
+  // the query half of every head and k_norm over every key head, RoPE of
+  // both, then the keys and values into the cache rows; one AttentionInputs
+  // call each. Rows [row0, row0 + n) of the projection:
+  auto inputs_of = [&](int64_t row0, int64_t n) {
+    kernels::FusedQkvRows r;
+    r.rows = n;
+    r.heads = nh;
+    r.kv_heads = nkv;
+    r.head_dim = hd;
+    r.rotary_dim = c.rotary_dim();
+    r.x = q + row0 * W;
+    r.q_norm = a.q_norm.f32();
+    r.k_norm = a.k_norm.f32();
+    r.eps = c.rms_norm_eps;
+    r.inv_freq = weights_.rope_inv_freq.f32();
+    return kernels::AttentionInputsOf(r);
   };
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -115,11 +86,11 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w,
   at.scale = scale;
   if (batch != nullptr) {
     // One call per op over all sessions (per-row positions and caches).
-    set_rows(0, rows);
-    rq.positions = rk.positions = batch->positions;
-    sk.dst = batch->k;
-    sv.dst = batch->v;
-    sk.dst_rows = sv.dst_rows = batch->positions;
+    kernels::AttentionInputsParams in = inputs_of(0, rows);
+    in.q_rope.positions = in.k_rope.positions = batch->positions;
+    in.k_scatter.dst = batch->k;
+    in.v_scatter.dst = batch->v;
+    in.k_scatter.dst_rows = in.v_scatter.dst_rows = batch->positions;
     SS_RETURN_IF_ERROR(be.AttentionInputs(in));
 
     at.rows = rows;
@@ -136,11 +107,11 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w,
       const Slice& s = slices[i];
       const KvCache& kv = *kvs[i];
       // The slice's keys and values go to its cache rows [start, start+rows).
-      set_rows(s.row0, s.rows);
-      rq.first_position = rk.first_position = s.start;
-      sk.dst_base = kv.k.f32();
-      sv.dst_base = kv.v.f32();
-      sk.dst_first_row = sv.dst_first_row = s.start;
+      kernels::AttentionInputsParams in = inputs_of(s.row0, s.rows);
+      in.q_rope.first_position = in.k_rope.first_position = s.start;
+      in.k_scatter.dst_base = kv.k.f32();
+      in.v_scatter.dst_base = kv.v.f32();
+      in.k_scatter.dst_first_row = in.v_scatter.dst_first_row = s.start;
       SS_RETURN_IF_ERROR(be.AttentionInputs(in));
 
       at.rows = s.rows;
