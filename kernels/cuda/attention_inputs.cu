@@ -1,10 +1,10 @@
 // AttentionInputs (kernels/attention_inputs.h) in one launch: a warp per
 // (row, query or key head) vector normalises it (WarpInvRms and NormedElem,
 // rms_inv.cuh: RmsNorm's warp path), rotates its first rotary_dim elements
-// (RopeKernel's formulas: the angle pos·inv_freq[i] in fp32, cosf/sinf, no
-// contraction) and writes it back in place; a key head's warp also writes
-// the rotated key and the same head of the new value into the cache rows
-// ScatterRows would. Every element goes through the same fp32 operations as
+// (RopePosition and RopeRotate, row_formulas.cuh: RopeKernel's) and writes
+// it back in place; a key head's warp also writes the rotated key and the
+// same head of the new value into the cache rows ScatterRows would
+// (ScatterRowDst). Every element goes through the same fp32 operations as
 // in the six separate ops, so the bits are theirs.
 //
 // Fused only when the six Params describe that layout (FusesAttentionInputs);
@@ -18,17 +18,12 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/rms_inv.cuh"
+#include "kernels/cuda/row_formulas.cuh"
 
 namespace specserve::kernels::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-
-// Row t's destination row of a scatter (ScatterRowsKernel's address).
-__device__ __forceinline__ float* ScatterRow(const ScatterRowsParams& s, int64_t t) {
-  return s.dst != nullptr ? s.dst[t] + int64_t{s.dst_rows[t]} * s.dst_row_stride
-                          : s.dst_base + (s.dst_first_row + t) * s.dst_row_stride;
-}
 
 __global__ void __launch_bounds__(kWarps * 32) AttentionInputsKernel(AttentionInputsParams p) {
   PdlBegin();
@@ -48,20 +43,14 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionInputsKernel(AttentionIn
 
   const int64_t half = r.rotary_dim / 2;
   float* cache = nullptr;
-  if (is_k) cache = ScatterRow(p.k_scatter, t) + h * dim;
-  float pos = 0.0f;
-  if (half > 0) {
-    pos = static_cast<float>(r.positions != nullptr ? r.positions[t] : r.first_position + t);
-  }
+  if (is_k) cache = ScatterRowDst(p.k_scatter, t) + h * dim;
+  const float pos = half > 0 ? RopePosition(r, t) : 0.0f;
   for (int64_t i = lane; i < dim; i += 32) {
     if (i < half) {
       const float x1 = NormedElem(x[i], inv, n.weight, i, n.plus_one);
       const float x2 = NormedElem(x[i + half], inv, n.weight, i + half, n.plus_one);
-      const float angle = __fmul_rn(pos, r.inv_freq[i]);
-      const float c = cosf(angle);
-      const float s = sinf(angle);
-      const float y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
-      const float y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+      float y1, y2;
+      RopeRotate(x1, x2, pos, r.inv_freq[i], &y1, &y2);
       x[i] = y1;
       x[i + half] = y2;
       if (cache != nullptr) {
@@ -76,7 +65,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionInputsKernel(AttentionIn
   }
   if (is_k) {
     const float* v = p.v_scatter.src + t * p.v_scatter.src_stride + h * dim;
-    float* vrow = ScatterRow(p.v_scatter, t) + h * dim;
+    float* vrow = ScatterRowDst(p.v_scatter, t) + h * dim;
     for (int64_t i = lane; i < dim; i += 32) vrow[i] = v[i];
   }
 }

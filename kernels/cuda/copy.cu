@@ -7,6 +7,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/row_formulas.cuh"
 
 namespace specserve::kernels::cuda {
 namespace {
@@ -28,8 +29,7 @@ __global__ void __launch_bounds__(kScatterThreads) ScatterRowsKernel(ScatterRows
   const int64_t t = blockIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kScatterThreads + threadIdx.x;
   if (c >= p.cols) return;
-  float* row = p.dst != nullptr ? p.dst[t] + int64_t{p.dst_rows[t]} * p.dst_row_stride
-                                : p.dst_base + (p.dst_first_row + t) * p.dst_row_stride;
+  float* row = ScatterRowDst(p, t);
   row[c] = p.src[t * p.src_stride + c];
 }
 

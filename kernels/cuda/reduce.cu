@@ -2,8 +2,9 @@
 // maximum, NaNs never win except at index 0, as the CPU loop), log-sum-exp
 // and softmax with a temperature. One block per row (argmax: a cluster of
 // blocks) with a fixed thread count: thread i scans columns i, i + kThreads,
-// ...; partials are merged by a fixed shared-memory tree. Sums of exponentials are accumulated in double
-// like the CPU's, so results match it to within an ulp or so.
+// ...; partials are merged by a fixed shared-memory tree. Sums of
+// exponentials are accumulated in double like the CPU's, so results match
+// it to within an ulp or so.
 #include <cooperative_groups.h>
 
 #include <cstdint>

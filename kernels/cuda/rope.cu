@@ -1,11 +1,12 @@
 // Partial rotary embedding, rotate-half, in place (kernels/rope.h): one
-// thread per (row, head, i < rotary_dim/2) pair. The angle is formed in fp32
-// as position·inv_freq[i] and the rotation is written without contraction,
-// as on the CPU; cosf/sinf are CUDA's accurate versions (within 2 ulp of
-// glibc's). A session batch reads row t's position from p.positions[t].
+// thread per (row, head, i < rotary_dim/2) pair, RopeRotate
+// (row_formulas.cuh): the angle formed in fp32 as position·inv_freq[i], the
+// rotation written without contraction, as on the CPU; cosf/sinf are
+// CUDA's accurate versions (within 2 ulp of glibc's). A session batch reads row t's position from p.positions[t].
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/row_formulas.cuh"
 
 namespace specserve::kernels::cuda {
 namespace {
@@ -21,16 +22,12 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(RopeParams p) {
   const int64_t i = idx % half;
   const float inv_freq = p.inv_freq[i];
   for (int64_t t = blockIdx.y; t < p.rows; t += gridDim.y) {
-    const float pos = static_cast<float>(
-        p.positions != nullptr ? p.positions[t] : p.first_position + t);
-    const float angle = __fmul_rn(pos, inv_freq);
-    const float c = cosf(angle);
-    const float s = sinf(angle);
+    const float pos = RopePosition(p, t);
     float* x = p.x + t * p.row_stride + h * p.head_stride;
-    const float x1 = x[i];
-    const float x2 = x[i + half];
-    x[i] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
-    x[i + half] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+    float y1, y2;
+    RopeRotate(x[i], x[i + half], pos, inv_freq, &y1, &y2);
+    x[i] = y1;
+    x[i + half] = y2;
   }
 }
 

@@ -53,20 +53,17 @@ class RandomWeightsBackend : public kernels::ForwardingBackend {
   // Memory, Synchronize and recordings pass through (ForwardingBackend);
   // the enqueueing calls are counted and, in a timeline, marked.
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
-    ++ops_;
-    return Mark("copy_to_device", inner_->CopyToDevice(dst, src, bytes));
+    return Enqueue("copy_to_device", [&] { return inner_->CopyToDevice(dst, src, bytes); });
   }
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
     if (host_copies_++ == 0) first_host_copy_ = std::chrono::steady_clock::now();
     return inner_->CopyToHost(dst, src, bytes);
   }
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override {
-    ++ops_;
-    return Mark("copy_on_device", inner_->CopyOnDevice(dst, src, bytes));
+    return Enqueue("copy_on_device", [&] { return inner_->CopyOnDevice(dst, src, bytes); });
   }
   absl::Status Zero(void* dst, size_t bytes) override {
-    ++ops_;
-    return Mark("zero", inner_->Zero(dst, bytes));
+    return Enqueue("zero", [&] { return inner_->Zero(dst, bytes); });
   }
   // Fills on the GPU; `host` is not read.
   absl::StatusOr<kernels::Weight> UploadWeight(kernels::DType dtype, const void* host,
@@ -75,64 +72,58 @@ class RandomWeightsBackend : public kernels::ForwardingBackend {
                                                       const std::vector<WeightPart>& parts,
                                                       int64_t cols) override;
   // A replay counts as one call.
-  absl::Status Replay(const Recording& r) override { ++ops_;
-    return Mark("replay", inner_->Replay(r)); }
+  absl::Status Replay(const Recording& r) override {
+    return Enqueue("replay", [&] { return inner_->Replay(r); });
+  }
 
-  absl::Status Embed(const kernels::EmbedParams& p) override { ++ops_;
-    return Mark("embed", inner_->Embed(p)); }
-  absl::Status Matmul(const kernels::MatmulParams& p) override { ++ops_;
-    return Mark(timeline_ ? MatmulName(p) : std::string(), inner_->Matmul(p)); }
-  absl::Status RmsNorm(const kernels::RmsNormParams& p) override { ++ops_;
-    if (Skipped("rms_norm")) return absl::OkStatus();
-    return Mark("rms_norm", inner_->RmsNorm(p)); }
+  absl::Status Embed(const kernels::EmbedParams& p) override {
+    return Enqueue("embed", [&] { return inner_->Embed(p); });
+  }
+  absl::Status Matmul(const kernels::MatmulParams& p) override {
+    return Enqueue(timeline_ ? MatmulName(p) : std::string("matmul"),
+                   [&] { return inner_->Matmul(p); });
+  }
+  absl::Status RmsNorm(const kernels::RmsNormParams& p) override {
+    return Enqueue("rms_norm", [&] { return inner_->RmsNorm(p); });
+  }
   absl::Status GatedRmsNorm(const kernels::GatedRmsNormParams& p) override {
-    ++ops_;
-    if (Skipped("gated_rms_norm")) return absl::OkStatus();
-    return Mark("gated_rms_norm", inner_->GatedRmsNorm(p));
+    return Enqueue("gated_rms_norm", [&] { return inner_->GatedRmsNorm(p); });
   }
-  absl::Status Rope(const kernels::RopeParams& p) override { ++ops_;
-    if (Skipped("rope")) return absl::OkStatus();
-    return Mark("rope", inner_->Rope(p)); }
+  absl::Status Rope(const kernels::RopeParams& p) override {
+    return Enqueue("rope", [&] { return inner_->Rope(p); });
+  }
   absl::Status Attention(const kernels::AttentionParams& p) override {
-    ++ops_;
-    if (Skipped("attention")) return absl::OkStatus();
-    return Mark("attention", inner_->Attention(p));
+    return Enqueue("attention", [&] { return inner_->Attention(p); });
   }
-  absl::Status Conv1d(const kernels::Conv1dParams& p) override { ++ops_;
-    if (Skipped("conv1d")) return absl::OkStatus();
-    return Mark("conv1d", inner_->Conv1d(p)); }
+  absl::Status Conv1d(const kernels::Conv1dParams& p) override {
+    return Enqueue("conv1d", [&] { return inner_->Conv1d(p); });
+  }
   absl::Status GatedDeltaRule(const kernels::GatedDeltaRuleParams& p) override {
-    ++ops_;
-    if (Skipped("gated_delta_rule")) return absl::OkStatus();
-    return Mark("gated_delta_rule", inner_->GatedDeltaRule(p));
+    return Enqueue("gated_delta_rule", [&] { return inner_->GatedDeltaRule(p); });
   }
-  absl::Status Swiglu(const kernels::SwigluParams& p) override { ++ops_;
-    if (Skipped("swiglu")) return absl::OkStatus();
-    return Mark("swiglu", inner_->Swiglu(p)); }
-  absl::Status Argmax(const kernels::ArgmaxParams& p) override { ++ops_;
-    return Mark("argmax", inner_->Argmax(p)); }
+  absl::Status Swiglu(const kernels::SwigluParams& p) override {
+    return Enqueue("swiglu", [&] { return inner_->Swiglu(p); });
+  }
+  absl::Status Argmax(const kernels::ArgmaxParams& p) override {
+    return Enqueue("argmax", [&] { return inner_->Argmax(p); });
+  }
   absl::Status LogSumExp(const kernels::LogSumExpParams& p) override {
-    ++ops_;
-    return Mark("logsumexp", inner_->LogSumExp(p));
+    return Enqueue("logsumexp", [&] { return inner_->LogSumExp(p); });
   }
-  absl::Status Softmax(const kernels::SoftmaxParams& p) override { ++ops_;
-    return Mark("softmax", inner_->Softmax(p)); }
+  absl::Status Softmax(const kernels::SoftmaxParams& p) override {
+    return Enqueue("softmax", [&] { return inner_->Softmax(p); });
+  }
   absl::Status ScatterRows(const kernels::ScatterRowsParams& p) override {
-    ++ops_;
-    if (Skipped("scatter_rows")) return absl::OkStatus();
-    return Mark("scatter_rows", inner_->ScatterRows(p));
+    return Enqueue("scatter_rows", [&] { return inner_->ScatterRows(p); });
   }
-
   absl::Status AttentionInputs(const kernels::AttentionInputsParams& p) override {
-    ++ops_;
-    if (Skipped("attention_inputs")) return absl::OkStatus();
-    return Mark("attention_inputs", inner_->AttentionInputs(p));
+    return Enqueue("attention_inputs", [&] { return inner_->AttentionInputs(p); });
   }
   uint64_t filled_bytes() const { return filled_bytes_; }
-  // Timing experiments only: the short ops named here (rms_norm, rope,
-  // conv1d, swiglu, gated_rms_norm, attention, attention_inputs,
-  // gated_delta_rule, scatter_rows) are dropped, not enqueued, so a step without them shows
-  // what fusing them away could save at most. Results are then wrong.
+  // Timing experiments only: the ops named here (as the timeline names
+  // them: conv1d, attention_inputs, ...) are dropped, not enqueued, so a step
+  // without them shows what fusing them away could save at most. Results
+  // are then wrong.
   void set_skipped(std::set<std::string> ops) { skipped_ = std::move(ops); }
 
   // GPU timeline by op (diagnostics): between StartTimeline() and
@@ -160,7 +151,14 @@ class RandomWeightsBackend : public kernels::ForwardingBackend {
  private:
   absl::Status Mark(const std::string& name, absl::Status s);
   static std::string MatmulName(const kernels::MatmulParams& p);
-  bool Skipped(const char* op) const { return skipped_.count(op) != 0; }
+  // Every enqueueing call: counted, dropped if skipped, else issued and
+  // (in a timeline) marked.
+  template <typename Call>
+  absl::Status Enqueue(const std::string& name, Call&& call) {
+    ++ops_;
+    if (skipped_.count(name) != 0) return absl::OkStatus();
+    return Mark(name, call());
+  }
 
   kernels::cuda::CudaBackend* inner_;  // the forwarded-to backend, typed (stream())
   float scale_;

@@ -1,0 +1,38 @@
+// Per-element formulas that an op's own kernel and a fused kernel standing
+// for it must share, so that the fused kernel gives the op's bits by
+// construction (attention_inputs.cu stands for Rope and ScatterRows).
+#ifndef SPECSERVE_KERNELS_CUDA_ROW_FORMULAS_CUH_
+#define SPECSERVE_KERNELS_CUDA_ROW_FORMULAS_CUH_
+
+#include <cstdint>
+
+#include "kernels/rope.h"
+#include "kernels/scatter_rows.h"
+
+namespace specserve::kernels::cuda {
+
+// Row t's position as RoPE reads it (kernels/rope.h), in fp32.
+__device__ __forceinline__ float RopePosition(const RopeParams& p, int64_t t) {
+  return static_cast<float>(p.positions != nullptr ? p.positions[t] : p.first_position + t);
+}
+
+// The rotation of the pair (x1, x2) = (x[i], x[i + rotary_dim/2]): the angle
+// pos·inv_freq[i] in fp32, CUDA's accurate cosf/sinf, no contraction.
+__device__ __forceinline__ void RopeRotate(float x1, float x2, float pos, float inv_freq,
+                                           float* y1, float* y2) {
+  const float angle = __fmul_rn(pos, inv_freq);
+  const float c = cosf(angle);
+  const float s = sinf(angle);
+  *y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+  *y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+}
+
+// Row t's destination of a scatter (kernels/scatter_rows.h).
+__device__ __forceinline__ float* ScatterRowDst(const ScatterRowsParams& p, int64_t t) {
+  return p.dst != nullptr ? p.dst[t] + int64_t{p.dst_rows[t]} * p.dst_row_stride
+                          : p.dst_base + (p.dst_first_row + t) * p.dst_row_stride;
+}
+
+}  // namespace specserve::kernels::cuda
+
+#endif  // SPECSERVE_KERNELS_CUDA_ROW_FORMULAS_CUH_
