@@ -112,6 +112,10 @@ struct MmaArgs {
   int64_t parts;       // equal ranges of the tiles × tile_steps steps
   float* partial;      // [max_pieces][tokens][out]
   int* counters;       // [tiles], zero on entry and on exit
+  // Every part has its own block (grid >= parts): a split tile's piece 0,
+  // always the last unit of its part, is summed by its own block (it waits
+  // for the others' release counts); see the piece sums below.
+  bool owner_sums = false;
 };
 
 // First step of part v (v <= parts).
@@ -340,6 +344,12 @@ __device__ __forceinline__ void WgmmaStep(float (&acc)[8][4], const uint4 (&w)[4
   }
 }
 
+__device__ __forceinline__ int LoadAcquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
@@ -548,21 +558,50 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
       });
       continue;
     }
-    each_output([&](int64_t o, int tok, float v) {
-      a.partial[(static_cast<int64_t>(cv.piece) * a.tokens + tok) * p.out + o] = v;
-    });
-    // Every thread's partials, then one fence and the count: the barrier
-    // orders the block's stores before thread 0's fence, which is cumulative
-    // (the pattern of a cooperative-groups grid sync).
-    __syncthreads();
-    if (tid == 0) {
-      __threadfence();
-      is_last = atomicAdd(&a.counters[cv.tile], 1) == cv.pieces - 1;
-    }
-    __syncthreads();
-    if (!is_last) continue;  // (is_last is rewritten only after two more barriers)
-    __threadfence();
     const int64_t o0 = cv.tile * kTileOut;
+    // Piece sums, in piece order per output. With owner_sums, piece 0's
+    // block sums: the other pieces are earlier units of later parts (the
+    // first unit of a part, or a whole part), each written and counted with
+    // a release (no round trip), so the owner, which ends its part with
+    // piece 0, rarely waits; it keeps its own piece in shared memory (the x
+    // stages are free after its last tile). No block waits on a block that
+    // waits: only piece 0 waits, and it is the last unit of its part.
+    // Otherwise the last piece to arrive (atomic count) sums.
+    float* own = nullptr;  // owner_sums and piece 0: [tokens][kTileOut]
+    if (a.owner_sums && cv.piece == 0) {
+      if constexpr (PRESPLIT) CpAsyncWait<0>();
+      __syncthreads();  // every warp is done with the x stages
+      own = reinterpret_cast<float*>(xs_all);
+      each_output([&](int64_t o, int tok, float v) { own[tok * kTileOut + (o - o0)] = v; });
+      if (tid == 0) {
+        while (LoadAcquire(&a.counters[cv.tile]) < cv.pieces - 1) {
+        }
+        a.counters[cv.tile] = 0;
+      }
+      __syncthreads();  // (thread 0's acquire, then the barrier: the pieces are visible)
+    } else {
+      each_output([&](int64_t o, int tok, float v) {
+        a.partial[(static_cast<int64_t>(cv.piece) * a.tokens + tok) * p.out + o] = v;
+      });
+      // Every thread's partials, then one fence and the count: the barrier
+      // orders the block's stores before thread 0's fence, which is
+      // cumulative (the pattern of a cooperative-groups grid sync).
+      __syncthreads();
+      if (a.owner_sums) {
+        if (tid == 0) {
+          __threadfence();
+          atomicAdd(&a.counters[cv.tile], 1);  // (result unused: no round trip)
+        }
+        continue;
+      }
+      if (tid == 0) {
+        __threadfence();
+        is_last = atomicAdd(&a.counters[cv.tile], 1) == cv.pieces - 1;
+      }
+      __syncthreads();
+      if (!is_last) continue;  // (is_last is rewritten only after two more barriers)
+      __threadfence();
+    }
     const int64_t piece_stride = static_cast<int64_t>(a.tokens) * p.out;
     // kE outputs per thread at a time, so that many loads are in flight (at
     // 64 tokens a tile has 8192 outputs; at 8 tokens 1024, one pass); each
@@ -580,7 +619,7 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
         const int64_t o = o0 + idx % kTileOut;
         ok[e] = idx < total && o < p.out;
         src[e] = a.partial + static_cast<int64_t>(tok) * p.out + o;
-        sum[e] = ok[e] ? __ldcg(src[e]) : 0.0f;
+        sum[e] = !ok[e] ? 0.0f : own != nullptr ? own[idx] : __ldcg(src[e]);
       }
 #pragma unroll 4
       for (int s = 1; s < cv.pieces; ++s) {
@@ -597,7 +636,7 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
         *y = p.accumulate ? __fadd_rn(*y, sum[e]) : sum[e];
       }
     }
-    if (tid == 0) a.counters[cv.tile] = 0;
+    if (own == nullptr && tid == 0) a.counters[cv.tile] = 0;
   }
 }
 
@@ -637,9 +676,11 @@ absl::Status Launch(const MmaArgs& a, const Workspace& x_frags, cudaStream_t str
   if (!presplit) {
     const int64_t resident = ResidentBlocks<NT, SPLITS, false, kRing>(tile_bytes);
     if (resident <= 0) return absl::InternalError("matmul: no occupancy for the kernel");
+    MmaArgs owned = a;
+    owned.owner_sums = resident >= a.parts;
     LaunchPdl(MmaMatmulKernel<NT, SPLITS, false, kRing>,
               dim3(static_cast<unsigned>(std::min(a.parts, resident))), block, tile_bytes,
-              stream, a, static_cast<const uint4*>(nullptr));
+              stream, owned, static_cast<const uint4*>(nullptr));
     return LaunchStatus("matmul (tensor core) launch");
   }
   if constexpr (NT >= kPresplitMinNT) {
@@ -651,9 +692,11 @@ absl::Status Launch(const MmaArgs& a, const Workspace& x_frags, cudaStream_t str
     const size_t stage_bytes = sizeof(uint4) * kPresplitRing * kStepFragments<NT, SPLITS>;
     const int64_t resident = ResidentBlocks<NT, SPLITS, true, kPresplitRing>(2 * stage_bytes);
     if (resident <= 0) return absl::InternalError("matmul: no occupancy for the kernel");
+    MmaArgs owned = a;
+    owned.owner_sums = resident >= a.parts;
     LaunchPdl(MmaMatmulKernel<NT, SPLITS, true, kPresplitRing>,
               dim3(static_cast<unsigned>(std::min(a.parts, resident))), block, 2 * stage_bytes,
-              stream, a, static_cast<const uint4*>(xf));
+              stream, owned, static_cast<const uint4*>(xf));
   }
   return LaunchStatus("matmul (tensor core, pre-split x) launch");
 }
