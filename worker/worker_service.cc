@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "kernels/sampling/sampling.h"
 #include "telemetry/grpc_reactors.h"
 #include "telemetry/server_lifecycle.h"
 #include "telemetry/status_macros.h"
@@ -16,7 +17,6 @@
 #include "worker/model_files/checkpoint.h"
 #include "worker/model_info.h"
 #include "worker/session_state.h"
-#include "worker/spec/sampling.h"
 
 namespace specserve::worker {
 
@@ -65,14 +65,14 @@ specserve::worker::v1::BurstEnd EndToProto(spec::BurstEnd end) {
 }
 
 // Sampling parameters of a burst, validated (top_p 0 = unset = 1).
-absl::StatusOr<spec::SamplingConfig> SamplingOf(
+absl::StatusOr<sampling::SamplingConfig> SamplingOf(
     const specserve::v1::SamplingParams& p) {
-  spec::SamplingConfig c;
+  sampling::SamplingConfig c;
   c.temperature = p.temperature();
   c.top_k = static_cast<int>(p.top_k());
   c.top_p = p.top_p() == 0.0f ? 1.0f : p.top_p();
   c.min_p = p.min_p();
-  SS_RETURN_IF_ERROR(spec::ValidateSamplingConfig(c));
+  SS_RETURN_IF_ERROR(sampling::ValidateSamplingConfig(c));
   return c;
 }
 

@@ -1,5 +1,5 @@
 // sampling_bench: host time to turn one row of logits into the filtered
-// distribution a sampled request draws from (worker/spec/sampling.h), for the
+// distribution a sampled request draws from (kernels/sampling/sampling.h), for the
 // vocabulary of the Qwen3.5 models (248,320) and of the default model.
 //
 //   bazel run -c opt //tools/sampling_bench -- [--vocab=248320,...]
@@ -24,8 +24,8 @@
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 #include "tools/bench_timing/bench_timing.h"
-#include "worker/spec/sampling.h"
-#include "worker/spec/sampling_reference.h"
+#include "kernels/sampling/sampling.h"
+#include "kernels/sampling/sampling_reference.h"
 
 ABSL_FLAG(std::string, vocab, "248320,4096", "comma-separated vocabulary sizes");
 ABSL_FLAG(int, reps, 10, "timed repetitions per cell (median)");
@@ -33,10 +33,10 @@ ABSL_FLAG(std::string, json_out, "", "write the results here as JSON");
 
 namespace {
 
-using specserve::spec::FilteredProbs;
-using specserve::spec::FilteredProbsByFullSort;
-using specserve::spec::SamplingConfig;
-using specserve::spec::TemperatureSoftmax;
+using specserve::sampling::FilteredProbs;
+using specserve::sampling::FilteredProbsByFullSort;
+using specserve::sampling::SamplingConfig;
+using specserve::sampling::TemperatureSoftmax;
 using specserve::bench::WallMs;
 
 }  // namespace

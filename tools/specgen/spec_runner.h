@@ -19,10 +19,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "worker/model/model.h"
-#include "worker/spec/sampling.h"
-#include "worker/spec/spec_engine.h"
+#include "kernels/sampling/sampling.h"
 #include "telemetry/spec_telemetry.h"
+#include "worker/model/model.h"
+#include "worker/spec/spec_engine.h"
 
 namespace specserve::tools::specgen {
 
@@ -35,7 +35,7 @@ struct Turn {
 struct SpecRunOptions {
   int k = 0;       // draft depth; 0 = plain decode steps
   int burst = 32;  // tokens per burst; <= 0 = the whole turn in one burst
-  spec::SamplingConfig sampling;
+  sampling::SamplingConfig sampling;
   uint64_t seed = 0;
   std::vector<int32_t> stop_ids;
   int capacity = 0;  // session rows; 0 = enough for every turn

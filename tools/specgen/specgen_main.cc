@@ -330,7 +330,7 @@ absl::Status RunEngine(model::Model* model, const std::vector<Turn>& turns,
   o.seed = absl::GetFlag(FLAGS_seed);
   o.stop_ids = StopIds(model->config());
   o.capacity = absl::GetFlag(FLAGS_capacity);
-  SS_RETURN_IF_ERROR(spec::ValidateSamplingConfig(o.sampling));
+  SS_RETURN_IF_ERROR(sampling::ValidateSamplingConfig(o.sampling));
   SS_ASSIGN_OR_RETURN(specgen::SpecRun run, specgen::RunTurns(model, turns, o));
 
   const bool script = turns.size() > 1 || !absl::GetFlag(FLAGS_script).empty();

@@ -3,10 +3,14 @@
 #include <algorithm>
 
 #include "glog/logging.h"
-#include "worker/spec/philox.h"
-#include "worker/spec/sampling.h"
+#include "kernels/sampling/philox.h"
+#include "kernels/sampling/sampling.h"
 
 namespace specserve::spec {
+
+using sampling::RandomStream;
+using sampling::SampleIndex;
+using sampling::Uniform;
 
 RoundOutcome AcceptGreedy(absl::Span<const int> drafts,
                           absl::Span<const int> target_argmax) {

@@ -7,10 +7,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "kernels/sampling/sampling.h"
 #include "telemetry/status_macros.h"
 #include "worker/spec/spec_accept.h"
 
 namespace specserve::spec {
+
+using sampling::ArgmaxFirst;
+using sampling::FilteredProbs;
+
 namespace {
 
 bool IsStop(const BurstParams& p, int32_t token) {

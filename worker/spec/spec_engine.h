@@ -22,9 +22,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kernels/sampling/sampling.h"
 #include "worker/model/model.h"
 #include "worker/spec/model_executor.h"
-#include "worker/spec/sampling.h"
 #include "worker/spec/spec_session.h"
 
 namespace specserve::spec {
@@ -34,7 +34,7 @@ struct BurstParams {
   bool rewind = false;          // back to the prompt checkpoint first
   int max_new = 32;             // tokens to produce (a round may overshoot)
   int k = 0;                    // draft depth; 0 = plain decode steps
-  SamplingConfig sampling;      // temperature 0 = greedy
+  sampling::SamplingConfig sampling;  // temperature 0 = greedy
   uint64_t seed = 0;
   std::vector<int32_t> stop_ids;  // end the burst at a round boundary
   // Fault injection (RELIABILITY.md row 8): the logits behind the n-th

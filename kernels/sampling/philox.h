@@ -5,13 +5,13 @@
 // events, uctr for acceptance uniforms; DESIGN.md §1). So a session's draws
 // never repeat across bursts, survive park/resume/offload unchanged, and a
 // (seed, session history) is reproducible on any backend.
-#ifndef SPECSERVE_WORKER_SPEC_PHILOX_H_
-#define SPECSERVE_WORKER_SPEC_PHILOX_H_
+#ifndef SPECSERVE_KERNELS_SAMPLING_PHILOX_H_
+#define SPECSERVE_KERNELS_SAMPLING_PHILOX_H_
 
 #include <array>
 #include <cstdint>
 
-namespace specserve::spec {
+namespace specserve::sampling {
 
 // Philox4x32 with 10 rounds (Salmon et al., SC'11).
 std::array<uint32_t, 4> Philox4x32_10(std::array<uint32_t, 4> counter,
@@ -28,6 +28,6 @@ enum class RandomStream : uint32_t {
 // `stream` under `seed`.
 float Uniform(uint64_t seed, RandomStream stream, uint32_t counter);
 
-}  // namespace specserve::spec
+}  // namespace specserve::sampling
 
-#endif  // SPECSERVE_WORKER_SPEC_PHILOX_H_
+#endif  // SPECSERVE_KERNELS_SAMPLING_PHILOX_H_

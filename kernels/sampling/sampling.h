@@ -6,15 +6,15 @@
 // Order (as vLLM and HF apply them): temperature, then top-k, then top-p
 // (nucleus, over the top-k survivors), then min-p; survivors renormalized.
 // Ties are broken by token id so the result is deterministic.
-#ifndef SPECSERVE_WORKER_SPEC_SAMPLING_H_
-#define SPECSERVE_WORKER_SPEC_SAMPLING_H_
+#ifndef SPECSERVE_KERNELS_SAMPLING_SAMPLING_H_
+#define SPECSERVE_KERNELS_SAMPLING_SAMPLING_H_
 
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
 
-namespace specserve::spec {
+namespace specserve::sampling {
 
 struct SamplingConfig {
   float temperature = 0.0f;  // 0 = greedy
@@ -49,6 +49,6 @@ int ArgmaxFirst(const float* logits, int vocab);
 // index with probs[i] > 0.
 int SampleIndex(const std::vector<float>& probs, float u);
 
-}  // namespace specserve::spec
+}  // namespace specserve::sampling
 
-#endif  // SPECSERVE_WORKER_SPEC_SAMPLING_H_
+#endif  // SPECSERVE_KERNELS_SAMPLING_SAMPLING_H_

@@ -1,6 +1,6 @@
-#include "worker/spec/philox.h"
+#include "kernels/sampling/philox.h"
 
-namespace specserve::spec {
+namespace specserve::sampling {
 namespace {
 
 constexpr uint32_t kMul0 = 0xD2511F53u;
@@ -37,4 +37,4 @@ float Uniform(uint64_t seed, RandomStream stream, uint32_t counter) {
   return static_cast<float>(out[0] >> 8) * (1.0f / 16777216.0f);
 }
 
-}  // namespace specserve::spec
+}  // namespace specserve::sampling

@@ -3,19 +3,19 @@
 // survivors' renormalized mass, then min-p, and renormalize. O(V log V):
 // FilteredProbs keeps the same tokens while sorting only the prefix it
 // reads; tests compare the two and tools/sampling_bench times them.
-#ifndef SPECSERVE_WORKER_SPEC_SAMPLING_REFERENCE_H_
-#define SPECSERVE_WORKER_SPEC_SAMPLING_REFERENCE_H_
+#ifndef SPECSERVE_KERNELS_SAMPLING_SAMPLING_REFERENCE_H_
+#define SPECSERVE_KERNELS_SAMPLING_SAMPLING_REFERENCE_H_
 
 #include <vector>
 
-#include "worker/spec/sampling.h"
+#include "kernels/sampling/sampling.h"
 
-namespace specserve::spec {
+namespace specserve::sampling {
 
 // probs[i] for finite logits (the caller checks finiteness), in double.
 std::vector<double> FilteredProbsByFullSort(const std::vector<float>& logits,
                                             const SamplingConfig& c);
 
-}  // namespace specserve::spec
+}  // namespace specserve::sampling
 
-#endif  // SPECSERVE_WORKER_SPEC_SAMPLING_REFERENCE_H_
+#endif  // SPECSERVE_KERNELS_SAMPLING_SAMPLING_REFERENCE_H_

@@ -1,9 +1,9 @@
-#include "worker/spec/sampling_reference.h"
+#include "kernels/sampling/sampling_reference.h"
 
 #include <algorithm>
 #include <numeric>
 
-namespace specserve::spec {
+namespace specserve::sampling {
 
 std::vector<double> FilteredProbsByFullSort(const std::vector<float>& logits,
                                             const SamplingConfig& c) {
@@ -37,4 +37,4 @@ std::vector<double> FilteredProbsByFullSort(const std::vector<float>& logits,
   return out;
 }
 
-}  // namespace specserve::spec
+}  // namespace specserve::sampling

@@ -1,10 +1,10 @@
-#include "worker/spec/sampling.h"
+#include "kernels/sampling/sampling.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
-namespace specserve::spec {
+namespace specserve::sampling {
 
 absl::Status ValidateSamplingConfig(const SamplingConfig& c) {
   if (!std::isfinite(c.temperature) || c.temperature < 0.0f) {
@@ -172,4 +172,4 @@ int SampleIndex(const std::vector<float>& probs, float u) {
   return last_nonzero;  // rounding at the top end
 }
 
-}  // namespace specserve::spec
+}  // namespace specserve::sampling
