@@ -1,5 +1,7 @@
 #include "kernels/backend.h"
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 
 namespace specserve::kernels {
@@ -44,6 +46,26 @@ absl::Status Backend::AttentionInputs(const AttentionInputsParams& p) {
   }
   for (const ScatterRowsParams* c : {&p.k_scatter, &p.v_scatter}) {
     if (absl::Status s = ScatterRows(*c); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Backend::SampleRows(const SampleRowsParams& p) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  std::vector<float> row(p.cols);
+  std::vector<float> probs;
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const int64_t i = p.row_index != nullptr ? p.row_index[r] : r;
+    if (absl::Status s = CopyToHost(row.data(), p.x + i * p.x_stride, p.cols * sizeof(float));
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = sampling::FilteredProbs(row.data(), static_cast<int>(p.cols),
+                                                 p.config[r], &probs);
+        !s.ok()) {
+      return s;
+    }
+    p.token[r] = sampling::SampleIndex(probs, p.uniform[r]);
   }
   return absl::OkStatus();
 }

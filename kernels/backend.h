@@ -37,6 +37,7 @@
 #include "kernels/reduce.h"
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
+#include "kernels/sample_rows.h"
 #include "kernels/scatter_rows.h"
 #include "kernels/swiglu.h"
 #include "kernels/types.h"
@@ -119,6 +120,11 @@ class Backend {
   // six ops in that order (backend.cc); a backend overrides it to fuse them
   // with the same bits (kernels/attention_inputs.h).
   virtual absl::Status AttentionInputs(const AttentionInputsParams& p);
+  // The token each row's sampling config and uniform draw: by default the
+  // host filters and draw on a copy of each row (backend.cc); a backend
+  // overrides it to sample on the device (kernels/sample_rows.h).
+  // FAILED_PRECONDITION when a row's logits hold NaN or inf.
+  virtual absl::Status SampleRows(const SampleRowsParams& p);
 
  protected:
   friend class Buffer;

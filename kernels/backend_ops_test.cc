@@ -15,6 +15,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/reference_ops.h"
+#include "kernels/sampling/sampling.h"
 #include "kernels/session_batch_check.h"
 
 namespace specserve::kernels {
@@ -406,6 +407,68 @@ TEST_P(BackendOpsTest, ScatterRowsBlock) {
 // AttentionInputs is its six ops in order (q_norm, k_norm, RoPE of q and k,
 // the K and V scatters): the same bits as issuing them one by one. A bad
 // part is refused before any part runs: nothing is written.
+// SampleRows is the host filters and draw of each chosen row (its definition;
+// a device implementation may differ only where a long sum's order moves a
+// boundary, checked on the GPU by kernels/cuda:sample_rows_test).
+TEST_P(BackendOpsTest, SampleRowsDrawsTheHostFiltersTokens) {
+  const int rows = 5, cols = 700;
+  std::vector<float> x = Random(rows * cols, &rng_, -4, 4);
+  for (int i = 0; i < cols; i += 3) x[2 * cols + i] = 1.5f;  // ties in row 2
+  Buffer xb = Up(x);
+  const std::vector<sampling::SamplingConfig> configs = {
+      {0.8f, 0, 1.0f, 0.0f}, {1.0f, 20, 0.9f, 0.05f}, {1.2f, 0, 0.7f, 0.0f},
+      {0.5f, 3, 1.0f, 0.0f}, {1.0f, 0, 1.0f, 0.1f},   {2.0f, 300, 1.0f, 0.0f}};
+  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+  for (const sampling::SamplingConfig& c : configs) {
+    const std::vector<int32_t> index = {4, 2, 2, 0, 3, 1};
+    std::vector<sampling::SamplingConfig> cs(index.size(), c);
+    std::vector<float> us;
+    for (size_t i = 0; i < index.size(); ++i) us.push_back(uni(rng_));
+    std::vector<int32_t> tokens(index.size(), -1);
+    SampleRowsParams p;
+    p.rows = static_cast<int64_t>(index.size());
+    p.cols = cols;
+    p.x = xb.f32();
+    p.x_stride = cols;
+    p.row_index = index.data();
+    p.config = cs.data();
+    p.uniform = us.data();
+    p.token = tokens.data();
+    ASSERT_TRUE(backend_->SampleRows(p).ok());
+    for (size_t i = 0; i < index.size(); ++i) {
+      std::vector<float> probs;
+      ASSERT_TRUE(sampling::FilteredProbs(x.data() + index[i] * cols, cols, c, &probs).ok());
+      EXPECT_EQ(tokens[i], sampling::SampleIndex(probs, us[i])) << "row " << index[i];
+    }
+    // Bad input: refused, named, nothing drawn.
+    SampleRowsParams bad = p;
+    const float one = 1.0f;
+    bad.uniform = &one;
+    bad.rows = 1;
+    EXPECT_EQ(backend_->SampleRows(bad).code(), absl::StatusCode::kInvalidArgument);
+    const sampling::SamplingConfig greedy;
+    bad = p;
+    bad.rows = 1;
+    bad.config = &greedy;
+    EXPECT_EQ(backend_->SampleRows(bad).code(), absl::StatusCode::kInvalidArgument);
+  }
+  x[cols + 9] = std::numeric_limits<float>::quiet_NaN();
+  Buffer nan_b = Up(x);
+  const int32_t row1 = 1;
+  int32_t token = -1;
+  const float u = 0.5f;
+  SampleRowsParams p;
+  p.rows = 1;
+  p.cols = cols;
+  p.x = nan_b.f32();
+  p.x_stride = cols;
+  p.row_index = &row1;
+  p.config = &configs[0];
+  p.uniform = &u;
+  p.token = &token;
+  EXPECT_EQ(backend_->SampleRows(p).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_P(BackendOpsTest, AttentionInputsIsTheSixOpsAndRefusesBadInputWhole) {
   const int rows = 3, nh = 4, nkv = 2, hd = 8, rot = 4, first = 6, cap = 12;
   const int kv = nkv * hd, W = nh * 2 * hd + 2 * kv;  // AttentionInputsOf's row

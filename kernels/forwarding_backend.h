@@ -68,6 +68,7 @@ class ForwardingBackend : public Backend {
   absl::Status AttentionInputs(const AttentionInputsParams& p) override {
     return inner_->AttentionInputs(p);
   }
+  absl::Status SampleRows(const SampleRowsParams& p) override { return inner_->SampleRows(p); }
 
  protected:
   Backend* inner() const { return inner_; }

@@ -47,11 +47,11 @@ if [ "$mode" = prepare ]; then
   ob="${CUDA_CHECK_OUTPUT_BASE:-$HOME/.cache/bazel_cuda/ob}"
   flags=(--config=cuda --config=static)
   bazel --output_base="$ob" build "${flags[@]}" --symlink_prefix=/ //tools/cuda_bench \
-    //tools/cuda_bench:mma_order_probe || exit 1
+    //tools/cuda_bench:mma_order_probe //tools/sampling_bench:sampling_cuda_bench || exit 1
   bin="$(bazel --output_base="$ob" info "${flags[@]}" bazel-bin 2>/dev/null)" || exit 1
-  for b in cuda_bench mma_order_probe; do
-    rm -f "$carry/$b"
-    cp "$bin/tools/cuda_bench/$b" "$carry/$b" && chmod u+w,a+x "$carry/$b" || exit 1
+  for b in cuda_bench/cuda_bench cuda_bench/mma_order_probe sampling_bench/sampling_cuda_bench; do
+    rm -f "$carry/${b#*/}"
+    cp "$bin/tools/$b" "$carry/${b#*/}" && chmod u+w,a+x "$carry/${b#*/}" || exit 1
   done
   mkdir -p .carry/pack
   tar -C "$carry" -cf - $(cd "$carry" && ls) | xz -6 -T2 > .carry/pack/cuda.tar.xz || exit 1
@@ -121,7 +121,8 @@ if [ "$mode" = sanitize ]; then
   runs=("memcheck cuda_backend_test *" "memcheck cuda_model_test *"
         "memcheck exactness_cuda_test *" "memcheck recorded_steps_cuda_test *"
         "racecheck cuda_backend_test $rest" "racecheck cuda_backend_test *Attention*:-*AttentionInputs*"
-        "synccheck cuda_backend_test $shared")
+        "synccheck cuda_backend_test $shared"
+        "memcheck sample_rows_test *" "racecheck sample_rows_test *" "synccheck sample_rows_test *")
   fail=0
   : > "$out/sanitizers.txt"
   n=0
@@ -164,7 +165,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --fo
 # The CPU targets' property tests, on the GPU (same sources, CUDA backend);
 # the engine's chi-square test (thousands of bursts) runs last, on its own.
 # CUDA_BENCH_CHI=0 skips the chi-square step (about 100 s).
-steps=("exactness_cuda_test 90 *" "batch_cuda_test 90 *" "recorded_steps_cuda_test 90 *"
+steps=("sample_rows_test 90 *" "exactness_cuda_test 90 *" "batch_cuda_test 90 *" "recorded_steps_cuda_test 90 *"
        "spec_engine_cuda_test 120 -*SampledDistribution*")
 [ "${CUDA_BENCH_CHI:-1}" != 0 ] &&
   steps+=("spec_engine_cuda_test ${CUDA_BENCH_CHI_TIMEOUT:-240} *SampledDistribution*")
@@ -173,7 +174,7 @@ for step in "${steps[@]}"; do
   {
     echo "== $t --gtest_filter=$filter"
     timeout "$secs" "$carry/$t" --gtest_filter="$filter" > "/tmp/cb_$t.log" 2>&1; rc=$?
-    grep -E "^\[  FAILED  \]|Failure|Expected|Which is|^chi2|SKIPPED" "/tmp/cb_$t.log" | head -30
+    grep -E "^\[  FAILED  \]|Failure|Expected|Which is|^chi2|SKIPPED|draws differ" "/tmp/cb_$t.log" | head -30
     grep -E "^\[       OK \]" "/tmp/cb_$t.log" | sed 's/^\[       OK \] //' | tr '\n' ';' | head -c 3000; echo
     counts "/tmp/cb_$t.log"; echo "rc=$rc"
   } >> "$out/checks.log"; note "$t $filter" $rc
@@ -219,6 +220,10 @@ echo "== cuda_bench"
 timeout "${CUDA_BENCH_TIMEOUT:-240}" "$carry/cuda_bench" --json="$out/cuda_bench.json" \
   --default_model=models/default ${CUDA_BENCH_ARGS:-} 2>&1 | tee "$out/cuda_bench.txt"
 rc=${PIPESTATUS[0]}; note cuda_bench $rc
+echo "== sampling: device SampleRows vs copy + host filters"
+timeout 120 "$carry/sampling_cuda_bench" --json_out="$out/sampling_cuda_bench.json" 2>&1 |
+  tee "$out/sampling_cuda_bench.txt"
+rc=${PIPESTATUS[0]}; note sampling_cuda_bench $rc
 # (e) Hugging Face transformers on the same GPU, same run: greedy on
 # models/default (same ids as ours?) and the 27B shape with random bf16
 # weights (CUDA_BENCH_HF=0 skips).

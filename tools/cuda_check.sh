@@ -35,13 +35,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
 carry=.carry/cuda
-bins="cuda_backend_test matmul_bench cuda_model_test exactness_cuda_test batch_cuda_test recorded_steps_cuda_test spec_engine_cuda_test specgen specserve_worker"
+bins="cuda_backend_test sample_rows_test matmul_bench cuda_model_test exactness_cuda_test batch_cuda_test recorded_steps_cuda_test spec_engine_cuda_test specgen specserve_worker"
 
 if [ "$mode" = prepare ]; then
   ob="${CUDA_CHECK_OUTPUT_BASE:-$HOME/.cache/bazel_cuda/ob}"
   flags=(--config=cuda --config=static)
   bazel --output_base="$ob" build "${flags[@]}" --symlink_prefix=/ \
-      //kernels/cuda:cuda_backend_test //kernels/cuda:matmul_bench \
+      //kernels/cuda:cuda_backend_test //kernels/cuda:sample_rows_test \
+      //kernels/cuda:matmul_bench \
       //worker/model:cuda_model_test //worker/model:exactness_cuda_test \
       //worker/model:batch_cuda_test //worker/model:recorded_steps_cuda_test \
       //worker/spec:spec_engine_cuda_test //tools/specgen \
@@ -50,7 +51,7 @@ if [ "$mode" = prepare ]; then
   mkdir -p "$carry"
   for b in $bins; do
     case $b in
-      cuda_backend_test|matmul_bench) src="$bin/kernels/cuda/$b" ;;
+      cuda_backend_test|sample_rows_test|matmul_bench) src="$bin/kernels/cuda/$b" ;;
       cuda_model_test|exactness_cuda_test|batch_cuda_test|recorded_steps_cuda_test)
         src="$bin/worker/model/$b" ;;
       spec_engine_cuda_test) src="$bin/worker/spec/$b" ;;
@@ -103,6 +104,12 @@ gtest_counts() {
   grep -E "^\[==========\]|^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]" "$1"
 }
 
+echo "== sample_rows_test"
+timeout 90 "$carry/sample_rows_test" --gtest_output="xml:$xml/sample_rows_test.xml" \
+  > "$out/sample_rows_test.log" 2>&1
+rc=$?; note sample_rows_test $rc
+grep -E "^\[  FAILED  \]|Failure|draws differ" "$out/sample_rows_test.log" | head -20
+gtest_counts "$out/sample_rows_test.log"
 echo "== cuda_backend_test"
 timeout 60 "$carry/cuda_backend_test" --gtest_output="xml:$xml/cuda_backend_test.xml" \
   > "$out/cuda_backend_test.log" 2>&1

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
@@ -377,6 +378,57 @@ absl::Status CudaBackend::AttentionInputs(const AttentionInputsParams& p) {
   if (!FusesAttentionInputs(p)) return Backend::AttentionInputs(p);
   SS_RETURN_IF_ERROR(UseDevice());
   return LaunchAttentionInputs(p, stream_.get());
+}
+
+absl::Status CudaBackend::SampleRows(const SampleRowsParams& p) {
+  SS_RETURN_IF_ERROR(recording_.Refuse("SampleRows"));
+  SS_RETURN_IF_ERROR(Validate(p));
+  SS_RETURN_IF_ERROR(UseDevice());
+  const Workspace ws{workspace_.get(), workspace_bytes_};
+  const int64_t group = SampleRowsMaxRows(p.cols, ws);
+  if (group < 1) return Backend::SampleRows(p);  // a vocabulary past the workspace
+  std::vector<SampleRowArgs> args;
+  std::vector<int32_t> out;
+  for (int64_t r0 = 0; r0 < p.rows; r0 += group) {
+    const int64_t n = std::min(group, p.rows - r0);
+    args.assign(n, SampleRowArgs{});
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t r = r0 + j;
+      const sampling::SamplingConfig& c = p.config[r];
+      args[j].x_offset = (p.row_index != nullptr ? p.row_index[r] : r) * p.x_stride;
+      args[j].temperature = c.temperature;
+      args[j].top_k = c.top_k;
+      args[j].top_p = c.top_p;
+      args[j].min_p = c.min_p;
+      args[j].uniform = p.uniform[r];
+    }
+    out.assign(2 * n, 0);
+    SS_RETURN_IF_ERROR(
+        LaunchSampleRows(args.data(), n, p.cols, p.x, ws, out.data(), stream_.get()));
+    SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "SampleRows sync");
+    SS_RETURN_IF_ERROR(TakeDeviceError());
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t r = r0 + j;
+      if (out[n + j] == kSampleNonFinite) {
+        return absl::FailedPreconditionError(
+            "non-finite logits: the model produced NaN or inf");
+      }
+      if (out[n + j] == kSampledOnDevice) {
+        p.token[r] = out[j];
+        continue;
+      }
+      // Past the device's candidates: this row by the host's definition.
+      SampleRowsParams one = p;
+      const int32_t index = p.row_index != nullptr ? p.row_index[r] : static_cast<int32_t>(r);
+      one.rows = 1;
+      one.row_index = &index;
+      one.config = p.config + r;
+      one.uniform = p.uniform + r;
+      one.token = p.token + r;
+      SS_RETURN_IF_ERROR(Backend::SampleRows(one));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::Softmax(const SoftmaxParams& p) {

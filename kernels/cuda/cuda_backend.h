@@ -105,6 +105,9 @@ class CudaBackend : public Backend {
   absl::Status ScatterRows(const ScatterRowsParams& p) override;
   // One kernel where the six ops fuse (ops.h), else the six ops.
   absl::Status AttentionInputs(const AttentionInputsParams& p) override;
+  // On the device (sample_rows.cu); a row the device leaves to the host (a
+  // top-k or nucleus past its candidates) runs Backend::SampleRows.
+  absl::Status SampleRows(const SampleRowsParams& p) override;
 
  protected:
   void Free(void* data) override;

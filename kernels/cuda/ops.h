@@ -26,6 +26,7 @@
 #include "kernels/reduce.h"
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
+#include "kernels/sample_rows.h"
 #include "kernels/scatter_rows.h"
 #include "kernels/swiglu.h"
 
@@ -107,6 +108,32 @@ absl::Status LaunchFillRandom(DType dtype, void* dst, int64_t n, uint64_t seed,
                               float scale, cudaStream_t stream);
 
 absl::Status LaunchArgmax(const ArgmaxParams& p, cudaStream_t stream);
+
+// SampleRows on the device (sample_rows.cu). One row's arguments, packed on
+// the host: its logits at x + x_offset, its filters and uniform.
+struct SampleRowArgs {
+  int64_t x_offset;
+  float temperature;
+  int32_t top_k;
+  float top_p;
+  float min_p;
+  float uniform;
+  int32_t unused;
+};
+// Each row's outcome, beside its token.
+constexpr int32_t kSampledOnDevice = 0;
+constexpr int32_t kSampleNonFinite = 1;  // NaN or inf in the row
+constexpr int32_t kSampleOnHost = 2;     // beyond the candidates: host filters
+// Ids of the filters' order a row keeps on the device (top-k above it, or a
+// nucleus that does not close within it, goes to the host).
+constexpr int kMaxSampleCandidates = 1024;
+// Rows one launch can take within `ws` (0 when not even one fits).
+int64_t SampleRowsMaxRows(int64_t cols, const Workspace& ws);
+// Copies host_args in, runs the kernels, copies [rows tokens | rows outcomes]
+// to host_out; the caller synchronizes the stream before reading it.
+absl::Status LaunchSampleRows(const SampleRowArgs* host_args, int64_t rows, int64_t cols,
+                              const float* x, const Workspace& ws, int32_t* host_out,
+                              cudaStream_t stream);
 absl::Status LaunchLogSumExp(const LogSumExpParams& p, cudaStream_t stream);
 absl::Status LaunchSoftmax(const SoftmaxParams& p, cudaStream_t stream);
 

@@ -287,6 +287,33 @@ absl::Status Model::CopyRowsOut(int row0, int n, ForwardResult* out) {
   return absl::OkStatus();
 }
 
+absl::Status Model::SampleRows(absl::Span<const int32_t> rows,
+                               absl::Span<const sampling::SamplingConfig> configs,
+                               absl::Span<const float> uniforms,
+                               std::vector<int32_t>* tokens) const {
+  if (configs.size() != rows.size() || uniforms.size() != rows.size()) {
+    return absl::InvalidArgumentError("SampleRows: rows, configs and uniforms differ in size");
+  }
+  tokens->assign(rows.size(), -1);
+  if (rows.empty()) return absl::OkStatus();
+  for (int32_t row : rows) {
+    if (ws_ == nullptr || row < 0 || row >= lm_head_rows_) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "logits row ", row, ": the latest pass produced ", lm_head_rows_, " rows"));
+    }
+  }
+  kernels::SampleRowsParams p;
+  p.rows = static_cast<int64_t>(rows.size());
+  p.cols = config_.vocab_size;
+  p.x = ws_->logits.f32();
+  p.x_stride = config_.vocab_size;
+  p.row_index = rows.data();
+  p.config = configs.data();
+  p.uniform = uniforms.data();
+  p.token = tokens->data();
+  return backend_->SampleRows(p);
+}
+
 absl::Status Model::CopyLogitsRow(int row, std::vector<float>* logits) const {
   if (ws_ == nullptr || row < 0 || row >= lm_head_rows_) {
     return absl::OutOfRangeError(absl::StrCat(

@@ -40,6 +40,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -49,6 +50,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
+#include "kernels/sampling/sampling.h"
 #include "worker/model_files/checkpoint.h"
 #include "worker/model_files/model_config.h"
 
@@ -241,6 +243,16 @@ struct ForwardResult {
   // skips: it needs only argmax and finite). Model::CopyLogitsRow fetches
   // a row afterwards while the pass's logits are still in the workspace.
   bool want_logits = true;
+  // A request for one-row passes through spec::ModelExecutor (Clear keeps
+  // it): when set, row 0's token is drawn on the backend with this config
+  // and uniform (Model::SampleRows) into `drawn`, unless the row is not
+  // finite (then `drawn` stays -1).
+  struct Draw {
+    sampling::SamplingConfig config;
+    float uniform = 0.0f;
+  };
+  std::optional<Draw> draw;
+  int32_t drawn = -1;
   std::vector<float> logits;    // [rows][V] (empty unless want_logits)
   std::vector<float> hidden;    // [rows][H]: final-norm hidden (lm_head input)
   std::vector<int32_t> argmax;  // [rows]: greedy token of each row
@@ -251,6 +263,7 @@ struct ForwardResult {
   void Clear(int position) {
     rows = 0;
     first_position = position;
+    drawn = -1;
     logits.clear();
     hidden.clear();
     argmax.clear();
@@ -343,6 +356,14 @@ class Model {
   // into `logits` ([V]). Valid until the next forward call on this model;
   // OUT_OF_RANGE for a row that pass did not produce.
   absl::Status CopyLogitsRow(int row, std::vector<float>* logits) const;
+  // The token drawn from each row rows[i] of the same logits with configs[i]
+  // at uniforms[i] (sampled, not greedy), on the backend
+  // (kernels/sample_rows.h: the host filters' tokens, only the tokens copied
+  // back). OUT_OF_RANGE as above; FAILED_PRECONDITION for non-finite logits.
+  absl::Status SampleRows(absl::Span<const int32_t> rows,
+                          absl::Span<const sampling::SamplingConfig> configs,
+                          absl::Span<const float> uniforms,
+                          std::vector<int32_t>* tokens) const;
 
   // ---- Recorded steps (a backend that CanRecord: CUDA graphs on the GPU,
   // op closures on the CPU).

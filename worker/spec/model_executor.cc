@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "telemetry/status_macros.h"
+
 namespace specserve::spec {
 
 absl::Status ModelExecutor::Exclusive(const std::function<absl::Status()>& fn) {
@@ -54,6 +56,7 @@ absl::Status ModelExecutor::Decode(model::ModelState* state, int32_t token,
         // validates before touching any state, so nothing ran yet.
         for (Step* s : batch) {
           s->status = model_->Decode(s->state, s->token, s->out);
+          if (s->status.ok()) s->status = DrawRows({s}, *s->out, {0});
         }
       }
       const int V = model_->config().vocab_size;
@@ -80,6 +83,16 @@ absl::Status ModelExecutor::Decode(model::ModelState* state, int32_t token,
           s->out->finite = {all.finite[i]};
         }
       }
+      if (status.ok()) {
+        std::vector<int32_t> rows(batch.size());
+        for (size_t i = 0; i < batch.size(); ++i) rows[i] = static_cast<int32_t>(i);
+        const absl::Status drawn = DrawRows(batch, all, rows);
+        if (!drawn.ok()) {
+          for (Step* s : batch) {
+            if (s->out->draw.has_value()) s->status = drawn;
+          }
+        }
+      }
     }
     queue_mu_.Lock();
     for (Step* s : batch) s->done = true;
@@ -88,6 +101,30 @@ absl::Status ModelExecutor::Decode(model::ModelState* state, int32_t token,
     leader_active_ = false;
   }
   return mine.status;
+}
+
+absl::Status ModelExecutor::DrawRows(const std::vector<Step*>& steps,
+                                     const model::ForwardResult& pass,
+                                     const std::vector<int32_t>& rows) {
+  std::vector<int32_t> which;
+  std::vector<sampling::SamplingConfig> configs;
+  std::vector<float> uniforms;
+  std::vector<Step*> asked;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    Step* s = steps[i];
+    s->out->drawn = -1;
+    // A non-finite row gets no token: its caller reports it.
+    if (!s->out->draw.has_value() || pass.finite[rows[i]] == 0) continue;
+    which.push_back(rows[i]);
+    configs.push_back(s->out->draw->config);
+    uniforms.push_back(s->out->draw->uniform);
+    asked.push_back(s);
+  }
+  if (asked.empty()) return absl::OkStatus();
+  std::vector<int32_t> tokens;
+  SS_RETURN_IF_ERROR(model_->SampleRows(which, configs, uniforms, &tokens));
+  for (size_t j = 0; j < asked.size(); ++j) asked[j]->out->drawn = tokens[j];
+  return absl::OkStatus();
 }
 
 ModelExecutor::Stats ModelExecutor::stats() const {

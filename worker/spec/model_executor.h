@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -31,7 +32,9 @@ class ModelExecutor {
   // Runs `fn` with exclusive use of the model.
   absl::Status Exclusive(const std::function<absl::Status()>& fn);
 
-  // One plain decode step of `state`, batched with concurrent callers.
+  // One plain decode step of `state`, batched with concurrent callers. With
+  // out->draw set, the step's token is also drawn on the backend, in one
+  // SampleRows call for the whole batch (out->drawn).
   absl::Status Decode(model::ModelState* state, int32_t token,
                       model::ForwardResult* out);
 
@@ -50,6 +53,11 @@ class ModelExecutor {
     absl::Status status;
     bool done = false;
   };
+
+  // The draws the steps ask for, over rows[i] of the pass just run (whose
+  // outputs `pass` holds).
+  absl::Status DrawRows(const std::vector<Step*>& steps, const model::ForwardResult& pass,
+                        const std::vector<int32_t>& rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(model_mu_);
 
   model::Model* const model_;
   // Held for every forward call.

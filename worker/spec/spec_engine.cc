@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "kernels/sampling/philox.h"
 #include "kernels/sampling/sampling.h"
 #include "telemetry/status_macros.h"
 #include "worker/spec/spec_accept.h"
@@ -15,6 +16,8 @@ namespace specserve::spec {
 
 using sampling::ArgmaxFirst;
 using sampling::FilteredProbs;
+using sampling::RandomStream;
+using sampling::Uniform;
 
 namespace {
 
@@ -194,14 +197,22 @@ absl::StatusOr<int32_t> SpecEngine::Choose(SpecSession* s, const BurstCtx& b,
 
 absl::Status SpecEngine::PlainStep(SpecSession* s, const BurstCtx& b,
                                    int32_t* next_token) {
+  const BurstParams& p = b.params;
   model::ForwardResult r;
-  // Greedy needs only the device's argmax and finiteness flag.
-  r.want_logits = !b.params.sampling.greedy();
+  // No logits come back: greedy needs the device's argmax and finiteness
+  // flag, and a sampled step has its token drawn on the backend (the host
+  // filters' token; DrawToken's Philox event, consumed once it is drawn).
+  r.want_logits = false;
+  if (!p.sampling.greedy()) {
+    r.draw = model::ForwardResult::Draw{
+        p.sampling, Uniform(p.seed, RandomStream::kSample, s->counters.sctr)};
+  }
   SS_RETURN_IF_ERROR(CommitOne(s, *s->pending_tok, &r));
-  if (r.want_logits) {
-    SS_ASSIGN_OR_RETURN(*next_token, Choose(s, b, r.logits.data()));
+  if (b.Injects(1) || !r.AllFinite()) return NonFinite(s->id());
+  if (r.draw.has_value()) {
+    ++s->counters.sctr;
+    *next_token = r.drawn;
   } else {
-    if (b.Injects(1) || !r.AllFinite()) return NonFinite(s->id());
     *next_token = r.argmax[0];
   }
   s->pending_tok = *next_token;

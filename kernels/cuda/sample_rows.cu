@@ -1,0 +1,494 @@
+// Sampled decoding on the device (kernels/sample_rows.h): each row's logits
+// filtered as sampling::FilteredProbs defines and drawn as
+// sampling::SampleIndex does; only the tokens go back to the host.
+//
+// Three kernels per call, in stream order:
+//  1. StatsKernel (kSlices blocks per row): each slice's max and finiteness.
+//  2. ExpKernel (kSlices blocks per row): the row's max from its slices',
+//     e_i = exp(double(x_i - max) / T) into scratch (double, as the host
+//     computes it), and each slice's sum of e in a fixed order.
+//  3. DrawKernel (one block per row): total = the slices' sums in slice
+//     order, p_i = e_i / total, then
+//     - temperature and min-p only: the kept mass (a fixed-order block sum),
+//       probs_i = float(p_i / kept), and the inverse CDF over contiguous
+//       per-thread chunks of the row: chunk sums, a block scan, and the one
+//       thread whose chunk holds the target walks it as the host walks the
+//       row;
+//     - top-k or top-p: the first `want` ids of the filters' order (a radix
+//       select on fl(max - x_i), whose order is p's, then a compaction that
+//       keeps ties in ascending id), sorted in shared memory; one thread then
+//       runs the host's loops (nucleus, min-p, kept mass; the draw in id
+//       order) over them in the host's order, so those sums are the host's.
+//       A row whose top-k exceeds kMaxCandidates, or whose nucleus does not
+//       close within them, is left to the host (kSampleOnHost).
+// The differences from the host are the orders of three long sums (the
+// softmax total, the unordered kept mass, the draw's running mass over the
+// row), ~1e-16 relative: a token moves only when the uniform falls that close
+// to a boundary. Each row's work depends on its own logits, config and
+// uniform alone (row invariant), and every sum has a fixed order
+// (deterministic).
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/ops.h"
+
+namespace specserve::kernels::cuda {
+namespace {
+
+constexpr int kSlices = 16;  // blocks per row in the max and exp passes
+constexpr int kSliceThreads = 256;
+constexpr int kThreads = 1024;  // DrawKernel: one thread per candidate
+static_assert(kMaxSampleCandidates == kThreads, "the sorts hold one candidate per thread");
+constexpr int kWarps = kThreads / 32;
+
+struct Scratch {
+  float* slice_max;     // [rows][kSlices]
+  int* slice_finite;    // [rows][kSlices]
+  double* slice_sum;    // [rows][kSlices]
+  double* e;            // [rows][cols]
+};
+
+__host__ __device__ inline size_t AlignUp(size_t n) { return (n + 255) / 256 * 256; }
+
+__host__ __device__ inline Scratch ScratchAt(void* base, int64_t rows, int64_t cols) {
+  char* p = static_cast<char*>(base);
+  Scratch s;
+  s.slice_max = reinterpret_cast<float*>(p);
+  p += AlignUp(sizeof(float) * rows * kSlices);
+  s.slice_finite = reinterpret_cast<int*>(p);
+  p += AlignUp(sizeof(int) * rows * kSlices);
+  s.slice_sum = reinterpret_cast<double*>(p);
+  p += AlignUp(sizeof(double) * rows * kSlices);
+  s.e = reinterpret_cast<double*>(p);
+  return s;
+}
+
+size_t ScratchBytes(int64_t rows, int64_t cols) {
+  return AlignUp(sizeof(float) * rows * kSlices) + AlignUp(sizeof(int) * rows * kSlices) +
+         AlignUp(sizeof(double) * rows * kSlices) + AlignUp(sizeof(double) * rows * cols);
+}
+
+__device__ inline void SliceRange(int64_t cols, int s, int64_t* lo, int64_t* hi) {
+  const int64_t len = (cols + kSlices - 1) / kSlices;
+  *lo = s * len;
+  *hi = *lo + len < cols ? *lo + len : cols;
+}
+
+// Block-wide double sum in a fixed order (warp butterflies, then warp 0
+// over the warp sums in warp order), result in every thread.
+template <int THREADS>
+__device__ double BlockSum(double v, double* sm) {
+  v = WarpSumD(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // sm may still be read by a previous reduction
+  if (lane == 0) sm[warp] = v;
+  __syncthreads();
+  double r = 0.0;
+  for (int w = 0; w < THREADS / 32; ++w) r += sm[w];
+  return r;
+}
+
+// Inclusive prefix sums over the block in thread order (a fixed tree: warp
+// shuffles, then the warp totals), into incl[threadIdx.x].
+template <typename T>
+__device__ void BlockInclusiveScan(T v, T* incl, T* warp_sums) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const T o = __shfl_up_sync(kFullMask, v, d);
+    if (lane >= d) v += o;
+  }
+  __syncthreads();
+  if (lane == 31) warp_sums[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    T w = lane < kWarps ? warp_sums[lane] : T(0);
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const T o = __shfl_up_sync(kFullMask, w, d);
+      if (lane >= d) w += o;
+    }
+    warp_sums[lane] = w;
+  }
+  __syncthreads();
+  incl[threadIdx.x] = warp > 0 ? v + warp_sums[warp - 1] : v;
+  __syncthreads();
+}
+
+// Ascending bitonic sort of kThreads keys, one per thread.
+__device__ void BitonicSort(uint64_t* a) {
+  const int t = threadIdx.x;
+  for (int k = 2; k <= kThreads; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      const int o = t ^ j;
+      if (o > t) {
+        const bool up = (t & k) == 0;
+        const uint64_t x = a[t], y = a[o];
+        if ((x > y) == up) {
+          a[t] = y;
+          a[o] = x;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kSliceThreads)
+    StatsKernel(const SampleRowArgs* args, const float* x, int64_t cols, Scratch s) {
+  const int row = blockIdx.x / kSlices, slice = blockIdx.x % kSlices;
+  const float* xr = x + args[row].x_offset;
+  int64_t lo, hi;
+  SliceRange(cols, slice, &lo, &hi);
+  float m = -INFINITY;
+  int finite = 1;
+  for (int64_t i = lo + threadIdx.x; i < hi; i += kSliceThreads) {
+    const float v = xr[i];
+    finite &= isfinite(v) ? 1 : 0;
+    m = fmaxf(m, v);
+  }
+  __shared__ float sm[kSliceThreads / 32];
+  m = WarpMax(m);
+  if ((threadIdx.x & 31) == 0) sm[threadIdx.x >> 5] = m;
+  finite = __syncthreads_and(finite);
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < kSliceThreads / 32; ++w) m = fmaxf(m, sm[w]);
+    s.slice_max[blockIdx.x] = m;
+    s.slice_finite[blockIdx.x] = finite;
+  }
+}
+
+// The row's max and finiteness from its slices' (max is exact in any order).
+__device__ inline bool RowStats(const Scratch& s, int row, float* max) {
+  float m = -INFINITY;
+  bool finite = true;
+  for (int j = 0; j < kSlices; ++j) {
+    m = fmaxf(m, s.slice_max[row * kSlices + j]);
+    finite = finite && s.slice_finite[row * kSlices + j] != 0;
+  }
+  *max = m;
+  return finite;
+}
+
+__global__ void __launch_bounds__(kSliceThreads)
+    ExpKernel(const SampleRowArgs* args, const float* x, int64_t cols, Scratch s) {
+  const int row = blockIdx.x / kSlices, slice = blockIdx.x % kSlices;
+  float m;
+  if (!RowStats(s, row, &m)) return;
+  const float* xr = x + args[row].x_offset;
+  double* er = s.e + row * cols;
+  // As the host: the difference in float, then double.
+  const double t = static_cast<double>(args[row].temperature);
+  int64_t lo, hi;
+  SliceRange(cols, slice, &lo, &hi);
+  double acc = 0.0;
+  for (int64_t i = lo + threadIdx.x; i < hi; i += kSliceThreads) {
+    const double e = exp(static_cast<double>(__fsub_rn(xr[i], m)) / t);
+    er[i] = e;
+    acc += e;
+  }
+  __shared__ double sm[kSliceThreads / 32];
+  acc = BlockSum<kSliceThreads>(acc, sm);
+  if (threadIdx.x == 0) s.slice_sum[blockIdx.x] = acc;
+}
+
+struct DrawShared {
+  double incl[kThreads];  // scans; then the candidates' p
+  double warp_d[32];
+  int incl_i[kThreads];
+  int warp_i[32];
+  int hist[256];
+  uint64_t keys[kThreads];
+  double term[kThreads];
+  float probs[kThreads];
+  uint32_t select_prefix;
+  int select_need;
+  int keep;
+  int fallback;
+  double kept;
+  int walker_token;
+};
+
+// Temperature and min-p only: the kept set needs no order.
+__device__ int DrawUnordered(const SampleRowArgs& a, const double* er, int64_t cols,
+                             double total, DrawShared& sh) {
+  const int t = threadIdx.x;
+  // The largest p is the max's: e = exp(0) = 1.
+  const double threshold =
+      a.min_p > 0.0f ? static_cast<double>(a.min_p) * (1.0 / total) : 0.0;
+  double acc = 0.0;
+  for (int64_t i = t; i < cols; i += kThreads) {
+    const double p = er[i] / total;
+    if (p >= threshold) acc += p;
+  }
+  const double kept = BlockSum<kThreads>(acc, sh.warp_d);
+  auto prob = [&](int64_t i) {
+    const double p = er[i] / total;
+    return p >= threshold ? static_cast<float>(p / kept) : 0.0f;
+  };
+  // Contiguous chunks in thread order: the draw walks the row in id order.
+  const int64_t chunk = (cols + kThreads - 1) / kThreads;
+  const int64_t lo = t * chunk, hi = lo + chunk < cols ? lo + chunk : cols;
+  double mass = 0.0;
+  int last = -1;
+  for (int64_t i = lo; i < hi; ++i) {
+    const float f = prob(i);
+    if (f > 0.0f) {
+      mass += f;
+      last = static_cast<int>(i);
+    }
+  }
+  BlockInclusiveScan(mass, sh.incl, sh.warp_d);
+  const double target = static_cast<double>(a.uniform) * sh.incl[kThreads - 1];
+  if (t == 0) sh.walker_token = -1;
+  __syncthreads();
+  const bool here = target < sh.incl[t] && (t == 0 || !(target < sh.incl[t - 1]));
+  if (here) {
+    double cum = t > 0 ? sh.incl[t - 1] : 0.0;
+    int token = last;  // (rounding: the chunk's own last nonzero)
+    for (int64_t i = lo; i < hi; ++i) {
+      const float f = prob(i);
+      if (f <= 0.0f) continue;
+      cum += f;
+      if (target < cum) {
+        token = static_cast<int>(i);
+        break;
+      }
+    }
+    sh.walker_token = token;
+  }
+  // The row's last nonzero, for a target past the total (rounding at the top).
+  int row_last = last;
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) row_last = max(row_last, __shfl_xor_sync(kFullMask, row_last, m));
+  __syncthreads();
+  if ((t & 31) == 0) sh.warp_i[t >> 5] = row_last;
+  __syncthreads();
+  if (sh.walker_token >= 0) return sh.walker_token;
+  int r = -1;
+  for (int w = 0; w < kWarps; ++w) r = max(r, sh.warp_i[w]);
+  return r;
+}
+
+// The filters' order: p descending is fl(max - x) ascending (the host's
+// p = exp(fl(x - max) / T) / total, and fl(max - x) = -fl(x - max)); ties
+// by id ascending. Both are non-negative floats, so their bits order them.
+__device__ inline uint32_t OrderKey(const float* xr, int64_t i, float row_max) {
+  return __float_as_uint(__fsub_rn(row_max, xr[i]));
+}
+
+// Top-k and/or top-p (then min-p) over the first `want` ids of the order.
+// Returns the token, or -1 for the host.
+__device__ int DrawOrdered(const SampleRowArgs& a, const float* xr, const double* er,
+                           int64_t cols, float row_max, double total, DrawShared& sh) {
+  const int t = threadIdx.x;
+  const bool top_k = a.top_k > 0 && a.top_k < cols;
+  if (top_k && a.top_k > kThreads) return -1;
+  const int want = static_cast<int>(top_k ? a.top_k : (cols < kThreads ? cols : kThreads));
+
+  // Radix select: the key K of the want-th id, and how many ids of key K
+  // (the first in id order) are among the want.
+  if (t == 0) {
+    sh.select_prefix = 0;
+    sh.select_need = want;
+  }
+  uint32_t mask = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    if (t < 256) sh.hist[t] = 0;
+    __syncthreads();
+    const uint32_t prefix = sh.select_prefix;
+    for (int64_t i = t; i < cols; i += kThreads) {
+      const uint32_t k = OrderKey(xr, i, row_max);
+      if ((k & mask) == prefix) {
+        // One add per distinct bin per warp: logits crowd a few bins.
+        const unsigned bin = (k >> shift) & 255;
+        const unsigned peers = __match_any_sync(__activemask(), bin);
+        if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], __popc(peers));
+      }
+    }
+    __syncthreads();
+    if (t == 0) {
+      int below = 0, b = 0;
+      while (below + sh.hist[b] < sh.select_need) below += sh.hist[b++];
+      sh.select_need -= below;
+      sh.select_prefix = prefix | (static_cast<uint32_t>(b) << shift);
+    }
+    mask |= 255u << shift;
+    __syncthreads();
+  }
+  const uint32_t cut = sh.select_prefix;
+  const int ties = sh.select_need;  // ids with key == cut to take, >= 1
+  const int less = want - ties;
+
+  // Compaction in id order: contiguous chunks, counts scanned in thread order.
+  const int64_t chunk = (cols + kThreads - 1) / kThreads;
+  const int64_t lo = t * chunk, hi = lo + chunk < cols ? lo + chunk : cols;
+  int n_less = 0, n_tie = 0;
+  for (int64_t i = lo; i < hi; ++i) {
+    const uint32_t k = OrderKey(xr, i, row_max);
+    n_less += k < cut;
+    n_tie += k == cut;
+  }
+  BlockInclusiveScan(n_less, sh.incl_i, sh.warp_i);
+  int at_less = sh.incl_i[t] - n_less;
+  __syncthreads();
+  BlockInclusiveScan(n_tie, sh.incl_i, sh.warp_i);
+  int at_tie = sh.incl_i[t] - n_tie;
+  sh.keys[t] = ~0ull;
+  __syncthreads();
+  for (int64_t i = lo; i < hi; ++i) {
+    const uint32_t k = OrderKey(xr, i, row_max);
+    int slot = -1;
+    if (k < cut) {
+      slot = at_less++;
+    } else if (k == cut) {
+      if (at_tie < ties) slot = less + at_tie;
+      ++at_tie;
+    }
+    if (slot >= 0) sh.keys[slot] = (static_cast<uint64_t>(k) << 32) | static_cast<uint32_t>(i);
+  }
+  __syncthreads();
+  BitonicSort(sh.keys);
+  const int id = static_cast<int>(sh.keys[t] & 0xffffffffu);
+  double* p = sh.incl;  // the candidates' p, in the filters' order
+  p[t] = t < want ? er[id] / total : 0.0;
+  __syncthreads();
+
+  // The host's loops, in its order (sampling.cc), by one thread.
+  const int limit = top_k ? a.top_k : static_cast<int>(cols);
+  const bool top_p = a.top_p < 1.0f;
+  if (t == 0) {
+    double kept_mass = 1.0;
+    if (top_p && top_k) {
+      kept_mass = 0.0;
+      for (int i = 0; i < limit; ++i) kept_mass += p[i];
+    }
+    sh.kept = kept_mass;
+  }
+  __syncthreads();
+  sh.term[t] = p[t] / sh.kept;  // (the host divides term by term too)
+  __syncthreads();
+  if (t == 0) {
+    int keep = limit;
+    int fallback = 0;
+    if (top_p) {
+      double cum = 0.0;
+      int n = 0;
+      while (n < limit) {
+        if (n == want) {  // the nucleus needs more than the candidates
+          fallback = 1;
+          break;
+        }
+        cum += sh.term[n];
+        ++n;
+        if (cum >= a.top_p) break;
+      }
+      keep = n;
+    }
+    if (!fallback && a.min_p > 0.0f) {
+      const double threshold = a.min_p * p[0];
+      int n = 1;
+      while (n < keep && p[n] >= threshold) ++n;
+      keep = n;
+    }
+    double kept = 0.0;
+    if (!fallback) {
+      for (int i = 0; i < keep; ++i) kept += p[i];
+    }
+    sh.keep = keep;
+    sh.kept = kept;
+    sh.fallback = fallback;
+  }
+  __syncthreads();
+  if (sh.fallback) return -1;
+  const int keep = sh.keep;
+  // The survivors in id order, each with its float probability.
+  const float f = t < keep ? static_cast<float>(p[t] / sh.kept) : 0.0f;
+  __syncthreads();
+  sh.keys[t] = t < keep ? (static_cast<uint64_t>(id) << 32) | static_cast<uint32_t>(t) : ~0ull;
+  sh.probs[t] = f;
+  __syncthreads();
+  BitonicSort(sh.keys);
+  if (t == 0) {
+    double sum = 0.0;
+    for (int i = 0; i < keep; ++i) sum += sh.probs[sh.keys[i] & 0xffffffffu];
+    const double target = static_cast<double>(a.uniform) * sum;
+    double cum = 0.0;
+    int token = -1;
+    for (int i = 0; i < keep; ++i) {
+      const float fi = sh.probs[sh.keys[i] & 0xffffffffu];
+      if (fi <= 0.0f) continue;
+      token = static_cast<int>(sh.keys[i] >> 32);
+      cum += fi;
+      if (target < cum) break;
+    }
+    sh.walker_token = token;
+  }
+  __syncthreads();
+  return sh.walker_token;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    DrawKernel(const SampleRowArgs* args, const float* x, int64_t rows, int64_t cols,
+               Scratch s, int32_t* out) {
+  __shared__ DrawShared sh;
+  const int row = blockIdx.x;
+  const SampleRowArgs a = args[row];
+  float row_max;
+  if (!RowStats(s, row, &row_max)) {
+    if (threadIdx.x == 0) {
+      out[row] = 0;
+      out[rows + row] = kSampleNonFinite;
+    }
+    return;
+  }
+  double total = 0.0;
+  for (int j = 0; j < kSlices; ++j) total += s.slice_sum[row * kSlices + j];
+  const double* er = s.e + row * cols;
+  const bool ordered = (a.top_k > 0 && a.top_k < cols) || a.top_p < 1.0f;
+  const int token = ordered ? DrawOrdered(a, x + a.x_offset, er, cols, row_max, total, sh)
+                            : DrawUnordered(a, er, cols, total, sh);
+  if (threadIdx.x == 0) {
+    out[row] = token < 0 ? 0 : token;
+    out[rows + row] = token < 0 ? kSampleOnHost : kSampledOnDevice;
+  }
+}
+
+}  // namespace
+
+int64_t SampleRowsMaxRows(int64_t cols, const Workspace& ws) {
+  const size_t fixed = AlignUp(sizeof(SampleRowArgs) * 64) + AlignUp(sizeof(int32_t) * 128);
+  int64_t rows = 64;
+  while (rows > 0 && fixed + ScratchBytes(rows, cols) > ws.bytes) rows /= 2;
+  return rows;
+}
+
+absl::Status LaunchSampleRows(const SampleRowArgs* host_args, int64_t rows, int64_t cols,
+                              const float* x, const Workspace& ws, int32_t* host_out,
+                              cudaStream_t stream) {
+  if (rows < 1 || rows > SampleRowsMaxRows(cols, ws)) {
+    return absl::InvalidArgumentError("sample_rows: rows exceed the workspace's group");
+  }
+  if (cols > INT32_MAX) return absl::InvalidArgumentError("sample_rows: cols exceed int32");
+  char* base = static_cast<char*>(ws.data);
+  auto* args = reinterpret_cast<SampleRowArgs*>(base);
+  base += AlignUp(sizeof(SampleRowArgs) * 64);
+  auto* out = reinterpret_cast<int32_t*>(base);
+  base += AlignUp(sizeof(int32_t) * 128);
+  const Scratch s = ScratchAt(base, rows, cols);
+  SS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(args, host_args, sizeof(SampleRowArgs) * rows,
+                                          cudaMemcpyHostToDevice, stream),
+                          "sample_rows args");
+  const unsigned sliced = static_cast<unsigned>(rows * kSlices);
+  StatsKernel<<<sliced, kSliceThreads, 0, stream>>>(args, x, cols, s);
+  ExpKernel<<<sliced, kSliceThreads, 0, stream>>>(args, x, cols, s);
+  DrawKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(args, x, rows, cols, s, out);
+  if (absl::Status st = LaunchStatus("sample_rows launch"); !st.ok()) return st;
+  SS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_out, out, sizeof(int32_t) * 2 * rows,
+                                          cudaMemcpyDeviceToHost, stream),
+                          "sample_rows tokens");
+  return absl::OkStatus();
+}
+
+}  // namespace specserve::kernels::cuda
