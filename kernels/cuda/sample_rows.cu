@@ -2,28 +2,32 @@
 // filtered as sampling::FilteredProbs defines and drawn as
 // sampling::SampleIndex does; only the tokens go back to the host.
 //
-// Three kernels per call, in stream order:
+// Four kernels per call, in stream order:
 //  1. StatsKernel (kSlices blocks per row): each slice's max and finiteness.
 //  2. ExpKernel (kSlices blocks per row): the row's max from its slices',
 //     e_i = exp(double(x_i - max) / T) into scratch (double, as the host
 //     computes it), and each slice's sum of e in a fixed order.
-//  3. DrawKernel (one block per row): total = the slices' sums in slice
-//     order, p_i = e_i / total, then
-//     - temperature and min-p only: the kept mass (a fixed-order block sum),
-//       probs_i = float(p_i / kept), and the inverse CDF over contiguous
-//       per-thread chunks of the row: chunk sums, a block scan, and the one
-//       thread whose chunk holds the target walks it as the host walks the
-//       row;
-//     - top-k or top-p: the first `want` ids of the filters' order (a radix
-//       select on fl(max - x_i), whose order is p's, then a compaction that
-//       keeps ties in ascending id), sorted in shared memory; one thread then
-//       runs the host's loops (nucleus, min-p, kept mass; the draw in id
-//       order) over them in the host's order, so those sums are the host's.
-//       A row whose top-k exceeds kMaxCandidates, or whose nucleus does not
-//       close within them, is left to the host (kSampleOnHost).
-// The differences from the host are the orders of three long sums (the
-// softmax total, the unordered kept mass, the draw's running mass over the
-// row), ~1e-16 relative: a token moves only when the uniform falls that close
+//  3. NormKernel: total = the slices' sums in slice order; p_i = e_i / total.
+//  4. DrawKernel (one block per row):
+//     - temperature and min-p only: DrawFromPrefix over the whole row (the
+//       kept mass, a fixed-order block sum; probs_i = float(p_i / kept); the
+//       inverse CDF over contiguous per-thread chunks: chunk sums, a block
+//       scan, and the one thread whose chunk holds the target walks it as the
+//       host walks the row);
+//     - top-k or top-p: DrawOrdered: the first kMaxSampleCandidates ids of
+//       the filters' order (a radix select on fl(max - x_i), whose order is
+//       p's, and a compaction that keeps ties in ascending id), sorted in
+//       shared memory; one thread runs the host's loops (nucleus, min-p,
+//       kept mass; the draw in id order) over them in the host's order, so
+//       those sums are the host's;
+//     - past the candidates, a prefix of the order found without sorting
+//       it, then DrawFromPrefix: a top-k above them by the same radix
+//       select; a nucleus of top-p alone by a search of the key whose prefix
+//       mass reaches top_p (NucleusCut). Top-k above the candidates together
+//       with top-p is left to the host (kSampleOnHost).
+// The differences from the host are the orders of the long sums (the softmax
+// total, a kept mass or nucleus mass over the row, the draw's running mass
+// over the row), ~1e-16 relative: a token moves only when the uniform falls that close
 // to a boundary. Each row's work depends on its own logits, config and
 // uniform alone (row invariant), and every sum has a fixed order
 // (deterministic).
@@ -46,7 +50,7 @@ struct Scratch {
   float* slice_max;     // [rows][kSlices]
   int* slice_finite;    // [rows][kSlices]
   double* slice_sum;    // [rows][kSlices]
-  double* e;            // [rows][cols]
+  double* p;            // [rows][cols]: e_i, then p_i = e_i / total
 };
 
 __host__ __device__ inline size_t AlignUp(size_t n) { return (n + 255) / 256 * 256; }
@@ -60,7 +64,7 @@ __host__ __device__ inline Scratch ScratchAt(void* base, int64_t rows, int64_t c
   p += AlignUp(sizeof(int) * rows * kSlices);
   s.slice_sum = reinterpret_cast<double*>(p);
   p += AlignUp(sizeof(double) * rows * kSlices);
-  s.e = reinterpret_cast<double*>(p);
+  s.p = reinterpret_cast<double*>(p);
   return s;
 }
 
@@ -177,7 +181,7 @@ __global__ void __launch_bounds__(kSliceThreads)
   float m;
   if (!RowStats(s, row, &m)) return;
   const float* xr = x + args[row].x_offset;
-  double* er = s.e + row * cols;
+  double* er = s.p + row * cols;
   // As the host: the difference in float, then double.
   const double t = static_cast<double>(args[row].temperature);
   int64_t lo, hi;
@@ -191,6 +195,24 @@ __global__ void __launch_bounds__(kSliceThreads)
   __shared__ double sm[kSliceThreads / 32];
   acc = BlockSum<kSliceThreads>(acc, sm);
   if (threadIdx.x == 0) s.slice_sum[blockIdx.x] = acc;
+}
+
+__device__ inline double RowTotal(const Scratch& s, int row) {
+  double total = 0.0;
+  for (int j = 0; j < kSlices; ++j) total += s.slice_sum[row * kSlices + j];
+  return total;
+}
+
+// p_i = e_i / total in place, as the host divides.
+__global__ void __launch_bounds__(kSliceThreads) NormKernel(int64_t cols, Scratch s) {
+  const int row = blockIdx.x / kSlices, slice = blockIdx.x % kSlices;
+  float m;
+  if (!RowStats(s, row, &m)) return;
+  const double total = RowTotal(s, row);
+  double* pr = s.p + row * cols;
+  int64_t lo, hi;
+  SliceRange(cols, slice, &lo, &hi);
+  for (int64_t i = lo + threadIdx.x; i < hi; i += kSliceThreads) pr[i] = pr[i] / total;
 }
 
 struct DrawShared {
@@ -208,32 +230,73 @@ struct DrawShared {
   int fallback;
   double kept;
   int walker_token;
+  int digit;
+  int tie_index;
 };
 
-// Temperature and min-p only: the kept set needs no order.
-__device__ int DrawUnordered(const SampleRowArgs& a, const double* er, int64_t cols,
-                             double total, DrawShared& sh) {
+// The filters' order: p descending is fl(max - x) ascending (the host's
+// p = exp(fl(x - max) / T) / total, and fl(max - x) = -fl(x - max)); ties
+// by id ascending. Both are non-negative floats, so their bits order them.
+__device__ inline uint32_t OrderKey(const float* xr, int64_t i, float row_max) {
+  return __float_as_uint(__fsub_rn(row_max, xr[i]));
+}
+
+// A prefix of the filters' order: the ids whose key is below `key`, then the
+// first `ties` ids (ascending) whose key equals it; or the whole row.
+struct OrderCut {
+  uint32_t key = 0xffffffffu;
+  int ties = 0;
+  bool whole_row = true;
+};
+
+// The draw over a prefix of the order (the whole row; a top-k above the
+// candidates; a nucleus past them), with min-p: a kept set that needs no
+// order. The kept mass is a fixed-order block sum; the inverse CDF runs over
+// contiguous per-thread chunks (ids ascend with the threads): chunk sums, a
+// block scan, and the one thread whose chunk holds the target walks it as
+// the host walks the row.
+__device__ int DrawFromPrefix(const SampleRowArgs& a, const float* xr, const double* pr,
+                              int64_t cols, float row_max, double total, const OrderCut& cut,
+                              DrawShared& sh) {
   const int t = threadIdx.x;
   // The largest p is the max's: e = exp(0) = 1.
   const double threshold =
       a.min_p > 0.0f ? static_cast<double>(a.min_p) * (1.0 / total) : 0.0;
-  double acc = 0.0;
-  for (int64_t i = t; i < cols; i += kThreads) {
-    const double p = er[i] / total;
-    if (p >= threshold) acc += p;
-  }
-  const double kept = BlockSum<kThreads>(acc, sh.warp_d);
-  auto prob = [&](int64_t i) {
-    const double p = er[i] / total;
-    return p >= threshold ? static_cast<float>(p / kept) : 0.0f;
-  };
-  // Contiguous chunks in thread order: the draw walks the row in id order.
   const int64_t chunk = (cols + kThreads - 1) / kThreads;
   const int64_t lo = t * chunk, hi = lo + chunk < cols ? lo + chunk : cols;
+  // The cut's ties in the chunks before this one.
+  int tie_base = 0;
+  if (!cut.whole_row) {
+    int mine = 0;
+    for (int64_t i = lo; i < hi; ++i) mine += OrderKey(xr, i, row_max) == cut.key;
+    BlockInclusiveScan(mine, sh.incl_i, sh.warp_i);
+    tie_base = sh.incl_i[t] - mine;
+  }
+  // Called for every id of the chunk in order: `rank` counts the ties met.
+  auto member = [&](int64_t i, int* rank) {
+    if (cut.whole_row) return true;
+    const uint32_t k = OrderKey(xr, i, row_max);
+    if (k < cut.key) return true;
+    return k == cut.key && (*rank)++ < cut.ties;
+  };
+  double acc = 0.0;
+  int rank = tie_base;
+  for (int64_t i = lo; i < hi; ++i) {
+    const bool in = member(i, &rank);
+    const double p = pr[i];
+    if (in && p >= threshold) acc += p;
+  }
+  const double kept = BlockSum<kThreads>(acc, sh.warp_d);
+  auto prob = [&](int64_t i, int* rank) {
+    const bool in = member(i, rank);
+    const double p = pr[i];
+    return in && p >= threshold ? static_cast<float>(p / kept) : 0.0f;
+  };
   double mass = 0.0;
   int last = -1;
+  rank = tie_base;
   for (int64_t i = lo; i < hi; ++i) {
-    const float f = prob(i);
+    const float f = prob(i, &rank);
     if (f > 0.0f) {
       mass += f;
       last = static_cast<int>(i);
@@ -247,8 +310,9 @@ __device__ int DrawUnordered(const SampleRowArgs& a, const double* er, int64_t c
   if (here) {
     double cum = t > 0 ? sh.incl[t - 1] : 0.0;
     int token = last;  // (rounding: the chunk's own last nonzero)
+    rank = tie_base;
     for (int64_t i = lo; i < hi; ++i) {
-      const float f = prob(i);
+      const float f = prob(i, &rank);
       if (f <= 0.0f) continue;
       cum += f;
       if (target < cum) {
@@ -271,24 +335,12 @@ __device__ int DrawUnordered(const SampleRowArgs& a, const double* er, int64_t c
   return r;
 }
 
-// The filters' order: p descending is fl(max - x) ascending (the host's
-// p = exp(fl(x - max) / T) / total, and fl(max - x) = -fl(x - max)); ties
-// by id ascending. Both are non-negative floats, so their bits order them.
-__device__ inline uint32_t OrderKey(const float* xr, int64_t i, float row_max) {
-  return __float_as_uint(__fsub_rn(row_max, xr[i]));
-}
-
-// Top-k and/or top-p (then min-p) over the first `want` ids of the order.
-// Returns the token, or -1 for the host.
-__device__ int DrawOrdered(const SampleRowArgs& a, const float* xr, const double* er,
-                           int64_t cols, float row_max, double total, DrawShared& sh) {
+// The first `want` ids of the order (want <= cols) as a cut: a radix select
+// of the want-th key, 8 bits a pass (one add per distinct bin per warp:
+// logits crowd a few bins).
+__device__ OrderCut SelectFirst(int want, const float* xr, int64_t cols, float row_max,
+                                DrawShared& sh) {
   const int t = threadIdx.x;
-  const bool top_k = a.top_k > 0 && a.top_k < cols;
-  if (top_k && a.top_k > kThreads) return -1;
-  const int want = static_cast<int>(top_k ? a.top_k : (cols < kThreads ? cols : kThreads));
-
-  // Radix select: the key K of the want-th id, and how many ids of key K
-  // (the first in id order) are among the want.
   if (t == 0) {
     sh.select_prefix = 0;
     sh.select_need = want;
@@ -301,7 +353,6 @@ __device__ int DrawOrdered(const SampleRowArgs& a, const float* xr, const double
     for (int64_t i = t; i < cols; i += kThreads) {
       const uint32_t k = OrderKey(xr, i, row_max);
       if ((k & mask) == prefix) {
-        // One add per distinct bin per warp: logits crowd a few bins.
         const unsigned bin = (k >> shift) & 255;
         const unsigned peers = __match_any_sync(__activemask(), bin);
         if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], __popc(peers));
@@ -317,8 +368,103 @@ __device__ int DrawOrdered(const SampleRowArgs& a, const float* xr, const double
     mask |= 255u << shift;
     __syncthreads();
   }
-  const uint32_t cut = sh.select_prefix;
-  const int ties = sh.select_need;  // ids with key == cut to take, >= 1
+  OrderCut cut;
+  cut.key = sh.select_prefix;
+  cut.ties = sh.select_need;  // >= 1
+  cut.whole_row = false;
+  __syncthreads();  // (sh.select_* are rewritten by the next select)
+  return cut;
+}
+
+// The nucleus of top-p alone past the candidates: the smallest key K whose
+// prefix mass (keys <= K) reaches top_p, four bits a pass (16 masses a
+// pass, each a fixed-order sum), then K's ties added one at a time as the
+// host adds them. The whole row when even its mass stays below top_p
+// (rounding): the host then keeps every id.
+__device__ OrderCut NucleusCut(const SampleRowArgs& a, const float* xr, const double* pr,
+                               int64_t cols, float row_max, DrawShared& sh) {
+  const int t = threadIdx.x;
+  uint32_t prefix = 0;
+  for (int shift = 28; shift >= 0; shift -= 4) {
+    const uint32_t range = shift == 28 ? 0u : (0xffffffffu << (shift + 4));
+    double bucket[16];
+#pragma unroll
+    for (int d = 0; d < 16; ++d) bucket[d] = 0.0;
+    double base = 0.0;
+    for (int64_t i = t; i < cols; i += kThreads) {
+      const uint32_t k = OrderKey(xr, i, row_max);
+      const double p = pr[i];
+      if ((k & range) == prefix) {
+        bucket[(k >> shift) & 15] += p;
+      } else if (k < prefix) {
+        base += p;
+      }
+    }
+    base = BlockSum<kThreads>(base, sh.warp_d);
+    double cum = base;
+    int digit = 16;
+#pragma unroll
+    for (int d = 0; d < 16; ++d) {
+      cum += BlockSum<kThreads>(bucket[d], sh.warp_d);  // (same value in every thread)
+      if (digit == 16 && cum >= a.top_p) digit = d;
+    }
+    if (digit == 16) {
+      if (shift == 28) return OrderCut{};
+      digit = 15;  // (this pass's sums rounded below the last pass's)
+    }
+    prefix |= static_cast<uint32_t>(digit) << shift;
+  }
+  // The mass below K, and K's ties (equal keys: equal p).
+  double below = 0.0;
+  int ties = 0, tie_index = -1;
+  for (int64_t i = t; i < cols; i += kThreads) {
+    const uint32_t k = OrderKey(xr, i, row_max);
+    if (k < prefix) below += pr[i];
+    if (k == prefix) {
+      ++ties;
+      tie_index = static_cast<int>(i);
+    }
+  }
+  below = BlockSum<kThreads>(below, sh.warp_d);
+  if (t == 0) {
+    sh.select_need = 0;
+    sh.tie_index = -1;
+  }
+  __syncthreads();
+  if (ties > 0) {  // (counts and a max: the same in any order)
+    atomicAdd(&sh.select_need, ties);
+    atomicMax(&sh.tie_index, tie_index);
+  }
+  __syncthreads();
+  OrderCut cut;
+  cut.key = prefix;
+  cut.whole_row = false;
+  const int n_ties = sh.select_need;
+  const double p_tie = pr[sh.tie_index];
+  double c = below;
+  int n = 0;
+  while (n < n_ties) {
+    c += p_tie;
+    ++n;
+    if (c >= a.top_p) break;
+  }
+  cut.ties = n;
+  __syncthreads();
+  return cut;
+}
+
+// Top-k and/or top-p (then min-p) over the first `want` ids of the order.
+// Returns the token, or -1 for the host.
+__device__ int DrawOrdered(const SampleRowArgs& a, const float* xr, const double* pr,
+                           int64_t cols, float row_max, DrawShared& sh) {
+  const int t = threadIdx.x;
+  const bool top_k = a.top_k > 0 && a.top_k < cols;
+  if (top_k && a.top_k > kThreads) return -1;
+  const int want = static_cast<int>(top_k ? a.top_k : (cols < kThreads ? cols : kThreads));
+
+  const OrderCut first = SelectFirst(want, xr, cols, row_max, sh);
+  const uint32_t cut = first.key;
+  const int ties = first.ties;
   const int less = want - ties;
 
   // Compaction in id order: contiguous chunks, counts scanned in thread order.
@@ -352,7 +498,7 @@ __device__ int DrawOrdered(const SampleRowArgs& a, const float* xr, const double
   BitonicSort(sh.keys);
   const int id = static_cast<int>(sh.keys[t] & 0xffffffffu);
   double* p = sh.incl;  // the candidates' p, in the filters' order
-  p[t] = t < want ? er[id] / total : 0.0;
+  p[t] = t < want ? pr[id] : 0.0;
   __syncthreads();
 
   // The host's loops, in its order (sampling.cc), by one thread.
@@ -443,12 +589,26 @@ __global__ void __launch_bounds__(kThreads)
     }
     return;
   }
-  double total = 0.0;
-  for (int j = 0; j < kSlices; ++j) total += s.slice_sum[row * kSlices + j];
-  const double* er = s.e + row * cols;
-  const bool ordered = (a.top_k > 0 && a.top_k < cols) || a.top_p < 1.0f;
-  const int token = ordered ? DrawOrdered(a, x + a.x_offset, er, cols, row_max, total, sh)
-                            : DrawUnordered(a, er, cols, total, sh);
+  const double total = RowTotal(s, row);
+  const double* pr = s.p + row * cols;
+  const float* xr = x + a.x_offset;
+  const bool top_k = a.top_k > 0 && a.top_k < cols;
+  const bool top_p = a.top_p < 1.0f;
+  int token;
+  if (!top_k && !top_p) {
+    token = DrawFromPrefix(a, xr, pr, cols, row_max, total, OrderCut{}, sh);
+  } else {
+    token = DrawOrdered(a, xr, pr, cols, row_max, sh);
+    // Past the candidates: a prefix found without sorting it (top-k and
+    // top-p both past them go to the host).
+    if (token < 0 && !top_k) {
+      token = DrawFromPrefix(a, xr, pr, cols, row_max, total,
+                             NucleusCut(a, xr, pr, cols, row_max, sh), sh);
+    } else if (token < 0 && !top_p) {
+      token = DrawFromPrefix(a, xr, pr, cols, row_max, total,
+                             SelectFirst(a.top_k, xr, cols, row_max, sh), sh);
+    }
+  }
   if (threadIdx.x == 0) {
     out[row] = token < 0 ? 0 : token;
     out[rows + row] = token < 0 ? kSampleOnHost : kSampledOnDevice;
@@ -483,6 +643,7 @@ absl::Status LaunchSampleRows(const SampleRowArgs* host_args, int64_t rows, int6
   const unsigned sliced = static_cast<unsigned>(rows * kSlices);
   StatsKernel<<<sliced, kSliceThreads, 0, stream>>>(args, x, cols, s);
   ExpKernel<<<sliced, kSliceThreads, 0, stream>>>(args, x, cols, s);
+  NormKernel<<<sliced, kSliceThreads, 0, stream>>>(cols, s);
   DrawKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(args, x, rows, cols, s, out);
   if (absl::Status st = LaunchStatus("sample_rows launch"); !st.ok()) return st;
   SS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_out, out, sizeof(int32_t) * 2 * rows,
