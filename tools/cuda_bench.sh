@@ -8,7 +8,8 @@
 #       binaries themselves exceed the travelling tree's 64 MiB).
 #
 #   tools/cuda_bench.sh [run]     (GPU machine, repository root; no Bazel)
-#       1. checks: the op test (CPU vs CUDA, bit-exact row invariance), the
+#       1. checks: the op test (CPU vs CUDA, bit-exact row invariance),
+#          sample_rows_test (device sampling == the host filters' tokens), the
 #          model test (verify == decode bit-exact, CUDA vs CPU), specgen
 #          cuda:0 vs cpu greedy ids, the CPU property tests built for CUDA
 #          (batch_cuda_test: batched == alone, offload exact;
@@ -24,7 +25,8 @@
 #          Qwen3.5-27B-shape model ((a) decode, (b) verify 2..8, (c)
 #          DecodeBatch 1..64), models/default decode and (d) plain vs
 #          speculative engine bursts, each beside its floor (weight bytes /
-#          copy bandwidth of the same run);
+#          copy bandwidth of the same run); sampling_cuda_bench (device
+#          SampleRows against copy + host filters, tools/sampling_bench);
 #       3. (e) transformers generate on the same GPU
 #          (tools/cuda_bench/hf_generate.py): greedy ids on models/default
 #          against ours, tokens/s there and on the random 27B shape.
