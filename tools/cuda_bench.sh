@@ -124,7 +124,10 @@ if [ "$mode" = sanitize ]; then
         "memcheck exactness_cuda_test *" "memcheck recorded_steps_cuda_test *"
         "racecheck cuda_backend_test $rest" "racecheck cuda_backend_test *Attention*:-*AttentionInputs*"
         "synccheck cuda_backend_test $shared"
-        "memcheck sample_rows_test *" "racecheck sample_rows_test *" "synccheck sample_rows_test *")
+        "memcheck sample_rows_test *" "synccheck sample_rows_test *"
+        # (the 248,320-wide draws take over 140 s under racecheck; these
+        # cover every path at 50,000 and 300 columns)
+        "racecheck sample_rows_test *RowsAreInvariant*:*BadRows*")
   fail=0
   : > "$out/sanitizers.txt"
   n=0

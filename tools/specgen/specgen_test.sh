@@ -7,14 +7,16 @@
 # acceptance lines, sampled runs reproducible per seed, --prompt text, EOS
 # stop / --ignore-eos, multi-turn --script with rewinds.
 set -euo pipefail
+# (grep -q reads here-strings: fed by a pipe, it exits at the first match and
+# the writer dies of SIGPIPE, which pipefail turns into a failed check)
 SPECGEN="$(pwd)/$1"
 cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
 
 out=$("$SPECGEN" --model tests/models/tiny_a --prompt-ids 5,17,42 --max-new 8)
 echo "$out"
-echo "$out" | grep -Eq '^ids: [0-9]+(,[0-9]+){7}$'
-echo "$out" | grep -q '^prefill: .*tokens/s$'
-echo "$out" | grep -q '^decode: .*tokens/s$'
+grep -Eq '^ids: [0-9]+(,[0-9]+){7}$' <<< "$out"
+grep -q '^prefill: .*tokens/s$' <<< "$out"
+grep -q '^decode: .*tokens/s$' <<< "$out"
 
 # Every fixture prompt: specgen's ids == HF's greedy (the fixture models have
 # no near-ties in their greedy runs; hf_parity_test handles those in general).
@@ -71,21 +73,21 @@ prompts=($'def fibonacci(n):\n' $'import os\nimport sys\n\n'
          $'class Stack:\n    def __init__(self):\n')
 for p in "${prompts[@]}"; do
   plain=$("$SPECGEN" --model $M --prompt "$p" --max-new 40)
-  echo "$plain" | grep -Eq '^prompt_ids: [0-9]+(,[0-9]+)*$'
-  echo "$plain" | grep -Eq '^text: ".*"$'
+  grep -Eq '^prompt_ids: [0-9]+(,[0-9]+)*$' <<< "$plain"
+  grep -Eq '^text: ".*"$' <<< "$plain"
   plain_ids=$(echo "$plain" | ids_of)
   # --prompt TEXT == --prompt-ids of its tokens.
   by_ids=$("$SPECGEN" --model $M --prompt-ids "$(echo "$plain" | field prompt_ids)" --max-new 40 | ids_of)
   [ "$by_ids" = "$plain_ids" ] || { echo "FAIL --prompt vs --prompt-ids"; exit 1; }
   for k in 1 2 3 4; do
     out=$("$SPECGEN" --model $M --prompt "$p" --max-new 40 --spec-k $k --burst 13 --compare-plain)
-    echo "$out" | grep -qx 'plain_equal: true' || { echo "$out"; echo "FAIL k=$k: spec != plain"; exit 1; }
+    grep -qx 'plain_equal: true' <<< "$out" || { echo "$out"; echo "FAIL k=$k: spec != plain"; exit 1; }
     [ "$(echo "$out" | ids_of)" = "$plain_ids" ] || { echo "FAIL k=$k ids"; exit 1; }
-    echo "$out" | grep -Eq '^rounds: [1-9][0-9]*$'
-    echo "$out" | grep -Eq '^mean_accepted_per_round: [0-9]+\.[0-9]+$'
-    echo "$out" | grep -Eq '^mean_accepted_drafts_per_round: [0-9]+\.[0-9]+$'
-    echo "$out" | grep -Eq "^accept_rate_per_position: [01]\.[0-9]+(,[01]\.[0-9]+){$((k - 1))}\$"
-    echo "$out" | grep -q '^decode: .*tokens/s$'
+    grep -Eq '^rounds: [1-9][0-9]*$' <<< "$out"
+    grep -Eq '^mean_accepted_per_round: [0-9]+\.[0-9]+$' <<< "$out"
+    grep -Eq '^mean_accepted_drafts_per_round: [0-9]+\.[0-9]+$' <<< "$out"
+    grep -Eq "^accept_rate_per_position: [01]\.[0-9]+(,[01]\.[0-9]+){$((k - 1))}\$" <<< "$out"
+    grep -q '^decode: .*tokens/s$' <<< "$out"
     # tokens per round = 1 + accepted drafts per round.
     /usr/bin/python3 -c '
 import sys
@@ -97,13 +99,13 @@ done
 echo "ok spec == plain greedy, k=1..4"
 
 # Plain decode through the engine (k=0) agrees too.
-"$SPECGEN" --model $M --prompt-ids 5,17,42 --max-new 20 --compare-plain | grep -qx 'plain_equal: true'
+grep -qx 'plain_equal: true' <<< "$("$SPECGEN" --model $M --prompt-ids 5,17,42 --max-new 20 --compare-plain)"
 
 # EOS: this prompt's greedy continuation starts with <|endoftext|> (6141).
 eos=$'if __name__ == "__main__":\n    main()\n'
 [ "$("$SPECGEN" --model $M --prompt "$eos" --max-new 8 | ids_of)" = 6141 ]
 out=$("$SPECGEN" --model $M --prompt "$eos" --max-new 8 --spec-k 3)
-[ "$(echo "$out" | ids_of)" = 6141 ] && echo "$out" | grep -qx 'end: stop_token'
+[ "$(echo "$out" | ids_of)" = 6141 ] && grep -qx 'end: stop_token' <<< "$out"
 [ "$("$SPECGEN" --model $M --prompt "$eos" --max-new 8 --spec-k 3 --ignore-eos | ids_of | tr ',' '\n' | wc -l)" = 8 ]
 echo "ok EOS stop and --ignore-eos"
 
@@ -131,7 +133,7 @@ cat > "$script" <<'JSON'
 JSON
 for k in 0 3; do
   out=$("$SPECGEN" --model $M --script "$script" --spec-k $k --burst 5 --compare-plain)
-  echo "$out" | grep -qx 'plain_equal: true' || { echo "$out"; echo "FAIL script k=$k"; exit 1; }
+  grep -qx 'plain_equal: true' <<< "$out" || { echo "$out"; echo "FAIL script k=$k"; exit 1; }
   [ "$(echo "$out" | grep -c '^turn [0-9] ids: ')" = 5 ]
   [ "$(echo "$out" | grep -c '^turn [0-9] text: "')" = 5 ]
 done
