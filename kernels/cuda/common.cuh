@@ -132,6 +132,22 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
+// Block-wide double sum in a fixed order (warp butterflies, then the warp
+// sums in warp order), the same in every thread. sm: THREADS / 32 doubles,
+// free on entry (the first barrier lets a previous reduction's readers
+// finish).
+template <int THREADS>
+__device__ __forceinline__ double BlockSumD(double v, double* sm) {
+  v = WarpSumD(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) sm[warp] = v;
+  __syncthreads();
+  double r = 0.0;
+  for (int w = 0; w < THREADS / 32; ++w) r = __dadd_rn(r, sm[w]);
+  return r;
+}
+
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Programmatic dependent launch: the backend's kernels are launched with

@@ -31,18 +31,6 @@ __device__ float BlockMax(float v, float* sm) {
   return r;
 }
 
-// Block-wide double sum in a fixed order, result in every thread.
-__device__ double BlockSumD(double v, double* sm) {
-  v = WarpSumD(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) sm[warp] = v;
-  __syncthreads();
-  double r = 0.0;
-  for (int w = 0; w < kThreads / 32; ++w) r = __dadd_rn(r, sm[w]);
-  return r;
-}
-
 // The scaled row maximum, as the CPU's RowMax (NaN ignored).
 __device__ float RowMax(const float* x, int64_t cols, float scale, float* sm) {
   float m = -INFINITY;
@@ -172,7 +160,7 @@ __global__ void __launch_bounds__(kThreads) LogSumExpKernel(LogSumExpParams p) {
     const float d = __fsub_rn(__fmul_rn(x[i], p.inv_temperature), m);
     sum = __dadd_rn(sum, exp(static_cast<double>(d)));
   }
-  sum = BlockSumD(sum, sm_d);
+  sum = BlockSumD<kThreads>(sum, sm_d);
   if (threadIdx.x == 0) p.out[r] = __fadd_rn(m, static_cast<float>(log(sum)));
 }
 
@@ -192,7 +180,7 @@ __global__ void __launch_bounds__(kThreads) SoftmaxKernel(SoftmaxParams p) {
     y[i] = e;
     sum = __dadd_rn(sum, static_cast<double>(e));
   }
-  sum = BlockSumD(sum, sm_d);
+  sum = BlockSumD<kThreads>(sum, sm_d);
   const float inv = static_cast<float>(1.0 / sum);
   for (int64_t i = threadIdx.x; i < p.cols; i += kThreads) y[i] = __fmul_rn(y[i], inv);
 }

@@ -79,20 +79,6 @@ __device__ inline void SliceRange(int64_t cols, int s, int64_t* lo, int64_t* hi)
   *hi = *lo + len < cols ? *lo + len : cols;
 }
 
-// Block-wide double sum in a fixed order (warp butterflies, then warp 0
-// over the warp sums in warp order), result in every thread.
-template <int THREADS>
-__device__ double BlockSum(double v, double* sm) {
-  v = WarpSumD(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();  // sm may still be read by a previous reduction
-  if (lane == 0) sm[warp] = v;
-  __syncthreads();
-  double r = 0.0;
-  for (int w = 0; w < THREADS / 32; ++w) r += sm[w];
-  return r;
-}
-
 // Inclusive prefix sums over the block in thread order (a fixed tree: warp
 // shuffles, then the warp totals), into incl[threadIdx.x].
 template <typename T>
@@ -193,7 +179,7 @@ __global__ void __launch_bounds__(kSliceThreads)
     acc += e;
   }
   __shared__ double sm[kSliceThreads / 32];
-  acc = BlockSum<kSliceThreads>(acc, sm);
+  acc = BlockSumD<kSliceThreads>(acc, sm);
   if (threadIdx.x == 0) s.slice_sum[blockIdx.x] = acc;
 }
 
@@ -286,7 +272,7 @@ __device__ int DrawFromPrefix(const SampleRowArgs& a, const float* xr, const dou
     const double p = pr[i];
     if (in && p >= threshold) acc += p;
   }
-  const double kept = BlockSum<kThreads>(acc, sh.warp_d);
+  const double kept = BlockSumD<kThreads>(acc, sh.warp_d);
   auto prob = [&](int64_t i, int* rank) {
     const bool in = member(i, rank);
     const double p = pr[i];
@@ -400,12 +386,12 @@ __device__ OrderCut NucleusCut(const SampleRowArgs& a, const float* xr, const do
         base += p;
       }
     }
-    base = BlockSum<kThreads>(base, sh.warp_d);
+    base = BlockSumD<kThreads>(base, sh.warp_d);
     double cum = base;
     int digit = 16;
 #pragma unroll
     for (int d = 0; d < 16; ++d) {
-      cum += BlockSum<kThreads>(bucket[d], sh.warp_d);  // (same value in every thread)
+      cum += BlockSumD<kThreads>(bucket[d], sh.warp_d);  // (same value in every thread)
       if (digit == 16 && cum >= a.top_p) digit = d;
     }
     if (digit == 16) {
@@ -425,7 +411,7 @@ __device__ OrderCut NucleusCut(const SampleRowArgs& a, const float* xr, const do
       tie_index = static_cast<int>(i);
     }
   }
-  below = BlockSum<kThreads>(below, sh.warp_d);
+  below = BlockSumD<kThreads>(below, sh.warp_d);
   if (t == 0) {
     sh.select_need = 0;
     sh.tie_index = -1;
