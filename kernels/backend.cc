@@ -1,5 +1,6 @@
 #include "kernels/backend.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -65,8 +66,37 @@ absl::Status Backend::SampleRows(const SampleRowsParams& p) {
         !s.ok()) {
       return s;
     }
-    p.token[r] = sampling::SampleIndex(probs, p.uniform[r]);
+    if (p.probs != nullptr) {
+      if (absl::Status s = CopyToDevice(p.probs + r * p.probs_stride, probs.data(),
+                                        p.cols * sizeof(float));
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (p.token != nullptr) p.token[r] = sampling::SampleIndex(probs, p.uniform[r]);
   }
+  return absl::OkStatus();
+}
+
+absl::Status Backend::DrawFromProbs(const DrawFromProbsParams& p) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  std::vector<float> probs(p.cols);
+  if (absl::Status s = CopyToHost(probs.data(), p.p, p.cols * sizeof(float)); !s.ok()) return s;
+  if (p.minus != nullptr) {
+    std::vector<float> minus(p.cols);
+    if (absl::Status s = CopyToHost(minus.data(), p.minus, p.cols * sizeof(float)); !s.ok()) {
+      return s;
+    }
+    std::vector<float> residual(p.cols);
+    double mass = 0.0;
+    for (int64_t t = 0; t < p.cols; ++t) {
+      residual[t] = std::max(0.0f, probs[t] - minus[t]);
+      mass += residual[t];
+    }
+    // p == minus up to rounding leaves no residual mass: p is then the draw.
+    if (mass > 0.0) probs = std::move(residual);
+  }
+  *p.token = sampling::SampleIndex(probs, p.uniform);
   return absl::OkStatus();
 }
 

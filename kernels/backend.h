@@ -125,6 +125,8 @@ class Backend {
   // overrides it to sample on the device (kernels/sample_rows.h).
   // FAILED_PRECONDITION when a row's logits hold NaN or inf.
   virtual absl::Status SampleRows(const SampleRowsParams& p);
+  // By default on a host copy of the row(s) (backend.cc).
+  virtual absl::Status DrawFromProbs(const DrawFromProbsParams& p);
 
  protected:
   friend class Buffer;

@@ -452,6 +452,46 @@ TEST_P(BackendOpsTest, SampleRowsDrawsTheHostFiltersTokens) {
     bad.config = &greedy;
     EXPECT_EQ(backend_->SampleRows(bad).code(), absl::StatusCode::kInvalidArgument);
   }
+  // The filtered distributions written out, and draws from them.
+  {
+    const std::vector<int32_t> index = {2, 3};
+    const std::vector<sampling::SamplingConfig> cs = {configs[1], configs[2]};
+    auto probs = backend_->AllocateFloats(2 * cols);
+    ASSERT_TRUE(probs.ok());
+    SampleRowsParams p;
+    p.rows = 2;
+    p.cols = cols;
+    p.x = xb.f32();
+    p.x_stride = cols;
+    p.row_index = index.data();
+    p.config = cs.data();
+    p.probs = probs->f32();
+    p.probs_stride = cols;
+    ASSERT_TRUE(backend_->SampleRows(p).ok());  // no token: filters only
+    const std::vector<float> got = Down(*probs, 2 * cols);
+    std::vector<float> want0, want1;
+    ASSERT_TRUE(sampling::FilteredProbs(x.data() + 2 * cols, cols, cs[0], &want0).ok());
+    ASSERT_TRUE(sampling::FilteredProbs(x.data() + 3 * cols, cols, cs[1], &want1).ok());
+    EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + cols), want0);
+    EXPECT_EQ(std::vector<float>(got.begin() + cols, got.end()), want1);
+    for (float u : {0.0f, 0.3f, 0.9f}) {
+      DrawFromProbsParams d;
+      d.cols = cols;
+      d.p = probs->f32();
+      d.minus = probs->f32() + cols;
+      d.uniform = u;
+      int32_t token = -1;
+      d.token = &token;
+      ASSERT_TRUE(backend_->DrawFromProbs(d).ok());
+      std::vector<float> residual(cols);
+      double mass = 0.0;
+      for (int t = 0; t < cols; ++t) {
+        residual[t] = std::max(0.0f, want0[t] - want1[t]);
+        mass += residual[t];
+      }
+      EXPECT_EQ(token, sampling::SampleIndex(mass > 0.0 ? residual : want0, u));
+    }
+  }
   x[cols + 9] = std::numeric_limits<float>::quiet_NaN();
   Buffer nan_b = Up(x);
   const int32_t row1 = 1;

@@ -69,6 +69,9 @@ class ForwardingBackend : public Backend {
     return inner_->AttentionInputs(p);
   }
   absl::Status SampleRows(const SampleRowsParams& p) override { return inner_->SampleRows(p); }
+  absl::Status DrawFromProbs(const DrawFromProbsParams& p) override {
+    return inner_->DrawFromProbs(p);
+  }
 
  protected:
   Backend* inner() const { return inner_; }

@@ -9,10 +9,13 @@ namespace specserve::kernels {
 
 absl::Status Validate(const SampleRowsParams& p) {
   SS_KERNEL_CHECK(p.rows >= 1 && p.cols >= 1, "sample_rows: empty shape");
-  SS_KERNEL_CHECK(p.x != nullptr && p.config != nullptr && p.uniform != nullptr &&
-                      p.token != nullptr,
-                  "sample_rows: null pointer");
+  SS_KERNEL_CHECK(p.x != nullptr && p.config != nullptr, "sample_rows: null pointer");
+  SS_KERNEL_CHECK(p.token != nullptr || p.probs != nullptr,
+                  "sample_rows: neither token nor probs asked for");
+  SS_KERNEL_CHECK(p.token == nullptr || p.uniform != nullptr, "sample_rows: null uniform");
   SS_KERNEL_CHECK(p.x_stride >= p.cols, "sample_rows: x_stride < cols");
+  SS_KERNEL_CHECK(p.probs == nullptr || p.probs_stride >= p.cols,
+                  "sample_rows: probs_stride < cols");
   for (int64_t r = 0; r < p.rows; ++r) {
     if (p.row_index != nullptr && p.row_index[r] < 0) {
       return absl::InvalidArgumentError(
@@ -25,11 +28,19 @@ absl::Status Validate(const SampleRowsParams& p) {
       return absl::InvalidArgumentError(
           absl::StrCat("sample_rows: row ", r, " is greedy (temperature 0): use Argmax"));
     }
-    if (!(p.uniform[r] >= 0.0f && p.uniform[r] < 1.0f)) {
+    if (p.token != nullptr && !(p.uniform[r] >= 0.0f && p.uniform[r] < 1.0f)) {
       return absl::InvalidArgumentError(
           absl::StrCat("sample_rows: uniform[", r, "] is not in [0, 1)"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status Validate(const DrawFromProbsParams& p) {
+  SS_KERNEL_CHECK(p.cols >= 1, "draw_from_probs: empty row");
+  SS_KERNEL_CHECK(p.p != nullptr && p.token != nullptr, "draw_from_probs: null pointer");
+  SS_KERNEL_CHECK(p.uniform >= 0.0f && p.uniform < 1.0f,
+                  "draw_from_probs: uniform is not in [0, 1)");
   return absl::OkStatus();
 }
 

@@ -12,6 +12,10 @@
 // differences of ~1e-16), and it must be deterministic and row-invariant: a
 // row's token does not depend on the other rows of the call.
 //
+// Optionally each row's filtered distribution (the FilteredProbs vector, as
+// floats) is written to backend memory as well, with or without a draw: what
+// a speculative round's accept step reads (DrawFromProbs below).
+//
 // Synchronous, like CopyToHost: `token` is filled when the call returns.
 #ifndef SPECSERVE_KERNELS_SAMPLE_ROWS_H_
 #define SPECSERVE_KERNELS_SAMPLE_ROWS_H_
@@ -32,12 +36,32 @@ struct SampleRowsParams {
   const int32_t* row_index = nullptr;                 // nullptr: row r is r
   const sampling::SamplingConfig* config = nullptr;   // valid, not greedy
   const float* uniform = nullptr;                     // in [0, 1)
-  int32_t* token = nullptr;                           // out
+  int32_t* token = nullptr;  // out; nullptr: no draw (uniform unused)
+  // Optional, backend memory: row r's filtered distribution at
+  // probs + r · probs_stride (cols floats).
+  float* probs = nullptr;
+  int64_t probs_stride = 0;
 };
 
-// INVALID_ARGUMENT for sizes, null pointers, a negative row index, a greedy
-// or invalid config, a uniform outside [0, 1).
+// INVALID_ARGUMENT for sizes, null pointers (token and probs may not both be
+// null), a negative row index, a greedy or invalid config, a uniform outside
+// [0, 1).
 absl::Status Validate(const SampleRowsParams& p);
+
+// One draw from a distribution in backend memory (a row SampleRows wrote):
+// from p, or, with `minus`, from the residual max(0, p - minus) (float
+// subtraction) where it has mass, else from p: the bonus draw of a rejected
+// speculative column (worker/spec/spec_accept.h). The draw is
+// sampling::SampleIndex's at `uniform`. Synchronous.
+struct DrawFromProbsParams {
+  int64_t cols = 0;
+  const float* p = nullptr;      // backend memory [cols]
+  const float* minus = nullptr;  // backend memory [cols], or nullptr
+  float uniform = 0.0f;          // in [0, 1)
+  int32_t* token = nullptr;      // host, out
+};
+
+absl::Status Validate(const DrawFromProbsParams& p);
 
 }  // namespace specserve::kernels
 

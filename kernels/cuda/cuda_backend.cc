@@ -400,7 +400,9 @@ absl::Status CudaBackend::SampleRows(const SampleRowsParams& p) {
       args[j].top_k = c.top_k;
       args[j].top_p = c.top_p;
       args[j].min_p = c.min_p;
-      args[j].uniform = p.uniform[r];
+      args[j].uniform = p.token != nullptr ? p.uniform[r] : 0.0f;
+      args[j].draw = p.token != nullptr ? 1 : 0;
+      args[j].probs = p.probs != nullptr ? p.probs + r * p.probs_stride : nullptr;
     }
     out.assign(2 * n, 0);
     SS_RETURN_IF_ERROR(
@@ -414,7 +416,7 @@ absl::Status CudaBackend::SampleRows(const SampleRowsParams& p) {
             "non-finite logits: the model produced NaN or inf");
       }
       if (out[n + j] == kSampledOnDevice) {
-        p.token[r] = out[j];
+        if (p.token != nullptr) p.token[r] = out[j];
         continue;
       }
       // Past the device's candidates: this row by the host's definition.
@@ -423,11 +425,25 @@ absl::Status CudaBackend::SampleRows(const SampleRowsParams& p) {
       one.rows = 1;
       one.row_index = &index;
       one.config = p.config + r;
-      one.uniform = p.uniform + r;
-      one.token = p.token + r;
+      one.uniform = p.uniform != nullptr ? p.uniform + r : nullptr;
+      one.token = p.token != nullptr ? p.token + r : nullptr;
+      one.probs = p.probs != nullptr ? p.probs + r * p.probs_stride : nullptr;
       SS_RETURN_IF_ERROR(Backend::SampleRows(one));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DrawFromProbs(const DrawFromProbsParams& p) {
+  SS_RETURN_IF_ERROR(recording_.Refuse("DrawFromProbs"));
+  SS_RETURN_IF_ERROR(Validate(p));
+  SS_RETURN_IF_ERROR(UseDevice());
+  int32_t token = -1;
+  SS_RETURN_IF_ERROR(LaunchDrawFromProbs(p, Workspace{workspace_.get(), workspace_bytes_},
+                                         &token, stream_.get()));
+  SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "DrawFromProbs sync");
+  SS_RETURN_IF_ERROR(TakeDeviceError());
+  *p.token = token;
   return absl::OkStatus();
 }
 

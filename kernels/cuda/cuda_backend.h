@@ -108,6 +108,7 @@ class CudaBackend : public Backend {
   // On the device (sample_rows.cu); a row the device leaves to the host (a
   // top-k or nucleus past its candidates) runs Backend::SampleRows.
   absl::Status SampleRows(const SampleRowsParams& p) override;
+  absl::Status DrawFromProbs(const DrawFromProbsParams& p) override;
 
  protected:
   void Free(void* data) override;

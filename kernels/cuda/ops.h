@@ -118,7 +118,8 @@ struct SampleRowArgs {
   float top_p;
   float min_p;
   float uniform;
-  int32_t unused;
+  int32_t draw;   // 0: only write probs
+  float* probs;   // the row's filtered distribution, or nullptr
 };
 // Each row's outcome, beside its token.
 constexpr int32_t kSampledOnDevice = 0;
@@ -134,6 +135,10 @@ int64_t SampleRowsMaxRows(int64_t cols, const Workspace& ws);
 absl::Status LaunchSampleRows(const SampleRowArgs* host_args, int64_t rows, int64_t cols,
                               const float* x, const Workspace& ws, int32_t* host_out,
                               cudaStream_t stream);
+// DrawFromProbs: the token goes through ws to *host_out; the caller
+// synchronizes the stream before reading it.
+absl::Status LaunchDrawFromProbs(const DrawFromProbsParams& p, const Workspace& ws,
+                                 int32_t* host_out, cudaStream_t stream);
 absl::Status LaunchLogSumExp(const LogSumExpParams& p, cudaStream_t stream);
 absl::Status LaunchSoftmax(const SoftmaxParams& p, cudaStream_t stream);
 

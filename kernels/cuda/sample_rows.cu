@@ -235,6 +235,62 @@ struct OrderCut {
   bool whole_row = true;
 };
 
+// The inverse CDF over a row of float probabilities in contiguous per-thread
+// chunks (ids ascend with the threads), as sampling::SampleIndex walks the
+// row: chunk sums, a block scan, and the one thread whose chunk holds
+// u · total walks it; a target past the total (rounding) takes the row's
+// last nonzero. prob(i, &state) is called for every id of a chunk in order,
+// state starting at `init` each time. With `write`, every probability is
+// also stored at write[i]; without `draw` that is all (returns 0).
+template <typename State, typename Prob>
+__device__ int InverseCdf(float uniform, bool draw, float* write, int64_t lo, int64_t hi,
+                          State init, Prob prob, DrawShared& sh) {
+  const int t = threadIdx.x;
+  double mass = 0.0;
+  int last = -1;
+  State state = init;
+  for (int64_t i = lo; i < hi; ++i) {
+    const float f = prob(i, &state);
+    if (write != nullptr) write[i] = f;
+    if (f > 0.0f) {
+      mass += f;
+      last = static_cast<int>(i);
+    }
+  }
+  if (!draw) return 0;
+  BlockInclusiveScan(mass, sh.incl, sh.warp_d);
+  const double target = static_cast<double>(uniform) * sh.incl[kThreads - 1];
+  if (t == 0) sh.walker_token = -1;
+  __syncthreads();
+  const bool here = target < sh.incl[t] && (t == 0 || !(target < sh.incl[t - 1]));
+  if (here) {
+    double cum = t > 0 ? sh.incl[t - 1] : 0.0;
+    int token = last;  // (rounding: the chunk's own last nonzero)
+    state = init;
+    for (int64_t i = lo; i < hi; ++i) {
+      const float f = prob(i, &state);
+      if (f <= 0.0f) continue;
+      cum += f;
+      if (target < cum) {
+        token = static_cast<int>(i);
+        break;
+      }
+    }
+    sh.walker_token = token;
+  }
+  int row_last = last;
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) row_last = max(row_last, __shfl_xor_sync(kFullMask, row_last, m));
+  __syncthreads();
+  if ((t & 31) == 0) sh.warp_i[t >> 5] = row_last;
+  __syncthreads();
+  const int walked = sh.walker_token;
+  int r = -1;
+  for (int w = 0; w < kWarps; ++w) r = max(r, sh.warp_i[w]);
+  __syncthreads();  // (sh is reused by the caller)
+  return walked >= 0 ? walked : r;
+}
+
 // The draw over a prefix of the order (the whole row; a top-k above the
 // candidates; a nucleus past them), with min-p: a kept set that needs no
 // order. The kept mass is a fixed-order block sum; the inverse CDF runs over
@@ -278,47 +334,7 @@ __device__ int DrawFromPrefix(const SampleRowArgs& a, const float* xr, const dou
     const double p = pr[i];
     return in && p >= threshold ? static_cast<float>(p / kept) : 0.0f;
   };
-  double mass = 0.0;
-  int last = -1;
-  rank = tie_base;
-  for (int64_t i = lo; i < hi; ++i) {
-    const float f = prob(i, &rank);
-    if (f > 0.0f) {
-      mass += f;
-      last = static_cast<int>(i);
-    }
-  }
-  BlockInclusiveScan(mass, sh.incl, sh.warp_d);
-  const double target = static_cast<double>(a.uniform) * sh.incl[kThreads - 1];
-  if (t == 0) sh.walker_token = -1;
-  __syncthreads();
-  const bool here = target < sh.incl[t] && (t == 0 || !(target < sh.incl[t - 1]));
-  if (here) {
-    double cum = t > 0 ? sh.incl[t - 1] : 0.0;
-    int token = last;  // (rounding: the chunk's own last nonzero)
-    rank = tie_base;
-    for (int64_t i = lo; i < hi; ++i) {
-      const float f = prob(i, &rank);
-      if (f <= 0.0f) continue;
-      cum += f;
-      if (target < cum) {
-        token = static_cast<int>(i);
-        break;
-      }
-    }
-    sh.walker_token = token;
-  }
-  // The row's last nonzero, for a target past the total (rounding at the top).
-  int row_last = last;
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1) row_last = max(row_last, __shfl_xor_sync(kFullMask, row_last, m));
-  __syncthreads();
-  if ((t & 31) == 0) sh.warp_i[t >> 5] = row_last;
-  __syncthreads();
-  if (sh.walker_token >= 0) return sh.walker_token;
-  int r = -1;
-  for (int w = 0; w < kWarps; ++w) r = max(r, sh.warp_i[w]);
-  return r;
+  return InverseCdf(a.uniform, a.draw != 0, a.probs, lo, hi, tie_base, prob, sh);
 }
 
 // The first `want` ids of the order (want <= cols) as a cut: a radix select
@@ -537,6 +553,12 @@ __device__ int DrawOrdered(const SampleRowArgs& a, const float* xr, const double
   const int keep = sh.keep;
   // The survivors in id order, each with its float probability.
   const float f = t < keep ? static_cast<float>(p[t] / sh.kept) : 0.0f;
+  if (a.probs != nullptr) {
+    for (int64_t i = t; i < cols; i += kThreads) a.probs[i] = 0.0f;
+    __syncthreads();  // (the block's zeros before its survivors)
+    if (t < keep) a.probs[id] = f;
+  }
+  if (!a.draw) return 0;
   __syncthreads();
   sh.keys[t] = t < keep ? (static_cast<uint64_t>(id) << 32) | static_cast<uint32_t>(t) : ~0ull;
   sh.probs[t] = f;
@@ -601,7 +623,42 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One draw from p, or from the residual max(0, p - minus) where it has mass
+// (the host's float subtraction; any positive residual gives a positive
+// double mass, whatever the order).
+__global__ void __launch_bounds__(kThreads)
+    DrawFromProbsKernel(const float* p, const float* minus, int64_t cols, float uniform,
+                        int32_t* out) {
+  __shared__ DrawShared sh;
+  const int64_t chunk = (cols + kThreads - 1) / kThreads;
+  const int64_t lo = threadIdx.x * chunk, hi = lo + chunk < cols ? lo + chunk : cols;
+  bool residual = false;
+  if (minus != nullptr) {
+    int any = 0;
+    for (int64_t i = lo; i < hi; ++i) any |= fmaxf(0.0f, __fsub_rn(p[i], minus[i])) > 0.0f;
+    residual = __syncthreads_or(any) != 0;
+  }
+  auto prob = [&](int64_t i, int* /*unused*/) {
+    return residual ? fmaxf(0.0f, __fsub_rn(p[i], minus[i])) : p[i];
+  };
+  const int token = InverseCdf(uniform, true, nullptr, lo, hi, 0, prob, sh);
+  if (threadIdx.x == 0) out[0] = token;
+}
+
 }  // namespace
+
+absl::Status LaunchDrawFromProbs(const DrawFromProbsParams& p, const Workspace& ws,
+                                 int32_t* host_out, cudaStream_t stream) {
+  if (ws.bytes < sizeof(int32_t)) return absl::InternalError("draw_from_probs: no workspace");
+  if (p.cols > INT32_MAX) return absl::InvalidArgumentError("draw_from_probs: cols exceed int32");
+  auto* out = static_cast<int32_t*>(ws.data);
+  DrawFromProbsKernel<<<1, kThreads, 0, stream>>>(p.p, p.minus, p.cols, p.uniform, out);
+  if (absl::Status st = LaunchStatus("draw_from_probs launch"); !st.ok()) return st;
+  SS_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host_out, out, sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
+      "draw_from_probs token");
+  return absl::OkStatus();
+}
 
 int64_t SampleRowsMaxRows(int64_t cols, const Workspace& ws) {
   const size_t fixed = AlignUp(sizeof(SampleRowArgs) * 64) + AlignUp(sizeof(int32_t) * 128);

@@ -5,6 +5,7 @@
 // and past them (found by their mass); a top-k past them; top-k and top-p
 // both past them (the host fallback). Also row invariance, determinism, and
 // bad rows refused without losing the backend. Skips without a CUDA device.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
@@ -130,6 +131,98 @@ TEST_F(SampleRowsTest, TokensMatchTheHostDefinition) {
   // boundary (printed above); hardly any is expected at this count.
   std::printf("device vs host sampling: %d of %d draws differ\n", mismatches, draws);
   EXPECT_LE(mismatches, draws / 1000);
+}
+
+// The filtered distributions written to backend memory (a speculative
+// round's q and p) are the host's FilteredProbs: the same support, values
+// within the rounding of a sum in another order.
+TEST_F(SampleRowsTest, ProbsMatchTheHostFilters) {
+  std::mt19937 rng(5);
+  for (int cols : {248320, 1000}) {
+    const int rows = 3;
+    const std::vector<float> x = MakeRows(rows, cols, &rng);
+    const Buffer dx = Upload(x);
+    auto probs = gpu_->AllocateFloats(static_cast<size_t>(rows) * cols);
+    ASSERT_TRUE(probs.ok());
+    for (const SamplingConfig& c : Configs()) {
+      const std::vector<int32_t> index = {0, 1, 2};
+      const std::vector<SamplingConfig> configs(rows, c);
+      SampleRowsParams p;
+      p.rows = rows;
+      p.cols = cols;
+      p.x = dx.f32();
+      p.x_stride = cols;
+      p.row_index = index.data();
+      p.config = configs.data();
+      p.probs = probs->f32();
+      p.probs_stride = cols;
+      ASSERT_TRUE(gpu_->SampleRows(p).ok());
+      std::vector<float> got(static_cast<size_t>(rows) * cols);
+      ASSERT_TRUE(gpu_->CopyToHost(got.data(), probs->data(), got.size() * sizeof(float)).ok());
+      for (int r = 0; r < rows; ++r) {
+        std::vector<float> want;
+        ASSERT_TRUE(sampling::FilteredProbs(x.data() + static_cast<size_t>(r) * cols, cols, c,
+                                            &want)
+                        .ok());
+        int support_diff = 0;
+        double worst = 0.0;
+        for (int i = 0; i < cols; ++i) {
+          const float g = got[static_cast<size_t>(r) * cols + i];
+          support_diff += (g > 0.0f) != (want[i] > 0.0f);
+          worst = std::max(worst, std::fabs(static_cast<double>(g) - want[i]) /
+                                      std::max(1e-30, static_cast<double>(want[i])));
+        }
+        EXPECT_EQ(support_diff, 0) << "cols " << cols << " row " << r << " top_k " << c.top_k
+                                   << " top_p " << c.top_p;
+        EXPECT_LE(worst, 1e-6) << "cols " << cols << " row " << r;
+      }
+    }
+  }
+}
+
+// DrawFromProbs over rows in backend memory: the host's draw from the same
+// floats (the residual max(0, p - q) where it has mass, else p).
+TEST_F(SampleRowsTest, DrawFromProbsIsTheHostDraw) {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+  const int cols = 248320;
+  const std::vector<float> x = MakeRows(2, cols, &rng);
+  const Buffer dx = Upload(x);
+  auto probs = gpu_->AllocateFloats(static_cast<size_t>(3) * cols);
+  ASSERT_TRUE(probs.ok());
+  // p: row 0 at T 1; q: row 0 at T 1.3 (a near draft); q2 = p (no residual).
+  const std::vector<int32_t> index = {0, 0, 0};
+  const std::vector<SamplingConfig> configs = {
+      {1.0f, 0, 0.95f, 0.0f}, {1.3f, 0, 0.95f, 0.0f}, {1.0f, 0, 0.95f, 0.0f}};
+  SampleRowsParams p;
+  p.rows = 3;
+  p.cols = cols;
+  p.x = dx.f32();
+  p.x_stride = cols;
+  p.row_index = index.data();
+  p.config = configs.data();
+  p.probs = probs->f32();
+  p.probs_stride = cols;
+  ASSERT_TRUE(gpu_->SampleRows(p).ok());
+  std::vector<float> host(static_cast<size_t>(3) * cols);
+  ASSERT_TRUE(gpu_->CopyToHost(host.data(), probs->data(), host.size() * sizeof(float)).ok());
+  for (int minus : {-1, 1, 2}) {
+    for (int j = 0; j < 40; ++j) {
+      const float u = uni(rng);
+      DrawFromProbsParams d;
+      d.cols = cols;
+      d.p = probs->f32();
+      d.minus = minus >= 0 ? probs->f32() + static_cast<int64_t>(minus) * cols : nullptr;
+      d.uniform = u;
+      int32_t got = -1;
+      d.token = &got;
+      ASSERT_TRUE(gpu_->DrawFromProbs(d).ok());
+      int32_t want = -1;
+      d.token = &want;
+      ASSERT_TRUE(gpu_->Backend::DrawFromProbs(d).ok());
+      EXPECT_EQ(got, want) << "minus row " << minus << " u " << u;
+    }
+  }
 }
 
 TEST_F(SampleRowsTest, RowsAreInvariantAndDeterministic) {

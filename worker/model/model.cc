@@ -289,12 +289,16 @@ absl::Status Model::CopyRowsOut(int row0, int n, ForwardResult* out) {
 
 absl::Status Model::SampleRows(absl::Span<const int32_t> rows,
                                absl::Span<const sampling::SamplingConfig> configs,
-                               absl::Span<const float> uniforms,
-                               std::vector<int32_t>* tokens) const {
-  if (configs.size() != rows.size() || uniforms.size() != rows.size()) {
+                               absl::Span<const float> uniforms, std::vector<int32_t>* tokens,
+                               int to_scratch_row) {
+  if (configs.size() != rows.size() ||
+      (tokens != nullptr && uniforms.size() != rows.size())) {
     return absl::InvalidArgumentError("SampleRows: rows, configs and uniforms differ in size");
   }
-  tokens->assign(rows.size(), -1);
+  if (tokens == nullptr && to_scratch_row < 0) {
+    return absl::InvalidArgumentError("SampleRows: neither tokens nor scratch rows asked for");
+  }
+  if (tokens != nullptr) tokens->assign(rows.size(), -1);
   if (rows.empty()) return absl::OkStatus();
   for (int32_t row : rows) {
     if (ws_ == nullptr || row < 0 || row >= lm_head_rows_) {
@@ -309,9 +313,55 @@ absl::Status Model::SampleRows(absl::Span<const int32_t> rows,
   p.x_stride = config_.vocab_size;
   p.row_index = rows.data();
   p.config = configs.data();
-  p.uniform = uniforms.data();
-  p.token = tokens->data();
+  p.uniform = tokens != nullptr ? uniforms.data() : nullptr;
+  p.token = tokens != nullptr ? tokens->data() : nullptr;
+  if (to_scratch_row >= 0) {
+    if (to_scratch_row + static_cast<int>(rows.size()) > sampling_scratch_rows_) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "SampleRows: scratch rows from ", to_scratch_row, " past the ",
+          sampling_scratch_rows_, " reserved"));
+    }
+    p.probs = sampling_scratch_.f32() + static_cast<int64_t>(to_scratch_row) * p.cols;
+    p.probs_stride = p.cols;
+  }
   return backend_->SampleRows(p);
+}
+
+absl::Status Model::ReserveSamplingScratch(int rows) {
+  if (rows <= sampling_scratch_rows_) return absl::OkStatus();
+  SS_ASSIGN_OR_RETURN(sampling_scratch_, backend_->AllocateFloats(
+                                             static_cast<size_t>(rows) * config_.vocab_size));
+  sampling_scratch_rows_ = rows;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> Model::ScratchProb(int row, int token) const {
+  const int64_t V = config_.vocab_size;
+  if (row < 0 || row >= sampling_scratch_rows_ || token < 0 || token >= V) {
+    return absl::OutOfRangeError(absl::StrCat("sampling scratch: row ", row, " token ", token,
+                                              " outside ", sampling_scratch_rows_, " x ", V));
+  }
+  float v = 0.0f;
+  SS_RETURN_IF_ERROR(
+      backend_->CopyToHost(&v, sampling_scratch_.f32() + row * V + token, sizeof(float)));
+  return v;
+}
+
+absl::StatusOr<int32_t> Model::DrawFromScratch(int row, int minus_row, float uniform) const {
+  const int64_t V = config_.vocab_size;
+  if (row < 0 || row >= sampling_scratch_rows_ || minus_row >= sampling_scratch_rows_) {
+    return absl::OutOfRangeError(absl::StrCat("sampling scratch: rows ", row, ", ", minus_row,
+                                              " outside ", sampling_scratch_rows_));
+  }
+  kernels::DrawFromProbsParams p;
+  p.cols = V;
+  p.p = sampling_scratch_.f32() + row * V;
+  p.minus = minus_row >= 0 ? sampling_scratch_.f32() + minus_row * V : nullptr;
+  p.uniform = uniform;
+  int32_t token = -1;
+  p.token = &token;
+  SS_RETURN_IF_ERROR(backend_->DrawFromProbs(p));
+  return token;
 }
 
 absl::Status Model::CopyLogitsRow(int row, std::vector<float>* logits) const {

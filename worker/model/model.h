@@ -360,10 +360,24 @@ class Model {
   // at uniforms[i] (sampled, not greedy), on the backend
   // (kernels/sample_rows.h: the host filters' tokens, only the tokens copied
   // back). OUT_OF_RANGE as above; FAILED_PRECONDITION for non-finite logits.
+  // With to_scratch_row >= 0, row i's filtered distribution is also kept in
+  // backend memory, in sampling scratch row to_scratch_row + i (rows
+  // ReserveSamplingScratch made; they live until overwritten), and `tokens`
+  // may be null (no draw; `uniforms` is then unused).
   absl::Status SampleRows(absl::Span<const int32_t> rows,
                           absl::Span<const sampling::SamplingConfig> configs,
-                          absl::Span<const float> uniforms,
-                          std::vector<int32_t>* tokens) const;
+                          absl::Span<const float> uniforms, std::vector<int32_t>* tokens,
+                          int to_scratch_row = -1);
+  // Reads of the sampling scratch (a speculative round's accept step,
+  // worker/spec/device_distributions.h): one probability; one draw
+  // (kernels/sample_rows.h DrawFromProbs) from a row, or from the residual
+  // max(0, row - minus_row) where it has mass (minus_row -1: none).
+  // OUT_OF_RANGE for a row or token outside the scratch.
+  absl::StatusOr<float> ScratchProb(int row, int token) const;
+  // At least `rows` scratch rows of [V] floats; growing drops their contents
+  // (call it before a round writes any).
+  absl::Status ReserveSamplingScratch(int rows);
+  absl::StatusOr<int32_t> DrawFromScratch(int row, int minus_row, float uniform) const;
 
   // ---- Recorded steps (a backend that CanRecord: CUDA graphs on the GPU,
   // op closures on the CPU).
@@ -575,6 +589,8 @@ class Model {
   bool use_graphs_ = true;
   GraphStats graph_stats_;
   int lm_head_rows_ = 0;  // logits rows of the latest pass (CopyLogitsRow)
+  kernels::Buffer sampling_scratch_;  // [sampling_scratch_rows_][V] floats
+  int sampling_scratch_rows_ = 0;
   // Decode and draft recordings hold only workspace addresses (valid for
   // the model's lifetime); a key's first use runs op by op (lazy
   // allocation cannot be recorded).

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "glog/logging.h"
+#include "telemetry/status_macros.h"
 #include "kernels/sampling/philox.h"
 #include "kernels/sampling/sampling.h"
 
@@ -32,39 +33,85 @@ int DrawToken(const std::vector<float>& probs, uint64_t seed,
 }
 
 absl::StatusOr<RoundOutcome> AcceptSampled(absl::Span<const int> drafts,
-                                           const TargetProbs& target,
-                                           const std::vector<std::vector<float>>& q,
-                                           uint64_t seed, RandomCounters* counters) {
+                                           RoundDistributions& dists, uint64_t seed,
+                                           RandomCounters* counters) {
   const int k = static_cast<int>(drafts.size());
-  CHECK_EQ(static_cast<int>(q.size()), k);
   RoundOutcome out;
   for (int i = 0; i < k; ++i) {
     const int d = drafts[i];
-    absl::StatusOr<const std::vector<float>*> pi = target(i);
-    if (!pi.ok()) return pi.status();
-    const std::vector<float>& p = **pi;
+    SS_ASSIGN_OR_RETURN(const float p, dists.Target(i, d));
+    SS_ASSIGN_OR_RETURN(const float q, dists.Draft(i, d));
     const float u = Uniform(seed, RandomStream::kAccept, counters->uctr++);
-    if (u * q[i][d] < p[d]) {
+    if (u * q < p) {
       ++out.accepted;
       continue;
     }
     // Rejected: the residual max(0, p - q) carries exactly the probability
     // mass the draft under-proposed.
-    std::vector<float> residual(p.size());
-    double mass = 0.0;
-    for (size_t t = 0; t < residual.size(); ++t) {
-      residual[t] = std::max(0.0f, p[t] - q[i][t]);
-      mass += residual[t];
-    }
-    // p == q up to rounding leaves no residual mass; p itself is then the
-    // right distribution.
-    out.bonus = DrawToken(mass > 0.0 ? residual : p, seed, counters);
+    const float ub = Uniform(seed, RandomStream::kSample, counters->sctr);
+    SS_ASSIGN_OR_RETURN(out.bonus, dists.DrawResidual(i, ub));
+    ++counters->sctr;
     return out;
   }
-  absl::StatusOr<const std::vector<float>*> pk = target(k);
-  if (!pk.ok()) return pk.status();
-  out.bonus = DrawToken(**pk, seed, counters);
+  const float ub = Uniform(seed, RandomStream::kSample, counters->sctr);
+  SS_ASSIGN_OR_RETURN(out.bonus, dists.DrawTarget(k, ub));
+  ++counters->sctr;
   return out;
+}
+
+namespace {
+
+// Host vectors: q given, p made on demand by `target`.
+class HostDistributions : public RoundDistributions {
+ public:
+  HostDistributions(const TargetProbs& target, const std::vector<std::vector<float>>& q)
+      : target_(target), q_(q) {}
+
+  absl::StatusOr<float> Target(int column, int token) override {
+    SS_ASSIGN_OR_RETURN(const std::vector<float>* p, Column(column));
+    return (*p)[token];
+  }
+  absl::StatusOr<float> Draft(int i, int token) override { return q_[i][token]; }
+  absl::StatusOr<int> DrawResidual(int i, float u) override {
+    SS_ASSIGN_OR_RETURN(const std::vector<float>* p, Column(i));
+    std::vector<float> residual(p->size());
+    double mass = 0.0;
+    for (size_t t = 0; t < residual.size(); ++t) {
+      residual[t] = std::max(0.0f, (*p)[t] - q_[i][t]);
+      mass += residual[t];
+    }
+    return SampleIndex(mass > 0.0 ? residual : *p, u);
+  }
+  absl::StatusOr<int> DrawTarget(int column, float u) override {
+    SS_ASSIGN_OR_RETURN(const std::vector<float>* p, Column(column));
+    return SampleIndex(*p, u);
+  }
+
+ private:
+  // Each column is asked of `target` once, in order.
+  absl::StatusOr<const std::vector<float>*> Column(int column) {
+    if (column != column_) {
+      SS_ASSIGN_OR_RETURN(p_, target_(column));
+      column_ = column;
+    }
+    return p_;
+  }
+
+  const TargetProbs& target_;
+  const std::vector<std::vector<float>>& q_;
+  int column_ = -1;
+  const std::vector<float>* p_ = nullptr;
+};
+
+}  // namespace
+
+absl::StatusOr<RoundOutcome> AcceptSampled(absl::Span<const int> drafts,
+                                           const TargetProbs& target,
+                                           const std::vector<std::vector<float>>& q,
+                                           uint64_t seed, RandomCounters* counters) {
+  CHECK_EQ(static_cast<int>(q.size()), static_cast<int>(drafts.size()));
+  HostDistributions dists(target, q);
+  return AcceptSampled(drafts, dists, seed, counters);
 }
 
 RoundOutcome AcceptSampled(absl::Span<const int> drafts,

@@ -59,6 +59,29 @@ absl::StatusOr<RoundOutcome> AcceptSampled(absl::Span<const int> drafts,
                                            const std::vector<std::vector<float>>& q,
                                            uint64_t seed, RandomCounters* counters);
 
+// Where a sampled round's distributions live: host vectors (the forms
+// above), or backend memory (worker/spec/device_distributions.h, so that
+// no distribution crosses to the host). Verify columns are asked for in
+// order 0, 1, ...; a column is asked for before it is drawn from.
+class RoundDistributions {
+ public:
+  virtual ~RoundDistributions() = default;
+  // p_column[token], q_i[token].
+  virtual absl::StatusOr<float> Target(int column, int token) = 0;
+  virtual absl::StatusOr<float> Draft(int i, int token) = 0;
+  // sampling::SampleIndex at u over max(0, p_i - q_i) where that has mass,
+  // else over p_i (p == q up to rounding); over p_column.
+  virtual absl::StatusOr<int> DrawResidual(int i, float u) = 0;
+  virtual absl::StatusOr<int> DrawTarget(int column, float u) = 0;
+};
+
+// The accept step itself, over any RoundDistributions (the forms above run
+// it over host vectors): the same tests, draws and counters. An error of
+// `dists` is returned as is, before the counter of its event moves.
+absl::StatusOr<RoundOutcome> AcceptSampled(absl::Span<const int> drafts,
+                                           RoundDistributions& dists, uint64_t seed,
+                                           RandomCounters* counters);
+
 }  // namespace specserve::spec
 
 #endif  // SPECSERVE_WORKER_SPEC_SPEC_ACCEPT_H_

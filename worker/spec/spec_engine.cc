@@ -10,6 +10,7 @@
 #include "kernels/sampling/philox.h"
 #include "kernels/sampling/sampling.h"
 #include "telemetry/status_macros.h"
+#include "worker/spec/device_distributions.h"
 #include "worker/spec/spec_accept.h"
 
 namespace specserve::spec {
@@ -222,7 +223,6 @@ absl::Status SpecEngine::PlainStep(SpecSession* s, const BurstCtx& b,
 absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
                                      std::vector<int32_t>* emitted) {
   const BurstParams& p = b.params;
-  const int V = model_->config().vocab_size;
   const int H = model_->config().hidden_size;
   const int32_t x = *s->pending_tok;
   const int L = s->committed_len();
@@ -230,22 +230,29 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
 
   // Draft k tokens: step 1 reads (h_{L−1}, x) at position L−1; step j+1 the
   // head's own output hidden and d_j.
+  // A sampled round keeps its distributions in backend memory
+  // (DeviceDistributions): draft i's q in sampling scratch row i, drawn
+  // there; the verify columns' p filtered into row k as the accept step
+  // reaches them.
   std::vector<int32_t> drafts;
-  std::vector<std::vector<float>> q;  // draft distributions (sampled only)
+  if (!greedy) SS_RETURN_IF_ERROR(model_->ReserveSamplingScratch(k + 1));
   std::vector<float> h = s->last_hidden();
   int32_t tok = x;
   for (int i = 0; i < k; ++i) {
     model::ForwardResult d;
-    d.want_logits = !greedy;
+    d.want_logits = false;
     SS_RETURN_IF_ERROR(model_->MtpDraft(s->caches(), h, tok, L - 1 + i, &d));
     if (!d.AllFinite()) return NonFinite(s->id());
     if (greedy) {
       tok = d.argmax[0];
     } else {
-      q.emplace_back();
-      SS_RETURN_IF_ERROR(
-          FilteredProbs(d.logits.data(), V, p.sampling, &q.back()));
-      tok = DrawToken(q.back(), p.seed, &s->counters);
+      // DrawToken's event, on the backend (q_i stays there).
+      std::vector<int32_t> drawn;
+      SS_RETURN_IF_ERROR(model_->SampleRows(
+          {0}, {p.sampling}, {Uniform(p.seed, RandomStream::kSample, s->counters.sctr)},
+          &drawn, /*to_scratch_row=*/i));
+      ++s->counters.sctr;
+      tok = drawn[0];
     }
     drafts.push_back(tok);
     h = std::move(d.hidden);
@@ -269,17 +276,10 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
   if (greedy) {
     out = AcceptGreedy(drafts, v.argmax);
   } else {
-    // Verify column j's filtered distribution, made when the accept step
-    // reaches it (the verify's logits are still in the model's workspace).
-    std::vector<float> row, pj;
-    const TargetProbs target =
-        [&](int j) -> absl::StatusOr<const std::vector<float>*> {
-      SS_RETURN_IF_ERROR(model_->CopyLogitsRow(j, &row));
-      SS_RETURN_IF_ERROR(FilteredProbs(row.data(), V, p.sampling, &pj));
-      return &pj;
-    };
-    absl::StatusOr<RoundOutcome> sampled =
-        AcceptSampled(drafts, target, q, p.seed, &s->counters);
+    // The verify's logits are still in the model's workspace: its columns
+    // are filtered there as the accept step reaches them.
+    DeviceDistributions dists(model_, p.sampling, k);
+    absl::StatusOr<RoundOutcome> sampled = AcceptSampled(drafts, dists, p.seed, &s->counters);
     if (!sampled.ok()) {
       model_->DiscardVerified(s->caches());
       return sampled.status();
