@@ -40,9 +40,9 @@ class SampleRowsTest : public ::testing::Test {
     return std::move(*buf);
   }
 
-  absl::Status Sample(const Buffer& x, int64_t cols, const std::vector<int32_t>& rows,
-                      const std::vector<SamplingConfig>& configs,
-                      const std::vector<float>& uniforms, std::vector<int32_t>* tokens) {
+  // Rows rows[i] of x (cols wide) with configs[i]; no outputs set yet.
+  static SampleRowsParams Rows(const Buffer& x, int64_t cols, const std::vector<int32_t>& rows,
+                               const std::vector<SamplingConfig>& configs) {
     SampleRowsParams p;
     p.rows = static_cast<int64_t>(rows.size());
     p.cols = cols;
@@ -50,6 +50,13 @@ class SampleRowsTest : public ::testing::Test {
     p.x_stride = cols;
     p.row_index = rows.data();
     p.config = configs.data();
+    return p;
+  }
+
+  absl::Status Sample(const Buffer& x, int64_t cols, const std::vector<int32_t>& rows,
+                      const std::vector<SamplingConfig>& configs,
+                      const std::vector<float>& uniforms, std::vector<int32_t>* tokens) {
+    SampleRowsParams p = Rows(x, cols, rows, configs);
     p.uniform = uniforms.data();
     tokens->assign(rows.size(), -1);
     p.token = tokens->data();
@@ -147,13 +154,7 @@ TEST_F(SampleRowsTest, ProbsMatchTheHostFilters) {
     for (const SamplingConfig& c : Configs()) {
       const std::vector<int32_t> index = {0, 1, 2};
       const std::vector<SamplingConfig> configs(rows, c);
-      SampleRowsParams p;
-      p.rows = rows;
-      p.cols = cols;
-      p.x = dx.f32();
-      p.x_stride = cols;
-      p.row_index = index.data();
-      p.config = configs.data();
+      SampleRowsParams p = Rows(dx, cols, index, configs);
       p.probs = probs->f32();
       p.probs_stride = cols;
       ASSERT_TRUE(gpu_->SampleRows(p).ok());
@@ -194,13 +195,7 @@ TEST_F(SampleRowsTest, DrawFromProbsIsTheHostDraw) {
   const std::vector<int32_t> index = {0, 0, 0};
   const std::vector<SamplingConfig> configs = {
       {1.0f, 0, 0.95f, 0.0f}, {1.3f, 0, 0.95f, 0.0f}, {1.0f, 0, 0.95f, 0.0f}};
-  SampleRowsParams p;
-  p.rows = 3;
-  p.cols = cols;
-  p.x = dx.f32();
-  p.x_stride = cols;
-  p.row_index = index.data();
-  p.config = configs.data();
+  SampleRowsParams p = Rows(dx, cols, index, configs);
   p.probs = probs->f32();
   p.probs_stride = cols;
   ASSERT_TRUE(gpu_->SampleRows(p).ok());
