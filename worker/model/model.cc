@@ -327,6 +327,32 @@ absl::Status Model::SampleRows(absl::Span<const int32_t> rows,
   return backend_->SampleRows(p);
 }
 
+absl::StatusOr<int32_t> Model::SampleHostLogits(absl::Span<const float> logits,
+                                                const sampling::SamplingConfig& config,
+                                                float uniform) {
+  const int64_t V = config_.vocab_size;
+  if (static_cast<int64_t>(logits.size()) != V) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SampleHostLogits: ", logits.size(), " logits for a vocabulary of ", V));
+  }
+  if (host_logits_row_.data() == nullptr) {
+    SS_ASSIGN_OR_RETURN(host_logits_row_, backend_->AllocateFloats(V));
+  }
+  SS_RETURN_IF_ERROR(
+      backend_->CopyToDevice(host_logits_row_.data(), logits.data(), V * sizeof(float)));
+  kernels::SampleRowsParams p;
+  p.rows = 1;
+  p.cols = V;
+  p.x = host_logits_row_.f32();
+  p.x_stride = V;
+  p.config = &config;
+  p.uniform = &uniform;
+  int32_t token = -1;
+  p.token = &token;
+  SS_RETURN_IF_ERROR(backend_->SampleRows(p));
+  return token;
+}
+
 absl::Status Model::ReserveSamplingScratch(int rows) {
   if (rows <= sampling_scratch_rows_) return absl::OkStatus();
   SS_ASSIGN_OR_RETURN(sampling_scratch_, backend_->AllocateFloats(

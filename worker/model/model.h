@@ -374,6 +374,12 @@ class Model {
   // max(0, row - minus_row) where it has mass (minus_row -1: none).
   // OUT_OF_RANGE for a row or token outside the scratch.
   absl::StatusOr<float> ScratchProb(int row, int token) const;
+  // The token drawn from a row of logits held on the host (a session's
+  // stored last logits: the workspace's may belong to another session by
+  // now), on the backend like SampleRows: the row is copied back first.
+  absl::StatusOr<int32_t> SampleHostLogits(absl::Span<const float> logits,
+                                           const sampling::SamplingConfig& config,
+                                           float uniform);
   // At least `rows` scratch rows of [V] floats; growing drops their contents
   // (call it before a round writes any).
   absl::Status ReserveSamplingScratch(int rows);
@@ -591,6 +597,7 @@ class Model {
   int lm_head_rows_ = 0;  // logits rows of the latest pass (CopyLogitsRow)
   kernels::Buffer sampling_scratch_;  // [sampling_scratch_rows_][V] floats
   int sampling_scratch_rows_ = 0;
+  kernels::Buffer host_logits_row_;   // [V] floats (SampleHostLogits)
   // Decode and draft recordings hold only workspace addresses (valid for
   // the model's lifetime); a key's first use runs op by op (lazy
   // allocation cannot be recorded).

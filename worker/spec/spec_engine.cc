@@ -16,7 +16,6 @@
 namespace specserve::spec {
 
 using sampling::ArgmaxFirst;
-using sampling::FilteredProbs;
 using sampling::RandomStream;
 using sampling::Uniform;
 
@@ -191,9 +190,16 @@ absl::StatusOr<int32_t> SpecEngine::Choose(SpecSession* s, const BurstCtx& b,
   const int V = model_->config().vocab_size;
   if (b.Injects(1) || !AllFinite(logits, V)) return NonFinite(s->id());
   if (p.sampling.greedy()) return ArgmaxFirst(logits, V);
-  std::vector<float> probs;
-  SS_RETURN_IF_ERROR(FilteredProbs(logits, V, p.sampling, &probs));
-  return DrawToken(probs, p.seed, &s->counters);
+  // DrawToken's event, on the backend (the stored row is copied back).
+  int32_t token = -1;
+  SS_RETURN_IF_ERROR(executor_->Exclusive([&]() -> absl::Status {
+    SS_ASSIGN_OR_RETURN(token, model_->SampleHostLogits(
+                                   absl::MakeConstSpan(logits, V), p.sampling,
+                                   Uniform(p.seed, RandomStream::kSample, s->counters.sctr)));
+    return absl::OkStatus();
+  }));
+  ++s->counters.sctr;
+  return token;
 }
 
 absl::Status SpecEngine::PlainStep(SpecSession* s, const BurstCtx& b,
