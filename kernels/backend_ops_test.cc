@@ -419,19 +419,25 @@ TEST_P(BackendOpsTest, SampleRowsDrawsTheHostFiltersTokens) {
       {0.8f, 0, 1.0f, 0.0f}, {1.0f, 20, 0.9f, 0.05f}, {1.2f, 0, 0.7f, 0.0f},
       {0.5f, 3, 1.0f, 0.0f}, {1.0f, 0, 1.0f, 0.1f},   {2.0f, 300, 1.0f, 0.0f}};
   std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+  // Rows index[i] of `x` (cols wide) with configs[i]; no outputs set yet.
+  auto rows_of = [&](const Buffer& x, const std::vector<int32_t>& index,
+                     const sampling::SamplingConfig* configs) {
+    SampleRowsParams p;
+    p.rows = static_cast<int64_t>(index.size());
+    p.cols = cols;
+    p.x = x.f32();
+    p.x_stride = cols;
+    p.row_index = index.data();
+    p.config = configs;
+    return p;
+  };
   for (const sampling::SamplingConfig& c : configs) {
     const std::vector<int32_t> index = {4, 2, 2, 0, 3, 1};
     std::vector<sampling::SamplingConfig> cs(index.size(), c);
     std::vector<float> us;
     for (size_t i = 0; i < index.size(); ++i) us.push_back(uni(rng_));
     std::vector<int32_t> tokens(index.size(), -1);
-    SampleRowsParams p;
-    p.rows = static_cast<int64_t>(index.size());
-    p.cols = cols;
-    p.x = xb.f32();
-    p.x_stride = cols;
-    p.row_index = index.data();
-    p.config = cs.data();
+    SampleRowsParams p = rows_of(xb, index, cs.data());
     p.uniform = us.data();
     p.token = tokens.data();
     ASSERT_TRUE(backend_->SampleRows(p).ok());
@@ -458,13 +464,7 @@ TEST_P(BackendOpsTest, SampleRowsDrawsTheHostFiltersTokens) {
     const std::vector<sampling::SamplingConfig> cs = {configs[1], configs[2]};
     auto probs = backend_->AllocateFloats(2 * cols);
     ASSERT_TRUE(probs.ok());
-    SampleRowsParams p;
-    p.rows = 2;
-    p.cols = cols;
-    p.x = xb.f32();
-    p.x_stride = cols;
-    p.row_index = index.data();
-    p.config = cs.data();
+    SampleRowsParams p = rows_of(xb, index, cs.data());
     p.probs = probs->f32();
     p.probs_stride = cols;
     ASSERT_TRUE(backend_->SampleRows(p).ok());  // no token: filters only
@@ -494,16 +494,10 @@ TEST_P(BackendOpsTest, SampleRowsDrawsTheHostFiltersTokens) {
   }
   x[cols + 9] = std::numeric_limits<float>::quiet_NaN();
   Buffer nan_b = Up(x);
-  const int32_t row1 = 1;
   int32_t token = -1;
   const float u = 0.5f;
-  SampleRowsParams p;
-  p.rows = 1;
-  p.cols = cols;
-  p.x = nan_b.f32();
-  p.x_stride = cols;
-  p.row_index = &row1;
-  p.config = &configs[0];
+  const std::vector<int32_t> row1 = {1};
+  SampleRowsParams p = rows_of(nan_b, row1, &configs[0]);
   p.uniform = &u;
   p.token = &token;
   EXPECT_EQ(backend_->SampleRows(p).code(), absl::StatusCode::kFailedPrecondition);
