@@ -19,8 +19,9 @@
 #   tools/cuda_check.sh [run]     (on the GPU machine, from the repository
 #                                  root's copy: no Bazel needed)
 #       Runs the carried binaries and writes into $OUT (default
-#       /tmp/cuda_check) at most 8 files:
-#         nvidia-smi.txt, cuda_backend_test.log (op test: CPU vs CUDA, row
+#       /tmp/cuda_check) at most 10 files:
+#         nvidia-smi.txt, sample_rows_test.log (device sampling == the host
+#         filters' tokens), cuda_backend_test.log (op test: CPU vs CUDA, row
 #         invariance), matmul_bench.txt (GEMV vs copy bandwidth, same run),
 #         cuda_model_test.log (model on CUDA vs CPU; .exactness.log:
 #         verify == decode, prefill == decode on the GPU), specgen.txt (greedy ids on cuda:0
@@ -104,30 +105,25 @@ gtest_counts() {
   grep -E "^\[==========\]|^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]" "$1"
 }
 
-echo "== sample_rows_test"
-timeout 90 "$carry/sample_rows_test" --gtest_output="xml:$xml/sample_rows_test.xml" \
-  > "$out/sample_rows_test.log" 2>&1
-rc=$?; note sample_rows_test $rc
-grep -E "^\[  FAILED  \]|Failure|draws differ" "$out/sample_rows_test.log" | head -20
-gtest_counts "$out/sample_rows_test.log"
-echo "== cuda_backend_test"
-timeout 60 "$carry/cuda_backend_test" --gtest_output="xml:$xml/cuda_backend_test.xml" \
-  > "$out/cuda_backend_test.log" 2>&1
-rc=$?; note cuda_backend_test $rc
-grep -E "^\[  FAILED  \]|Failure|worst at|Expected|Which is" "$out/cuda_backend_test.log" | head -40
-gtest_counts "$out/cuda_backend_test.log"
+# gtest_step NAME SECS PATTERN: $carry/NAME into $out/NAME.log (gtest XML in
+# $xml), its rc noted; prints the lines matching PATTERN and the counts.
+gtest_step() {
+  echo "== $1"
+  timeout "$2" "$carry/$1" --gtest_output="xml:$xml/$1.xml" > "$out/$1.log" 2>&1
+  note "$1" $?
+  grep -E "$3" "$out/$1.log" | head -40
+  gtest_counts "$out/$1.log"
+}
+
+gtest_step sample_rows_test 90 "^\[  FAILED  \]|Failure|draws differ"
+gtest_step cuda_backend_test 60 "^\[  FAILED  \]|Failure|worst at|Expected|Which is"
 
 echo "== matmul_bench"
 timeout 30 "$carry/matmul_bench" > "$out/matmul_bench.txt" 2>&1
 rc=$?; note matmul_bench $rc
 cat "$out/matmul_bench.txt"
 
-echo "== cuda_model_test"
-timeout 60 "$carry/cuda_model_test" --gtest_output="xml:$xml/cuda_model_test.xml" \
-  > "$out/cuda_model_test.log" 2>&1
-rc=$?; note cuda_model_test $rc
-grep -E "^\[  FAILED  \]|Failure|cuda-vs-cpu|Expected|Which is" "$out/cuda_model_test.log" | head -40
-gtest_counts "$out/cuda_model_test.log"
+gtest_step cuda_model_test 60 "^\[  FAILED  \]|Failure|cuda-vs-cpu|Expected|Which is"
 echo "== exactness_cuda_test"
 timeout 90 "$carry/exactness_cuda_test" > "$out/cuda_model_test.exactness.log" 2>&1
 rc=$?; note exactness_cuda_test $rc

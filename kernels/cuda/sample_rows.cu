@@ -53,29 +53,35 @@ struct Scratch {
   double* p;            // [rows][cols]: e_i, then p_i = e_i / total
 };
 
-__host__ __device__ inline size_t AlignUp(size_t n) { return (n + 255) / 256 * 256; }
+inline size_t AlignUp(size_t n) { return (n + 255) / 256 * 256; }
 
-__host__ __device__ inline Scratch ScratchAt(void* base, int64_t rows, int64_t cols) {
-  char* p = static_cast<char*>(base);
+// Where each part of the scratch starts, from `base`; *bytes: the whole.
+inline Scratch ScratchAt(void* base, int64_t rows, int64_t cols, size_t* bytes = nullptr) {
+  size_t at = 0;
+  auto take = [&](size_t n) {
+    void* p = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(base) + at);
+    at += AlignUp(n);
+    return p;
+  };
   Scratch s;
-  s.slice_max = reinterpret_cast<float*>(p);
-  p += AlignUp(sizeof(float) * rows * kSlices);
-  s.slice_finite = reinterpret_cast<int*>(p);
-  p += AlignUp(sizeof(int) * rows * kSlices);
-  s.slice_sum = reinterpret_cast<double*>(p);
-  p += AlignUp(sizeof(double) * rows * kSlices);
-  s.p = reinterpret_cast<double*>(p);
+  s.slice_max = static_cast<float*>(take(sizeof(float) * rows * kSlices));
+  s.slice_finite = static_cast<int*>(take(sizeof(int) * rows * kSlices));
+  s.slice_sum = static_cast<double*>(take(sizeof(double) * rows * kSlices));
+  s.p = static_cast<double*>(take(sizeof(double) * rows * cols));
+  if (bytes != nullptr) *bytes = at;
   return s;
 }
 
 size_t ScratchBytes(int64_t rows, int64_t cols) {
-  return AlignUp(sizeof(float) * rows * kSlices) + AlignUp(sizeof(int) * rows * kSlices) +
-         AlignUp(sizeof(double) * rows * kSlices) + AlignUp(sizeof(double) * rows * cols);
+  size_t bytes = 0;
+  ScratchAt(nullptr, rows, cols, &bytes);
+  return bytes;
 }
 
-__device__ inline void SliceRange(int64_t cols, int s, int64_t* lo, int64_t* hi) {
-  const int64_t len = (cols + kSlices - 1) / kSlices;
-  *lo = s * len;
+// [lo, hi): part `part` of `parts` equal contiguous ranges of [0, cols).
+__device__ inline void PartRange(int64_t cols, int parts, int part, int64_t* lo, int64_t* hi) {
+  const int64_t len = (cols + parts - 1) / parts;
+  *lo = part * len;
   *hi = *lo + len < cols ? *lo + len : cols;
 }
 
@@ -130,7 +136,7 @@ __global__ void __launch_bounds__(kSliceThreads)
   const int row = blockIdx.x / kSlices, slice = blockIdx.x % kSlices;
   const float* xr = x + args[row].x_offset;
   int64_t lo, hi;
-  SliceRange(cols, slice, &lo, &hi);
+  PartRange(cols, kSlices, slice, &lo, &hi);
   float m = -INFINITY;
   int finite = 1;
   for (int64_t i = lo + threadIdx.x; i < hi; i += kSliceThreads) {
@@ -171,7 +177,7 @@ __global__ void __launch_bounds__(kSliceThreads)
   // As the host: the difference in float, then double.
   const double t = static_cast<double>(args[row].temperature);
   int64_t lo, hi;
-  SliceRange(cols, slice, &lo, &hi);
+  PartRange(cols, kSlices, slice, &lo, &hi);
   double acc = 0.0;
   for (int64_t i = lo + threadIdx.x; i < hi; i += kSliceThreads) {
     const double e = exp(static_cast<double>(__fsub_rn(xr[i], m)) / t);
@@ -197,7 +203,7 @@ __global__ void __launch_bounds__(kSliceThreads) NormKernel(int64_t cols, Scratc
   const double total = RowTotal(s, row);
   double* pr = s.p + row * cols;
   int64_t lo, hi;
-  SliceRange(cols, slice, &lo, &hi);
+  PartRange(cols, kSlices, slice, &lo, &hi);
   for (int64_t i = lo + threadIdx.x; i < hi; i += kSliceThreads) pr[i] = pr[i] / total;
 }
 
@@ -216,7 +222,7 @@ struct DrawShared {
   int fallback;
   double kept;
   int walker_token;
-  int digit;
+  int tie_count;
   int tie_index;
 };
 
@@ -304,8 +310,8 @@ __device__ int DrawFromPrefix(const SampleRowArgs& a, const float* xr, const dou
   // The largest p is the max's: e = exp(0) = 1.
   const double threshold =
       a.min_p > 0.0f ? static_cast<double>(a.min_p) * (1.0 / total) : 0.0;
-  const int64_t chunk = (cols + kThreads - 1) / kThreads;
-  const int64_t lo = t * chunk, hi = lo + chunk < cols ? lo + chunk : cols;
+  int64_t lo, hi;
+  PartRange(cols, kThreads, t, &lo, &hi);
   // The cut's ties in the chunks before this one.
   int tie_base = 0;
   if (!cut.whole_row) {
@@ -429,19 +435,19 @@ __device__ OrderCut NucleusCut(const SampleRowArgs& a, const float* xr, const do
   }
   below = BlockSumD<kThreads>(below, sh.warp_d);
   if (t == 0) {
-    sh.select_need = 0;
+    sh.tie_count = 0;
     sh.tie_index = -1;
   }
   __syncthreads();
   if (ties > 0) {  // (counts and a max: the same in any order)
-    atomicAdd(&sh.select_need, ties);
+    atomicAdd(&sh.tie_count, ties);
     atomicMax(&sh.tie_index, tie_index);
   }
   __syncthreads();
   OrderCut cut;
   cut.key = prefix;
   cut.whole_row = false;
-  const int n_ties = sh.select_need;
+  const int n_ties = sh.tie_count;
   const double p_tie = pr[sh.tie_index];
   double c = below;
   int n = 0;
@@ -470,8 +476,8 @@ __device__ int DrawOrdered(const SampleRowArgs& a, const float* xr, const double
   const int less = want - ties;
 
   // Compaction in id order: contiguous chunks, counts scanned in thread order.
-  const int64_t chunk = (cols + kThreads - 1) / kThreads;
-  const int64_t lo = t * chunk, hi = lo + chunk < cols ? lo + chunk : cols;
+  int64_t lo, hi;
+  PartRange(cols, kThreads, t, &lo, &hi);
   int n_less = 0, n_tie = 0;
   for (int64_t i = lo; i < hi; ++i) {
     const uint32_t k = OrderKey(xr, i, row_max);
@@ -630,8 +636,8 @@ __global__ void __launch_bounds__(kThreads)
     DrawFromProbsKernel(const float* p, const float* minus, int64_t cols, float uniform,
                         int32_t* out) {
   __shared__ DrawShared sh;
-  const int64_t chunk = (cols + kThreads - 1) / kThreads;
-  const int64_t lo = threadIdx.x * chunk, hi = lo + chunk < cols ? lo + chunk : cols;
+  int64_t lo, hi;
+  PartRange(cols, kThreads, threadIdx.x, &lo, &hi);
   bool residual = false;
   if (minus != nullptr) {
     int any = 0;

@@ -291,40 +291,14 @@ absl::Status Model::SampleRows(absl::Span<const int32_t> rows,
                                absl::Span<const sampling::SamplingConfig> configs,
                                absl::Span<const float> uniforms, std::vector<int32_t>* tokens,
                                int to_scratch_row) {
-  if (configs.size() != rows.size() ||
-      (tokens != nullptr && uniforms.size() != rows.size())) {
-    return absl::InvalidArgumentError("SampleRows: rows, configs and uniforms differ in size");
-  }
-  if (tokens == nullptr && to_scratch_row < 0) {
-    return absl::InvalidArgumentError("SampleRows: neither tokens nor scratch rows asked for");
-  }
-  if (tokens != nullptr) tokens->assign(rows.size(), -1);
-  if (rows.empty()) return absl::OkStatus();
   for (int32_t row : rows) {
     if (ws_ == nullptr || row < 0 || row >= lm_head_rows_) {
       return absl::OutOfRangeError(absl::StrCat(
           "logits row ", row, ": the latest pass produced ", lm_head_rows_, " rows"));
     }
   }
-  kernels::SampleRowsParams p;
-  p.rows = static_cast<int64_t>(rows.size());
-  p.cols = config_.vocab_size;
-  p.x = ws_->logits.f32();
-  p.x_stride = config_.vocab_size;
-  p.row_index = rows.data();
-  p.config = configs.data();
-  p.uniform = tokens != nullptr ? uniforms.data() : nullptr;
-  p.token = tokens != nullptr ? tokens->data() : nullptr;
-  if (to_scratch_row >= 0) {
-    if (to_scratch_row + static_cast<int>(rows.size()) > sampling_scratch_rows_) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "SampleRows: scratch rows from ", to_scratch_row, " past the ",
-          sampling_scratch_rows_, " reserved"));
-    }
-    p.probs = sampling_scratch_.f32() + static_cast<int64_t>(to_scratch_row) * p.cols;
-    p.probs_stride = p.cols;
-  }
-  return backend_->SampleRows(p);
+  return SampleRowsOf(ws_ != nullptr ? ws_->logits.f32() : nullptr, rows, configs, uniforms,
+                      tokens, to_scratch_row);
 }
 
 absl::StatusOr<int32_t> Model::SampleHostLogits(absl::Span<const float> logits,
@@ -340,17 +314,44 @@ absl::StatusOr<int32_t> Model::SampleHostLogits(absl::Span<const float> logits,
   }
   SS_RETURN_IF_ERROR(
       backend_->CopyToDevice(host_logits_row_.data(), logits.data(), V * sizeof(float)));
+  std::vector<int32_t> token;
+  SS_RETURN_IF_ERROR(SampleRowsOf(host_logits_row_.f32(), {0}, {config}, {uniform}, &token,
+                                  /*to_scratch_row=*/-1));
+  return token[0];
+}
+
+absl::Status Model::SampleRowsOf(const float* x, absl::Span<const int32_t> rows,
+                                 absl::Span<const sampling::SamplingConfig> configs,
+                                 absl::Span<const float> uniforms, std::vector<int32_t>* tokens,
+                                 int to_scratch_row) {
+  if (configs.size() != rows.size() ||
+      (tokens != nullptr && uniforms.size() != rows.size())) {
+    return absl::InvalidArgumentError("SampleRows: rows, configs and uniforms differ in size");
+  }
+  if (tokens == nullptr && to_scratch_row < 0) {
+    return absl::InvalidArgumentError("SampleRows: neither tokens nor scratch rows asked for");
+  }
+  if (tokens != nullptr) tokens->assign(rows.size(), -1);
+  if (rows.empty()) return absl::OkStatus();
   kernels::SampleRowsParams p;
-  p.rows = 1;
-  p.cols = V;
-  p.x = host_logits_row_.f32();
-  p.x_stride = V;
-  p.config = &config;
-  p.uniform = &uniform;
-  int32_t token = -1;
-  p.token = &token;
-  SS_RETURN_IF_ERROR(backend_->SampleRows(p));
-  return token;
+  p.rows = static_cast<int64_t>(rows.size());
+  p.cols = config_.vocab_size;
+  p.x = x;
+  p.x_stride = config_.vocab_size;
+  p.row_index = rows.data();
+  p.config = configs.data();
+  p.uniform = tokens != nullptr ? uniforms.data() : nullptr;
+  p.token = tokens != nullptr ? tokens->data() : nullptr;
+  if (to_scratch_row >= 0) {
+    if (to_scratch_row + static_cast<int>(rows.size()) > sampling_scratch_rows_) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "SampleRows: scratch rows from ", to_scratch_row, " past the ",
+          sampling_scratch_rows_, " reserved"));
+    }
+    p.probs = sampling_scratch_.f32() + static_cast<int64_t>(to_scratch_row) * p.cols;
+    p.probs_stride = p.cols;
+  }
+  return backend_->SampleRows(p);
 }
 
 absl::Status Model::ReserveSamplingScratch(int rows) {

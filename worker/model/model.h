@@ -595,6 +595,12 @@ class Model {
   bool use_graphs_ = true;
   GraphStats graph_stats_;
   int lm_head_rows_ = 0;  // logits rows of the latest pass (CopyLogitsRow)
+  // SampleRows over rows of x ([.][V] floats in backend memory).
+  absl::Status SampleRowsOf(const float* x, absl::Span<const int32_t> rows,
+                            absl::Span<const sampling::SamplingConfig> configs,
+                            absl::Span<const float> uniforms, std::vector<int32_t>* tokens,
+                            int to_scratch_row);
+
   kernels::Buffer sampling_scratch_;  // [sampling_scratch_rows_][V] floats
   int sampling_scratch_rows_ = 0;
   kernels::Buffer host_logits_row_;   // [V] floats (SampleHostLogits)

@@ -26,10 +26,19 @@ RoundOutcome AcceptGreedy(absl::Span<const int> drafts,
   return out;
 }
 
+absl::StatusOr<int32_t> SampleEvent(uint64_t seed, RandomCounters* counters,
+                                    absl::FunctionRef<absl::StatusOr<int32_t>(float u)> draw) {
+  SS_ASSIGN_OR_RETURN(const int32_t token,
+                      draw(Uniform(seed, RandomStream::kSample, counters->sctr)));
+  ++counters->sctr;
+  return token;
+}
+
 int DrawToken(const std::vector<float>& probs, uint64_t seed,
               RandomCounters* counters) {
-  const float u = Uniform(seed, RandomStream::kSample, counters->sctr++);
-  return SampleIndex(probs, u);
+  return *SampleEvent(seed, counters, [&](float u) -> absl::StatusOr<int32_t> {
+    return SampleIndex(probs, u);
+  });
 }
 
 absl::StatusOr<RoundOutcome> AcceptSampled(absl::Span<const int> drafts,
@@ -48,14 +57,13 @@ absl::StatusOr<RoundOutcome> AcceptSampled(absl::Span<const int> drafts,
     }
     // Rejected: the residual max(0, p - q) carries exactly the probability
     // mass the draft under-proposed.
-    const float ub = Uniform(seed, RandomStream::kSample, counters->sctr);
-    SS_ASSIGN_OR_RETURN(out.bonus, dists.DrawResidual(i, ub));
-    ++counters->sctr;
+    SS_ASSIGN_OR_RETURN(out.bonus, SampleEvent(seed, counters, [&](float u) {
+                          return dists.DrawResidual(i, u);
+                        }));
     return out;
   }
-  const float ub = Uniform(seed, RandomStream::kSample, counters->sctr);
-  SS_ASSIGN_OR_RETURN(out.bonus, dists.DrawTarget(k, ub));
-  ++counters->sctr;
+  SS_ASSIGN_OR_RETURN(out.bonus, SampleEvent(seed, counters,
+                                             [&](float u) { return dists.DrawTarget(k, u); }));
   return out;
 }
 

@@ -12,6 +12,7 @@
 #include <functional>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
@@ -33,7 +34,13 @@ struct RandomCounters {
 RoundOutcome AcceptGreedy(absl::Span<const int> drafts,
                           absl::Span<const int> target_argmax);
 
-// One sampling event: a draw from `probs` (consumes one sctr).
+// One sampling event, wherever its draw runs (host, backend): `draw` gets
+// the event's uniform (Philox stream kSample at sctr), and sctr moves only
+// once the draw has succeeded.
+absl::StatusOr<int32_t> SampleEvent(uint64_t seed, RandomCounters* counters,
+                                    absl::FunctionRef<absl::StatusOr<int32_t>(float u)> draw);
+
+// A sampling event drawn from `probs` on the host.
 int DrawToken(const std::vector<float>& probs, uint64_t seed,
               RandomCounters* counters);
 

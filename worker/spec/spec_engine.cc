@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
-#include "kernels/sampling/philox.h"
 #include "kernels/sampling/sampling.h"
 #include "telemetry/status_macros.h"
 #include "worker/spec/device_distributions.h"
@@ -16,8 +15,6 @@
 namespace specserve::spec {
 
 using sampling::ArgmaxFirst;
-using sampling::RandomStream;
-using sampling::Uniform;
 
 namespace {
 
@@ -190,16 +187,16 @@ absl::StatusOr<int32_t> SpecEngine::Choose(SpecSession* s, const BurstCtx& b,
   const int V = model_->config().vocab_size;
   if (b.Injects(1) || !AllFinite(logits, V)) return NonFinite(s->id());
   if (p.sampling.greedy()) return ArgmaxFirst(logits, V);
-  // DrawToken's event, on the backend (the stored row is copied back).
-  int32_t token = -1;
-  SS_RETURN_IF_ERROR(executor_->Exclusive([&]() -> absl::Status {
-    SS_ASSIGN_OR_RETURN(token, model_->SampleHostLogits(
-                                   absl::MakeConstSpan(logits, V), p.sampling,
-                                   Uniform(p.seed, RandomStream::kSample, s->counters.sctr)));
-    return absl::OkStatus();
-  }));
-  ++s->counters.sctr;
-  return token;
+  // Drawn on the backend (the stored row is copied back).
+  return SampleEvent(p.seed, &s->counters, [&](float u) -> absl::StatusOr<int32_t> {
+    int32_t token = -1;
+    SS_RETURN_IF_ERROR(executor_->Exclusive([&]() -> absl::Status {
+      SS_ASSIGN_OR_RETURN(token, model_->SampleHostLogits(absl::MakeConstSpan(logits, V),
+                                                          p.sampling, u));
+      return absl::OkStatus();
+    }));
+    return token;
+  });
 }
 
 absl::Status SpecEngine::PlainStep(SpecSession* s, const BurstCtx& b,
@@ -207,20 +204,24 @@ absl::Status SpecEngine::PlainStep(SpecSession* s, const BurstCtx& b,
   const BurstParams& p = b.params;
   model::ForwardResult r;
   // No logits come back: greedy needs the device's argmax and finiteness
-  // flag, and a sampled step has its token drawn on the backend (the host
-  // filters' token; DrawToken's Philox event, consumed once it is drawn).
+  // flag, and a sampled step has its token drawn on the backend within the
+  // (batched) step.
   r.want_logits = false;
-  if (!p.sampling.greedy()) {
-    r.draw = model::ForwardResult::Draw{
-        p.sampling, Uniform(p.seed, RandomStream::kSample, s->counters.sctr)};
-  }
-  SS_RETURN_IF_ERROR(CommitOne(s, *s->pending_tok, &r));
-  if (b.Injects(1) || !r.AllFinite()) return NonFinite(s->id());
-  if (r.draw.has_value()) {
-    ++s->counters.sctr;
-    *next_token = r.drawn;
-  } else {
+  auto step = [&]() -> absl::Status {
+    SS_RETURN_IF_ERROR(CommitOne(s, *s->pending_tok, &r));
+    if (b.Injects(1) || !r.AllFinite()) return NonFinite(s->id());
+    return absl::OkStatus();
+  };
+  if (p.sampling.greedy()) {
+    SS_RETURN_IF_ERROR(step());
     *next_token = r.argmax[0];
+  } else {
+    SS_ASSIGN_OR_RETURN(*next_token,
+                        SampleEvent(p.seed, &s->counters, [&](float u) -> absl::StatusOr<int32_t> {
+                          r.draw = model::ForwardResult::Draw{p.sampling, u};
+                          SS_RETURN_IF_ERROR(step());
+                          return r.drawn;
+                        }));
   }
   s->pending_tok = *next_token;
   return absl::OkStatus();
@@ -252,13 +253,14 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
     if (greedy) {
       tok = d.argmax[0];
     } else {
-      // DrawToken's event, on the backend (q_i stays there).
-      std::vector<int32_t> drawn;
-      SS_RETURN_IF_ERROR(model_->SampleRows(
-          {0}, {p.sampling}, {Uniform(p.seed, RandomStream::kSample, s->counters.sctr)},
-          &drawn, /*to_scratch_row=*/i));
-      ++s->counters.sctr;
-      tok = drawn[0];
+      // Drawn on the backend; q_i stays there.
+      SS_ASSIGN_OR_RETURN(
+          tok, SampleEvent(p.seed, &s->counters, [&](float u) -> absl::StatusOr<int32_t> {
+            std::vector<int32_t> drawn;
+            SS_RETURN_IF_ERROR(
+                model_->SampleRows({0}, {p.sampling}, {u}, &drawn, /*to_scratch_row=*/i));
+            return drawn[0];
+          }));
     }
     drafts.push_back(tok);
     h = std::move(d.hidden);
