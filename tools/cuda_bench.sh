@@ -34,6 +34,10 @@
 #       prepare also keeps each build's cuda_bench as .carry/ab/<rev>.tar.xz;
 #       ab runs two of them alternately on one machine and prints the
 #       27B-shape figures' medians and new/base ratios ($OUT/ab.{txt,json}).
+#   tools/cuda_bench.sh envab ROUNDS 'BASE_ENV' 'NEW_ENV'  (GPU machine, carry
+#       .carry/pack) the same comparison for one build under two environments
+#       (VAR=value lists): for switches an experiment reads from its
+#       environment.
 #   tools/cuda_bench.sh sanitize  (GPU machine) compute-sanitizer memcheck,
 #       racecheck and synccheck over the GPU tests: $OUT/sanitizers.txt.
 #       Writes into $OUT (default /tmp/cuda_bench): checks.log,
@@ -96,7 +100,7 @@ if [ "$mode" = ab ]; then
     tee "$out/ab.txt"
   exit "${PIPESTATUS[0]}"
 fi
-[ "$mode" = run ] || [ "$mode" = sanitize ] || { echo "usage: $0 [prepare|run|sanitize|ab]" >&2; exit 2; }
+case "$mode" in run|sanitize|envab) ;; *) echo "usage: $0 [prepare|run|sanitize|ab|envab]" >&2; exit 2 ;; esac
 
 # prepare also packs the binaries (.carry/pack/cuda.tar.xz, a fifth of their
 # size: the working tree that travels is capped): carry .carry/pack alone.
@@ -107,6 +111,29 @@ if [ ! -x "$carry/cuda_bench" ] && [ -f .carry/pack/cuda.tar.xz ]; then
 fi
 out="${OUT:-/tmp/cuda_bench}"
 mkdir -p "$out"
+
+if [ "$mode" = envab ]; then
+  # One build (carry .carry/pack) under two environments, run alternately on
+  # one machine, compared like `ab`: for switches a build reads from its
+  # environment (an experiment branch's knobs).
+  rounds="${2:?usage: $0 envab ROUNDS 'BASE_ENV' 'NEW_ENV' (VAR=value ..., may be empty)}"
+  base_env="${3-}" new_env="${4-}"
+  files=()
+  for i in $(seq 1 "$rounds"); do
+    for b in base new; do
+      e="$base_env"; [ "$b" = new ] && e="$new_env"
+      echo "== $b ($e), round $i"
+      # (word splitting of $e is wanted: VAR=value pairs)
+      # shellcheck disable=SC2086
+      env $e timeout 200 "$carry/cuda_bench" --skip_matmul --json="$out/${b}_$i.json" \
+        > "$out/${b}_$i.txt" 2>&1 || { echo "cuda_bench ($e) failed"; tail -5 "$out/${b}_$i.txt"; exit 1; }
+      grep -E "greedy \(no" "$out/${b}_$i.txt"
+      files+=("$out/${b}_$i.json")
+    done
+  done
+  python3 tools/cuda_bench/ab_compare.py base new "$out/ab.json" "${files[@]}" | tee "$out/ab.txt"
+  exit "${PIPESTATUS[0]}"
+fi
 
 if [ "$mode" = sanitize ]; then
   # compute-sanitizer over the GPU test cases: memcheck of the op, model,
