@@ -30,10 +30,11 @@
 #       3. (e) transformers generate on the same GPU
 #          (tools/cuda_bench/hf_generate.py): greedy ids on models/default
 #          against ours, tokens/s there and on the random 27B shape.
-#   tools/cuda_bench.sh ab BASE NEW [ROUNDS]   (GPU machine, carry .carry/ab)
-#       prepare also keeps each build's cuda_bench as .carry/ab/<rev>.tar.xz;
-#       ab runs two of them alternately on one machine and prints the
-#       27B-shape figures' medians and new/base ratios ($OUT/ab.{txt,json}).
+#   tools/cuda_bench.sh ab BASE NEW[,NEW2...] [ROUNDS]   (GPU machine, carry
+#       .carry/ab) prepare also keeps each build's cuda_bench as
+#       .carry/ab/<rev>.tar.xz; ab runs BASE and the NEW builds in turn on one
+#       machine and prints the 27B-shape figures' medians and each NEW's ratio
+#       to BASE ($OUT/ab.{txt,json}).
 #   tools/cuda_bench.sh envab ROUNDS 'BASE_ENV' 'NEW_ENV'  (GPU machine, carry
 #       .carry/pack) the same comparison for one build under two environments
 #       (VAR=value lists): for switches an experiment reads from its
@@ -72,23 +73,26 @@ if [ "$mode" = prepare ]; then
   exit 0
 fi
 if [ "$mode" = ab ]; then
-  # A/B on one machine (carry .carry/ab): the 27B-shape model figures of two
-  # kept builds, run alternately ROUNDS times each, medians and ratios
-  # (tools/cuda_bench/ab_compare.py). Machines of different device calls
-  # differ by ~1.5%, more than most single changes: compare within a call.
-  base="${2:?usage: $0 ab BASE NEW [ROUNDS] (names of .carry/ab/*.tar.xz)}"
-  new="${3:?usage: $0 ab BASE NEW [ROUNDS]}"
+  # A/B on one machine (carry .carry/ab): the 27B-shape model figures of
+  # kept builds, run in turn ROUNDS times each, medians and ratios to BASE
+  # (tools/cuda_bench/ab_compare.py). NEW may list several builds, comma
+  # separated (about 40 s per build and round). Machines of different device
+  # calls differ by ~1.5%, more than most single changes: compare within a
+  # call.
+  base="${2:?usage: $0 ab BASE NEW[,NEW2...] [ROUNDS] (names of .carry/ab/*.tar.xz)}"
+  new="${3:?usage: $0 ab BASE NEW[,NEW2...] [ROUNDS]}"
   rounds="${4:-2}"
+  IFS=, read -r -a news <<< "$new"
   out="${OUT:-/tmp/cuda_bench}"
   mkdir -p "$out"
-  for b in "$base" "$new"; do
+  for b in "$base" "${news[@]}"; do
     mkdir -p ".carry/ab_bin/$b"
     python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
       ".carry/ab/$b.tar.xz" ".carry/ab_bin/$b" || exit 1
   done
   files=()
   for i in $(seq 1 "$rounds"); do
-    for b in "$base" "$new"; do
+    for b in "$base" "${news[@]}"; do
       echo "== $b, round $i"
       timeout 200 ".carry/ab_bin/$b/cuda_bench" --skip_matmul --json="$out/${b}_$i.json" \
         > "$out/${b}_$i.txt" 2>&1 || { echo "cuda_bench $b failed"; tail -5 "$out/${b}_$i.txt"; exit 1; }

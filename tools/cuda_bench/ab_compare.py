@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Compares two cuda_bench builds run alternately on one machine
-(tools/cuda_bench.sh ab): the median of each build's rounds for the 27B-shape
-model's figures, the ratio new / base, and the floor of the same runs.
+"""Compares cuda_bench builds run in turn on one machine (tools/cuda_bench.sh
+ab): the median of each build's rounds for the 27B-shape model's figures, each
+new build's ratio to the base, and the floor of the same runs.
 
-Usage: ab_compare.py BASE_NAME NEW_NAME OUT_JSON base_1.json new_1.json ...
-(files named <build>_<round>.json; the build is BASE_NAME or NEW_NAME).
-Prints a table; writes OUT_JSON."""
+Usage: ab_compare.py BASE_NAME NEW_NAME[,NEW_NAME2...] OUT_JSON base_1.json
+new_1.json ... (files named <build>_<round>.json). Prints a table; writes
+OUT_JSON."""
 import json
 import os
 import statistics
@@ -31,28 +31,41 @@ def figures(d):
 
 
 def main(argv):
-    base, new, out_json, files = argv[1], argv[2], argv[3], argv[4:]
-    runs = {base: [], new: []}
+    base, news, out_json, files = argv[1], argv[2].split(","), argv[3], argv[4:]
+    builds = [base] + news
+    runs = {b: [] for b in builds}
     for f in files:
         build = os.path.basename(f).rsplit("_", 1)[0]
         with open(f) as fh:
             runs[build].append(figures(json.load(fh)))
-    if not runs[base] or not runs[new]:
-        print(f"ab_compare: no runs of {base} or of {new}", file=sys.stderr)
+    missing = [b for b in builds if not runs[b]]
+    if missing:
+        print(f"ab_compare: no runs of {', '.join(missing)}", file=sys.stderr)
         return 1
-    names = [k for k in runs[base][0] if all(k in r for r in runs[base] + runs[new])]
+    everyone = [r for b in builds for r in runs[b]]
+    names = [k for k in runs[base][0] if all(k in r for r in everyone)]
     rows = []
-    print(f"{'figure':42s} {base:>14s} {new:>14s} {'new/base':>9s}")
+    head = f"{'figure':42s} {base:>14s}"
+    for n in news:
+        head += f" {n:>14s} {'/base':>7s}"
+    print(head)
     for k in names:
-        b = statistics.median(r[k] for r in runs[base])
-        n = statistics.median(r[k] for r in runs[new])
-        print(f"{k:42s} {b:14.3f} {n:14.3f} {n / b:9.3f}")
-        rows.append({"figure": k, base: b, new: n, "new_over_base": n / b})
-    print(f"(medians of {len(runs[base])} / {len(runs[new])} rounds, run alternately on one "
-          "machine)")
+        med = {b: statistics.median(r[k] for r in runs[b]) for b in builds}
+        line = f"{k:42s} {med[base]:14.3f}"
+        row = {"figure": k, base: med[base]}
+        for n in news:
+            line += f" {med[n]:14.3f} {med[n] / med[base]:7.3f}"
+            row[n] = med[n]
+            row[f"{n}_over_base"] = med[n] / med[base]
+        if len(news) == 1:
+            row["new_over_base"] = med[news[0]] / med[base]
+        print(line)
+        rows.append(row)
+    print(f"(medians of {' / '.join(str(len(runs[b])) for b in builds)} rounds, run in turn "
+          "on one machine)")
     with open(out_json, "w") as fh:
-        json.dump({"base": base, "new": new, "rounds": [len(runs[base]), len(runs[new])],
-                   "figures": rows}, fh, indent=1)
+        json.dump({"base": base, "new": news[0] if len(news) == 1 else news,
+                   "rounds": [len(runs[b]) for b in builds], "figures": rows}, fh, indent=1)
     return 0
 
 
