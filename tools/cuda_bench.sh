@@ -76,7 +76,7 @@ if [ "$mode" = ab ]; then
   # A/B on one machine (carry .carry/ab): the 27B-shape model figures of
   # kept builds, run in turn ROUNDS times each, medians and ratios to BASE
   # (tools/cuda_bench/ab_compare.py). NEW may list several builds, comma
-  # separated (about 40 s per build and round). Machines of different device
+  # separated (about 15 s per build and round). Machines of different device
   # calls differ by ~1.5%, more than most single changes: compare within a
   # call.
   base="${2:?usage: $0 ab BASE NEW[,NEW2...] [ROUNDS] (names of .carry/ab/*.tar.xz)}"
