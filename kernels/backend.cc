@@ -1,6 +1,5 @@
 #include "kernels/backend.h"
 
-#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -87,14 +86,8 @@ absl::Status Backend::DrawFromProbs(const DrawFromProbsParams& p) {
     if (absl::Status s = CopyToHost(minus.data(), p.minus, p.cols * sizeof(float)); !s.ok()) {
       return s;
     }
-    std::vector<float> residual(p.cols);
-    double mass = 0.0;
-    for (int64_t t = 0; t < p.cols; ++t) {
-      residual[t] = std::max(0.0f, probs[t] - minus[t]);
-      mass += residual[t];
-    }
-    // p == minus up to rounding leaves no residual mass: p is then the draw.
-    if (mass > 0.0) probs = std::move(residual);
+    *p.token = sampling::SampleResidual(probs, minus, p.uniform);
+    return absl::OkStatus();
   }
   *p.token = sampling::SampleIndex(probs, p.uniform);
   return absl::OkStatus();

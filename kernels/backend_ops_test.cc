@@ -422,14 +422,8 @@ TEST_P(BackendOpsTest, SampleRowsDrawsTheHostFiltersTokens) {
   // Rows index[i] of `x` (cols wide) with configs[i]; no outputs set yet.
   auto rows_of = [&](const Buffer& x, const std::vector<int32_t>& index,
                      const sampling::SamplingConfig* configs) {
-    SampleRowsParams p;
-    p.rows = static_cast<int64_t>(index.size());
-    p.cols = cols;
-    p.x = x.f32();
-    p.x_stride = cols;
-    p.row_index = index.data();
-    p.config = configs;
-    return p;
+    return DenseSampleRows(static_cast<int64_t>(index.size()), x.f32(), cols, index.data(),
+                           configs);
   };
   for (const sampling::SamplingConfig& c : configs) {
     const std::vector<int32_t> index = {4, 2, 2, 0, 3, 1};
@@ -483,13 +477,7 @@ TEST_P(BackendOpsTest, SampleRowsDrawsTheHostFiltersTokens) {
       int32_t token = -1;
       d.token = &token;
       ASSERT_TRUE(backend_->DrawFromProbs(d).ok());
-      std::vector<float> residual(cols);
-      double mass = 0.0;
-      for (int t = 0; t < cols; ++t) {
-        residual[t] = std::max(0.0f, want0[t] - want1[t]);
-        mass += residual[t];
-      }
-      EXPECT_EQ(token, sampling::SampleIndex(mass > 0.0 ? residual : want0, u));
+      EXPECT_EQ(token, sampling::SampleResidual(want0, want1, u));
     }
   }
   x[cols + 9] = std::numeric_limits<float>::quiet_NaN();

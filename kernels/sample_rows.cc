@@ -7,6 +7,19 @@
 
 namespace specserve::kernels {
 
+SampleRowsParams DenseSampleRows(int64_t rows, const float* x, int64_t cols,
+                                 const int32_t* row_index,
+                                 const sampling::SamplingConfig* configs) {
+  SampleRowsParams p;
+  p.rows = rows;
+  p.cols = cols;
+  p.x = x;
+  p.x_stride = cols;
+  p.row_index = row_index;
+  p.config = configs;
+  return p;
+}
+
 absl::Status Validate(const SampleRowsParams& p) {
   SS_KERNEL_CHECK(p.rows >= 1 && p.cols >= 1, "sample_rows: empty shape");
   SS_KERNEL_CHECK(p.x != nullptr && p.config != nullptr, "sample_rows: null pointer");

@@ -43,6 +43,13 @@ struct SampleRowsParams {
   int64_t probs_stride = 0;
 };
 
+// Params over dense logits [.][cols] at x: row r of the call is x's row
+// row_index[r] (row_index nullptr: row r) with configs[r]; the outputs
+// (uniform and token, probs) are left for the caller to set.
+SampleRowsParams DenseSampleRows(int64_t rows, const float* x, int64_t cols,
+                                 const int32_t* row_index,
+                                 const sampling::SamplingConfig* configs);
+
 // INVALID_ARGUMENT for sizes, null pointers (token and probs may not both be
 // null), a negative row index, a greedy or invalid config, a uniform outside
 // [0, 1).

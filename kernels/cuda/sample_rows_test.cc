@@ -43,14 +43,8 @@ class SampleRowsTest : public ::testing::Test {
   // Rows rows[i] of x (cols wide) with configs[i]; no outputs set yet.
   static SampleRowsParams Rows(const Buffer& x, int64_t cols, const std::vector<int32_t>& rows,
                                const std::vector<SamplingConfig>& configs) {
-    SampleRowsParams p;
-    p.rows = static_cast<int64_t>(rows.size());
-    p.cols = cols;
-    p.x = x.f32();
-    p.x_stride = cols;
-    p.row_index = rows.data();
-    p.config = configs.data();
-    return p;
+    return DenseSampleRows(static_cast<int64_t>(rows.size()), x.f32(), cols, rows.data(),
+                           configs.data());
   }
 
   absl::Status Sample(const Buffer& x, int64_t cols, const std::vector<int32_t>& rows,

@@ -172,4 +172,14 @@ int SampleIndex(const std::vector<float>& probs, float u) {
   return last_nonzero;  // rounding at the top end
 }
 
+int SampleResidual(const std::vector<float>& p, const std::vector<float>& minus, float u) {
+  std::vector<float> residual(p.size());
+  double mass = 0.0;
+  for (size_t t = 0; t < p.size(); ++t) {
+    residual[t] = std::max(0.0f, p[t] - minus[t]);
+    mass += residual[t];
+  }
+  return SampleIndex(mass > 0.0 ? residual : p, u);
+}
+
 }  // namespace specserve::sampling

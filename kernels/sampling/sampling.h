@@ -49,6 +49,11 @@ int ArgmaxFirst(const float* logits, int vocab);
 // index with probs[i] > 0.
 int SampleIndex(const std::vector<float>& probs, float u);
 
+// SampleIndex at u over the residual max(0, p − minus) (float subtraction)
+// where it has mass, else over p (p == minus up to rounding): the bonus draw
+// of a rejected speculative column. p and minus have the same size.
+int SampleResidual(const std::vector<float>& p, const std::vector<float>& minus, float u);
+
 }  // namespace specserve::sampling
 
 #endif  // SPECSERVE_KERNELS_SAMPLING_SAMPLING_H_

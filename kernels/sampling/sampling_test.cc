@@ -110,5 +110,19 @@ TEST(Sampling, FiltersMatchTheFullSortDefinition) {
   }
 }
 
+// The residual draw: only tokens where p exceeds `minus`, in proportion to the
+// excess; p itself where nothing is left over.
+TEST(Sampling, SampleResidualDrawsTheExcessOrP) {
+  const std::vector<float> p = {0.5f, 0.3f, 0.2f}, minus = {0.2f, 0.5f, 0.1f};
+  // Residual {0.3, 0, 0.1} (mass 0.4): u·0.4 below 0.3 is token 0, else 2.
+  EXPECT_EQ(SampleResidual(p, minus, 0.0f), 0);
+  EXPECT_EQ(SampleResidual(p, minus, 0.70f), 0);
+  EXPECT_EQ(SampleResidual(p, minus, 0.80f), 2);
+  EXPECT_EQ(SampleResidual(p, minus, 0.999f), 2);
+  for (float u = 0.0f; u < 1.0f; u += 0.01f) EXPECT_NE(SampleResidual(p, minus, u), 1) << u;
+  // No excess anywhere: the draw is SampleIndex over p.
+  for (float u : {0.0f, 0.45f, 0.6f, 0.95f}) EXPECT_EQ(SampleResidual(p, p, u), SampleIndex(p, u));
+}
+
 }  // namespace
 }  // namespace specserve::sampling

@@ -33,6 +33,7 @@ namespace {
 
 using specserve::bench::WallMs;
 using specserve::kernels::Backend;
+using specserve::kernels::DenseSampleRows;
 using specserve::kernels::SampleRowsParams;
 using specserve::sampling::SamplingConfig;
 
@@ -84,12 +85,8 @@ int main(int argc, char** argv) {
       std::vector<float> us(rows);
       for (float& u : us) u = uni(rng);
       std::vector<int32_t> dev(rows), host(rows);
-      SampleRowsParams p;
-      p.rows = rows;
-      p.cols = vocab;
-      p.x = x->f32();
-      p.x_stride = vocab;
-      p.config = cs.data();
+      SampleRowsParams p =
+          DenseSampleRows(rows, x->f32(), vocab, /*row_index=*/nullptr, cs.data());
       p.uniform = us.data();
       p.token = dev.data();
       const double device_ms = WallMs(2, reps, [&] { Check(gpu.SampleRows(p)); });

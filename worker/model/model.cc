@@ -333,13 +333,8 @@ absl::Status Model::SampleRowsOf(const float* x, absl::Span<const int32_t> rows,
   }
   if (tokens != nullptr) tokens->assign(rows.size(), -1);
   if (rows.empty()) return absl::OkStatus();
-  kernels::SampleRowsParams p;
-  p.rows = static_cast<int64_t>(rows.size());
-  p.cols = config_.vocab_size;
-  p.x = x;
-  p.x_stride = config_.vocab_size;
-  p.row_index = rows.data();
-  p.config = configs.data();
+  kernels::SampleRowsParams p = kernels::DenseSampleRows(
+      static_cast<int64_t>(rows.size()), x, config_.vocab_size, rows.data(), configs.data());
   p.uniform = tokens != nullptr ? uniforms.data() : nullptr;
   p.token = tokens != nullptr ? tokens->data() : nullptr;
   if (to_scratch_row >= 0) {

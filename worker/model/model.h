@@ -374,16 +374,16 @@ class Model {
   // max(0, row - minus_row) where it has mass (minus_row -1: none).
   // OUT_OF_RANGE for a row or token outside the scratch.
   absl::StatusOr<float> ScratchProb(int row, int token) const;
+  absl::StatusOr<int32_t> DrawFromScratch(int row, int minus_row, float uniform) const;
   // The token drawn from a row of logits held on the host (a session's
   // stored last logits: the workspace's may belong to another session by
-  // now), on the backend like SampleRows: the row is copied back first.
+  // now), on the backend like SampleRows: the row is copied there first.
   absl::StatusOr<int32_t> SampleHostLogits(absl::Span<const float> logits,
                                            const sampling::SamplingConfig& config,
                                            float uniform);
   // At least `rows` scratch rows of [V] floats; growing drops their contents
   // (call it before a round writes any).
   absl::Status ReserveSamplingScratch(int rows);
-  absl::StatusOr<int32_t> DrawFromScratch(int row, int minus_row, float uniform) const;
 
   // ---- Recorded steps (a backend that CanRecord: CUDA graphs on the GPU,
   // op closures on the CPU).

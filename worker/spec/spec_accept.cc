@@ -1,6 +1,5 @@
 #include "worker/spec/spec_accept.h"
 
-#include <algorithm>
 
 #include "glog/logging.h"
 #include "telemetry/status_macros.h"
@@ -11,6 +10,7 @@ namespace specserve::spec {
 
 using sampling::RandomStream;
 using sampling::SampleIndex;
+using sampling::SampleResidual;
 using sampling::Uniform;
 
 RoundOutcome AcceptGreedy(absl::Span<const int> drafts,
@@ -82,13 +82,7 @@ class HostDistributions : public RoundDistributions {
   absl::StatusOr<float> Draft(int i, int token) override { return q_[i][token]; }
   absl::StatusOr<int> DrawResidual(int i, float u) override {
     SS_ASSIGN_OR_RETURN(const std::vector<float>* p, Column(i));
-    std::vector<float> residual(p->size());
-    double mass = 0.0;
-    for (size_t t = 0; t < residual.size(); ++t) {
-      residual[t] = std::max(0.0f, (*p)[t] - q_[i][t]);
-      mass += residual[t];
-    }
-    return SampleIndex(mass > 0.0 ? residual : *p, u);
+    return SampleResidual(*p, q_[i], u);
   }
   absl::StatusOr<int> DrawTarget(int column, float u) override {
     SS_ASSIGN_OR_RETURN(const std::vector<float>* p, Column(column));
