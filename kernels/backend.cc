@@ -50,6 +50,12 @@ absl::Status Backend::AttentionInputs(const AttentionInputsParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status Backend::GatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  if (absl::Status s = GatedDeltaRule(p.rule); !s.ok()) return s;
+  return GatedRmsNorm(p.norm);
+}
+
 absl::Status Backend::SampleRows(const SampleRowsParams& p) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   std::vector<float> row(p.cols);

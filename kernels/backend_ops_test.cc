@@ -741,6 +741,53 @@ TEST_P(BackendOpsTest, LargeAttentionAndDeltaRuleAreRowInvariant) {
   }
 }
 
+// GatedDeltaRuleNormed: the rule then the gated norm of its output heads,
+// bit for bit; a norm that is not in place over those heads is refused.
+TEST_P(BackendOpsTest, GatedDeltaRuleNormedIsTheRuleThenTheNorm) {
+  const int rows = 3, nk = 1, nv = 2, dk = 16, dv = 8;
+  const int width = 2 * nk * dk + nv * dv, ssize = nv * dk * dv, zw = nv * dv + 1;
+  std::uniform_real_distribution<float> d(-1, 1);
+  auto random = [&](int n) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng_);
+    return v;
+  };
+  const std::vector<float> qkv = random(rows * width), ab = random(rows * nv),
+                           st = random(ssize), z = random(rows * zw), w = random(dv),
+                           coef = random(nv);
+  Buffer qb = Up(qkv), abb = Up(ab), cb = Up(coef), zb = Up(z), wb = Up(w);
+  std::vector<float> result[2];
+  for (bool fused : {false, true}) {
+    Buffer sb = Up(st), ob = Up(std::vector<float>(rows * nv * dv));
+    GatedDeltaRuleNormParams p;
+    GatedDeltaRuleParams& r = p.rule;
+    r.rows = rows; r.num_k_heads = nk; r.num_v_heads = nv; r.k_head_dim = dk;
+    r.v_head_dim = dv; r.q = qb.f32(); r.k = qb.f32() + nk * dk;
+    r.v = qb.f32() + 2 * nk * dk; r.qkv_stride = width; r.a = r.b = abb.f32();
+    r.ab_stride = nv; r.a_log = r.dt_bias = cb.f32(); r.state_in = r.state_out = sb.f32();
+    r.out = ob.f32(); r.out_stride = nv * dv;
+    GatedRmsNormParams& n = p.norm;
+    n.rows = rows * nv; n.dim = dv; n.x = n.y = ob.f32(); n.x_stride = n.y_stride = dv;
+    n.z = zb.f32(); n.z_stride = dv; n.z_group = nv; n.z_group_stride = zw;
+    n.weight = wb.f32();
+    if (fused) {
+      ASSERT_TRUE(backend_->GatedDeltaRuleNormed(p).ok());
+    } else {
+      ASSERT_TRUE(backend_->GatedDeltaRule(r).ok());
+      ASSERT_TRUE(backend_->GatedRmsNorm(n).ok());
+    }
+    result[fused] = Down(ob, rows * nv * dv);
+    const std::vector<float> s = Down(sb, ssize);
+    result[fused].insert(result[fused].end(), s.begin(), s.end());
+    if (fused) {
+      GatedDeltaRuleNormParams bad = p;
+      bad.norm.rows = rows;  // not one vector per output head
+      EXPECT_EQ(backend_->GatedDeltaRuleNormed(bad).code(), absl::StatusCode::kInvalidArgument);
+    }
+  }
+  EXPECT_EQ(result[0], result[1]);
+}
+
 TEST_P(BackendOpsTest, SessionBatchMatchesSessionsAlone) {
   ExpectSessionBatchMatchesAlone(backend_.get(), 77);
 }

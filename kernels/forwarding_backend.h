@@ -58,6 +58,9 @@ class ForwardingBackend : public Backend {
   absl::Status GatedDeltaRule(const GatedDeltaRuleParams& p) override {
     return inner_->GatedDeltaRule(p);
   }
+  absl::Status GatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p) override {
+    return inner_->GatedDeltaRuleNormed(p);
+  }
   absl::Status Swiglu(const SwigluParams& p) override { return inner_->Swiglu(p); }
   absl::Status Argmax(const ArgmaxParams& p) override { return inner_->Argmax(p); }
   absl::Status LogSumExp(const LogSumExpParams& p) override { return inner_->LogSumExp(p); }

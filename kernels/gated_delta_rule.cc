@@ -26,4 +26,17 @@ absl::Status Validate(const GatedDeltaRuleParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status Validate(const GatedDeltaRuleNormParams& p) {
+  if (absl::Status s = Validate(p.rule); !s.ok()) return s;
+  if (absl::Status s = Validate(p.norm); !s.ok()) return s;
+  const GatedDeltaRuleParams& r = p.rule;
+  const GatedRmsNormParams& n = p.norm;
+  SS_KERNEL_CHECK(n.x == r.out && n.y == r.out,
+                  "gated_delta_rule_normed: the norm runs in place over the rule's output");
+  SS_KERNEL_CHECK(n.rows == r.rows * r.num_v_heads && n.dim == r.v_head_dim &&
+                      n.x_stride == r.v_head_dim && r.out_stride == r.num_v_heads * r.v_head_dim,
+                  "gated_delta_rule_normed: the norm's vectors are not the rule's output heads");
+  return absl::OkStatus();
+}
+
 }  // namespace specserve::kernels

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/rms_norm.h"
 
 namespace specserve::kernels {
 
@@ -43,6 +44,19 @@ struct GatedDeltaRuleParams {
 };
 
 absl::Status Validate(const GatedDeltaRuleParams& p);
+
+// The linear-attention core of a GDN block: the rule, then the gated
+// RmsNorm of every output head (MODEL.md step 6) in place over the rule's
+// output: norm.x == norm.y == rule.out, one vector per (token, value head),
+// norm.rows == rule.rows · nv, norm.dim == dv, norm.x_stride == dv and
+// rule.out_stride == nv · dv. The result is that of the two ops in turn,
+// bit for bit (Backend::GatedDeltaRuleNormed).
+struct GatedDeltaRuleNormParams {
+  GatedDeltaRuleParams rule;
+  GatedRmsNormParams norm;
+};
+
+absl::Status Validate(const GatedDeltaRuleNormParams& p);
 
 }  // namespace specserve::kernels
 

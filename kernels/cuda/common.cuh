@@ -190,6 +190,27 @@ void LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
   (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
 }
 
+// LaunchPdl in clusters of cluster_x blocks along x (grid.x a multiple).
+template <typename... Params, typename... Args>
+void LaunchPdlCluster(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned cluster_x,
+                      size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = cluster_x;
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
+}
+
 }  // namespace specserve::kernels::cuda
 
 #endif  // SPECSERVE_KERNELS_CUDA_COMMON_CUH_

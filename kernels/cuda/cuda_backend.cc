@@ -354,6 +354,12 @@ absl::Status CudaBackend::GatedDeltaRule(const GatedDeltaRuleParams& p) {
   return LaunchGatedDeltaRule(p, stream_.get());
 }
 
+absl::Status CudaBackend::GatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p) {
+  if (!FusesGatedDeltaRuleNorm(p)) return Backend::GatedDeltaRuleNormed(p);
+  SS_RETURN_IF_ERROR(UseDevice());
+  return LaunchGatedDeltaRuleNormed(p, stream_.get());
+}
+
 absl::Status CudaBackend::Swiglu(const SwigluParams& p) {
   SS_RETURN_IF_ERROR(UseDevice());
   return LaunchSwiglu(p, stream_.get());

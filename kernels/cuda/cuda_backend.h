@@ -98,6 +98,7 @@ class CudaBackend : public Backend {
   absl::Status Attention(const AttentionParams& p) override;
   absl::Status Conv1d(const Conv1dParams& p) override;
   absl::Status GatedDeltaRule(const GatedDeltaRuleParams& p) override;
+  absl::Status GatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p) override;
   absl::Status Swiglu(const SwigluParams& p) override;
   absl::Status Argmax(const ArgmaxParams& p) override;
   absl::Status LogSumExp(const LogSumExpParams& p) override;

@@ -702,6 +702,111 @@ TEST_F(CudaBackendTest, GatedDeltaRuleSnapshotsAndDecode) {
   }
 }
 
+// The fused rule + gated norm (GatedDeltaRuleNormed) against the two ops in
+// turn on the GPU, bit for bit: the hot shape (fused kernel, clusters of two
+// tiles) and another (the backend's fallback), with snapshots (verify), in
+// place (decode) and on per-session states (a session batch); and against
+// the CPU within tolerance.
+TEST_F(CudaBackendTest, GatedDeltaRuleNormedEqualsRuleThenNorm) {
+  struct Shape { int nk, nv, dk, dv; };
+  enum Mode { kSnapshots, kInPlace, kSessionBatch };
+  for (int rows : kRows) {
+    for (Shape sh : {Shape{2, 6, 128, 128}, Shape{1, 2, 128, 128}, Shape{2, 4, 64, 33}}) {
+      for (Mode mode : {kSnapshots, kInPlace, kSessionBatch}) {
+        const std::string what = absl::StrCat("gdn+norm rows=", rows, " nv=", sh.nv, " dk=",
+                                              sh.dk, " dv=", sh.dv, " mode=", mode);
+        const int vd = sh.nv * sh.dv, width = 2 * sh.nk * sh.dk + vd + 5;
+        const int P = vd + sh.nv + 3;  // z row: nv heads of dv, then other columns
+        const int ssz = sh.nv * sh.dk * sh.dv, abs_ = sh.nv + 2;
+        const int slots = mode == kInPlace ? 1 : rows;  // states or snapshots
+        const std::vector<float> qkv = Random(rows * width), a = Random(rows * abs_, -3, 3),
+                                 b = Random(rows * abs_, -3, 3), a_log = Random(sh.nv, -1, 1),
+                                 dt = Random(sh.nv), z = Random(rows * P, -4, 4),
+                                 w = Random(sh.dv), st = Random(size_t(slots) * ssz, -0.5, 0.5);
+        Dual qd = UpF(qkv), ad = UpF(a), bd = UpF(b), ld = UpF(a_log), dd = UpF(dt),
+             zd = UpF(z), wd = UpF(w);
+        auto params = [&](bool g, const Dual& state, const Dual& snaps, const Dual& table,
+                          const Dual& out) {
+          GatedDeltaRuleNormParams p;
+          GatedDeltaRuleParams& r = p.rule;
+          r.rows = rows; r.num_k_heads = sh.nk; r.num_v_heads = sh.nv;
+          r.k_head_dim = sh.dk; r.v_head_dim = sh.dv;
+          r.q = qd.F(g); r.k = qd.F(g) + sh.nk * sh.dk; r.v = qd.F(g) + 2 * sh.nk * sh.dk;
+          r.qkv_stride = width; r.a = ad.F(g); r.b = bd.F(g); r.ab_stride = abs_;
+          r.a_log = ld.F(g); r.dt_bias = dd.F(g);
+          if (mode == kSessionBatch) {
+            r.states = static_cast<float* const*>(table.V(g));
+          } else {
+            r.state_in = state.F(g);
+            r.state_out = mode == kInPlace ? state.F(g) : snaps.F(g);
+            r.state_out_stride = mode == kInPlace ? 0 : ssz;
+          }
+          r.out = out.F(g); r.out_stride = vd;
+          GatedRmsNormParams& n = p.norm;
+          n.rows = rows * sh.nv; n.dim = sh.dv;
+          n.x = n.y = r.out; n.x_stride = n.y_stride = sh.dv;
+          n.z = zd.F(g); n.z_stride = sh.dv; n.z_group = sh.nv; n.z_group_stride = P;
+          n.weight = wd.F(g); n.eps = 1e-6f;
+          return p;
+        };
+        // Per run: fresh states, snapshots, per-session table and output.
+        struct Run {
+          Dual state, snaps, table, out;
+        };
+        auto fresh = [&]() {
+          Run r{UpF(st), Zeros(size_t(rows) * ssz), Dual{}, Zeros(size_t(rows) * vd)};
+          std::vector<float*> ptrs[2];
+          for (bool g : {false, true}) {
+            for (int i = 0; i < rows; ++i) ptrs[g].push_back(r.state.F(g) + size_t(i) * ssz);
+          }
+          Dual t = Up(ptrs[0].data(), rows * sizeof(float*));
+          EXPECT_TRUE(gpu_->CopyToDevice(t.g.data(), ptrs[1].data(), rows * sizeof(float*)).ok());
+          r.table = std::move(t);
+          return r;
+        };
+        auto results = [&](bool g, const Run& r) {
+          std::vector<float> v = Down(r.out, g, size_t(rows) * vd);
+          const std::vector<float> s =
+              mode == kSnapshots ? Down(r.snaps, g, size_t(rows) * ssz)
+                                 : Down(r.state, g, size_t(slots) * ssz);
+          v.insert(v.end(), s.begin(), s.end());
+          return v;
+        };
+        Run fused = fresh(), apart = fresh(), cpu = fresh();
+        const GatedDeltaRuleNormParams pf = params(true, fused.state, fused.snaps, fused.table,
+                                                   fused.out);
+        ASSERT_TRUE(gpu_->GatedDeltaRuleNormed(pf).ok()) << what;
+        const GatedDeltaRuleNormParams pa = params(true, apart.state, apart.snaps, apart.table,
+                                                   apart.out);
+        ASSERT_TRUE(gpu_->GatedDeltaRule(pa.rule).ok()) << what;
+        ASSERT_TRUE(gpu_->GatedRmsNorm(pa.norm).ok()) << what;
+        const std::vector<float> f = results(true, fused), s = results(true, apart);
+        ExpectBitEqual(f.data(), s.data(), f.size(), what + " fused vs in turn");
+        ASSERT_TRUE(cpu_->GatedDeltaRuleNormed(
+                        params(false, cpu.state, cpu.snaps, cpu.table, cpu.out)).ok()) << what;
+        ExpectClose(results(false, cpu), f, 1e-4, what + " cpu vs gpu");
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, GatedDeltaRuleNormedRejectsANormElsewhere) {
+  GatedDeltaRuleNormParams p;
+  GatedDeltaRuleParams& r = p.rule;
+  Buffer buf = GpuZeros(1 << 16);
+  float* f = buf.f32();
+  r.rows = 1; r.num_k_heads = 1; r.num_v_heads = 1; r.k_head_dim = 128; r.v_head_dim = 128;
+  r.q = r.k = r.v = f; r.qkv_stride = 384; r.a = r.b = f; r.ab_stride = 1;
+  r.a_log = r.dt_bias = f; r.state_in = r.state_out = f + 4096;
+  r.out = f + 1024; r.out_stride = 128;
+  GatedRmsNormParams& n = p.norm;
+  n.rows = 1; n.dim = 128; n.x = n.y = f + 2048;  // not the rule's output
+  n.x_stride = n.y_stride = 128; n.z = f; n.z_stride = 128; n.weight = f;
+  EXPECT_EQ(gpu_->GatedDeltaRuleNormed(p).code(), absl::StatusCode::kInvalidArgument);
+  n.x = n.y = r.out;
+  EXPECT_TRUE(gpu_->GatedDeltaRuleNormed(p).ok());
+}
+
 // ---------------------------------------------------------------- Elementwise
 
 TEST_F(CudaBackendTest, SwigluAndEmbed) {

@@ -31,13 +31,26 @@
 // (p.states) gives each row its own blocks (blockIdx.z = row), which run
 // the one-row call's instructions on that row's state, in place.
 //
+// Fused gated norm (GatedDeltaRuleNormed, the hot shape only): the two
+// column tiles of a head form a cluster. Per token, warp 0 of each writes
+// its 64 outputs into both blocks' copy of the head's 128 (distributed
+// shared memory, one buffer per token parity); after a cluster barrier each
+// runs GatedRmsNorm's own code on the whole head (WarpInvRms, the same
+// element formula) and writes its 64 normed outputs. So the result is the
+// rule followed by GatedRmsNorm, bit for bit, without the second launch. A
+// block reads only its own shared memory; the peer writes a buffer again
+// only after the next barrier, which the reader passes after its reads.
+//
 // Launched as a programmatic dependent (common.cuh): the kernel waits for
 // the previous one before it reads anything.
+#include <cooperative_groups.h>
+
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/rms_inv.cuh"
 
 namespace specserve::kernels::cuda {
 namespace {
@@ -89,13 +102,50 @@ __device__ __forceinline__ float AccSum(const float (&acc)[kAcc]) {
   return __fadd_rn(__fadd_rn(acc[0], acc[1]), __fadd_rn(acc[2], acc[3]));
 }
 
+// The fused gated norm of output vector r (token, head) whose columns
+// [j, j + V) this lane holds (every column: the hot shape has no partial
+// tile), called by every thread of both blocks of the cluster: the head's
+// outputs into both blocks' `head` (this token's parity buffer), a cluster
+// barrier, then GatedRmsNorm's code (rms_norm.cu) over the whole head.
+template <int W, int V, int kCols, int kDv>
+__device__ __forceinline__ void NormOutputs(const GatedRmsNormParams& n,
+                                            const float (&partials)[W][kCols], float* head,
+                                            int64_t r, int64_t j, int warp, int lane) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  float o[V];
+  if (warp == 0) {
+    float* peer = cluster.map_shared_rank(head, cluster.block_rank() ^ 1);
+#pragma unroll
+    for (int c = 0; c < V; ++c) {
+      o[c] = TreeSum<0, W, kCols>(&partials[0][V * lane + c]);
+      head[j + c] = o[c];
+      peer[j + c] = o[c];
+    }
+  }
+  cluster.sync();  // both halves of the head are in `head`
+  if (warp == 0) {
+    const float inv = WarpInvRms(head, kDv, n.eps, lane);
+    const float* z = n.z + (n.z_group > 0 ? (r / n.z_group) * n.z_group_stride +
+                                                (r % n.z_group) * n.z_stride
+                                          : r * n.z_stride);
+    float* y = n.y + r * n.y_stride;
+#pragma unroll
+    for (int c = 0; c < V; ++c) {
+      y[j + c] = __fmul_rn(__fmul_rn(n.weight[j + c], __fmul_rn(o[c], inv)), Silu(z[j + c]));
+    }
+  }
+}
+
 // R rows per warp, W warps (W·R >= dk), V columns per lane; kFull: dk == W·R;
 // kDv: dv when known at compile time (0: p.v_head_dim). The explicit minimum
 // of 1 block per SM lets ptxas use more registers (120 for the hot case, no
 // spills); measured on the H200 that beat the default (96 registers): 4.5
 // vs 4.6 us at one row, 7.8 vs 8.9 us for a 4-token verify.
-template <int R, int W, int V, bool kFull, int kDv>
-__global__ void __launch_bounds__(W * 32, 1) GatedDeltaRuleKernel(GatedDeltaRuleParams p) {
+// kNorm: the fused gated norm `n` (clusters of 2 along x, 2·32·V == kDv).
+template <int R, int W, int V, bool kFull, int kDv, bool kNorm = false>
+__global__ void __launch_bounds__(W * 32, 1)
+    GatedDeltaRuleKernel(GatedDeltaRuleParams p, GatedRmsNormParams n) {
   static_assert(R % kAcc == 0 && R <= 32, "R: a multiple of 4, at most 32");
   static_assert(V == 1 || V == 2, "V: 1 or 2");
   constexpr int M = (W * R + 31) / 32;
@@ -104,6 +154,9 @@ __global__ void __launch_bounds__(W * 32, 1) GatedDeltaRuleKernel(GatedDeltaRule
   constexpr bool kAllCols = kDv != 0 && kDv % kCols == 0;
   __shared__ __align__(16) float qk[W][2][R];  // per warp: k̂, q̂ of its rows
   __shared__ __align__(8) float red[2][W][kCols];  // u, o partials per warp
+  static_assert(!kNorm || 2 * kCols == kDv, "kNorm: a head is the cluster's two tiles");
+  // kNorm: the current token's outputs of the whole head, by token parity.
+  __shared__ float head_o[2][kNorm ? kDv : 1];
   PdlBegin();  // every input may be written by the previous kernel
 
   const int lane = threadIdx.x & 31;
@@ -268,7 +321,10 @@ __global__ void __launch_bounds__(W * 32, 1) GatedDeltaRuleKernel(GatedDeltaRule
 #pragma unroll
     for (int c = 0; c < V; ++c) red[1][warp][V * lane + c] = AccSum(acc[c]);
     __syncthreads();
-    if (warp == 0) {
+    if constexpr (kNorm) {
+      NormOutputs<W, V, kCols, kDv>(n, red[1], head_o[t & 1], t * p.num_v_heads + h, j, warp,
+                                    lane);
+    } else if (warp == 0) {
       float* out = p.out + t * p.out_stride + v_off;
 #pragma unroll
       for (int c = 0; c < V; ++c) {
@@ -280,12 +336,16 @@ __global__ void __launch_bounds__(W * 32, 1) GatedDeltaRuleKernel(GatedDeltaRule
   }
 }
 
+dim3 GridOf(const GatedDeltaRuleParams& p, int cols) {
+  return dim3(static_cast<unsigned>(CeilDiv(p.v_head_dim, cols)),
+              static_cast<unsigned>(p.num_v_heads),
+              p.states != nullptr ? static_cast<unsigned>(p.rows) : 1u);
+}
+
 template <int R, int W, int V, bool kFull, int kDv>
 void Launch(const GatedDeltaRuleParams& p, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(CeilDiv(p.v_head_dim, 32 * V)),
-                  static_cast<unsigned>(p.num_v_heads),
-                  p.states != nullptr ? static_cast<unsigned>(p.rows) : 1u);
-  LaunchPdl(GatedDeltaRuleKernel<R, W, V, kFull, kDv>, grid, dim3(W * 32), 0, stream, p);
+  LaunchPdl(GatedDeltaRuleKernel<R, W, V, kFull, kDv>, GridOf(p, 32 * V), dim3(W * 32), 0,
+            stream, p, GatedRmsNormParams{});
 }
 
 // Rows of 32 per warp, W = ceil(dk/32) warps, a column per lane.
@@ -299,6 +359,25 @@ void LaunchGeneric(const GatedDeltaRuleParams& p, cudaStream_t stream) {
 }
 
 }  // namespace
+
+// The hot shape's configuration (R = 16, W = 8, V = 2: two column tiles of
+// 64 per head), as the rule alone runs it; the norm must be GatedRmsNorm in
+// place over the rule's output heads (Validate).
+bool FusesGatedDeltaRuleNorm(const GatedDeltaRuleNormParams& p) {
+  return p.rule.k_head_dim == 128 && p.rule.v_head_dim == 128 &&
+         Validate(p).ok() && p.rule.num_v_heads <= 65535 &&
+         (p.rule.states == nullptr || p.rule.rows <= 65535);
+}
+
+absl::Status LaunchGatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p,
+                                        cudaStream_t stream) {
+  if (!FusesGatedDeltaRuleNorm(p)) {
+    return absl::InvalidArgumentError("gated_delta_rule_normed: not the fused shape");
+  }
+  LaunchPdlCluster(GatedDeltaRuleKernel<16, 8, 2, true, 128, true>, GridOf(p.rule, 64),
+                   dim3(8 * 32), /*cluster_x=*/2, 0, stream, p.rule, p.norm);
+  return LaunchStatus("gated_delta_rule_normed launch");
+}
 
 absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleParams& p, cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;

@@ -264,13 +264,12 @@ void LeaveOutSweep(RandomWeightsBackend* rb, model::Model* m, model::ModelState*
                    int32_t* next, double full_ms, json* j) {
   const std::vector<std::pair<std::string, std::set<std::string>>> groups = {
       {"conv1d", {"conv1d"}},
-      {"gated_delta_rule", {"gated_delta_rule"}},
-      {"gated_rms_norm", {"gated_rms_norm"}},
+      {"gated_delta_rule_normed", {"gated_delta_rule_normed"}},  // rule + gated norm
       {"attention_inputs", {"attention_inputs"}},
       {"attention", {"attention"}},
       // (with the final norm; RoPE, the scatters and SwiGLU run inside
       // attention_inputs and the matmuls)
-      {"all short ops", {"conv1d", "gated_delta_rule", "gated_rms_norm", "rms_norm",
+      {"all short ops", {"conv1d", "gated_delta_rule_normed", "rms_norm",
                          "attention_inputs", "attention"}},
   };
   model::ForwardResult lean;

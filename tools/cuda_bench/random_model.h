@@ -101,6 +101,9 @@ class RandomWeightsBackend : public kernels::ForwardingBackend {
   absl::Status GatedDeltaRule(const kernels::GatedDeltaRuleParams& p) override {
     return Enqueue("gated_delta_rule", [&] { return inner_->GatedDeltaRule(p); });
   }
+  absl::Status GatedDeltaRuleNormed(const kernels::GatedDeltaRuleNormParams& p) override {
+    return Enqueue("gated_delta_rule_normed", [&] { return inner_->GatedDeltaRuleNormed(p); });
+  }
   absl::Status Swiglu(const kernels::SwigluParams& p) override {
     return Enqueue("swiglu", [&] { return inner_->Swiglu(p); });
   }

@@ -213,21 +213,21 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
     }
     g.out = ws.core.f32() + s.row0 * value_dim;
     g.out_stride = value_dim;
-    SS_RETURN_IF_ERROR(be.GatedDeltaRule(g));
-  }
 
-  kernels::GatedRmsNormParams gn;
-  gn.rows = rows * nv;
-  gn.dim = dv;
-  gn.x = gn.y = ws.core.f32();
-  gn.x_stride = gn.y_stride = dv;
-  gn.z = z;
-  gn.z_stride = dv;
-  gn.z_group = nv;  // the nv heads of one token row, rows P apart
-  gn.z_group_stride = P;
-  gn.weight = l.norm.f32();
-  gn.eps = c.rms_norm_eps;
-  SS_RETURN_IF_ERROR(be.GatedRmsNorm(gn));
+    // The gated norm of each output head, in place.
+    kernels::GatedRmsNormParams gn;
+    gn.rows = s.rows * nv;
+    gn.dim = dv;
+    gn.x = gn.y = g.out;
+    gn.x_stride = gn.y_stride = dv;
+    gn.z = z + s.row0 * P;
+    gn.z_stride = dv;
+    gn.z_group = nv;  // the nv heads of one token row, rows P apart
+    gn.z_group_stride = P;
+    gn.weight = l.norm.f32();
+    gn.eps = c.rms_norm_eps;
+    SS_RETURN_IF_ERROR(be.GatedDeltaRuleNormed({g, gn}));
+  }
   return be.Matmul(DenseMatmul(rows, ws.core.f32(), l.out_proj, ws.h.f32(),
                                /*accumulate=*/true));
 }
