@@ -703,10 +703,10 @@ TEST_F(CudaBackendTest, GatedDeltaRuleSnapshotsAndDecode) {
 }
 
 // The fused rule + gated norm (GatedDeltaRuleNormed) against the two ops in
-// turn on the GPU, bit for bit: the hot shape (fused kernel, clusters of two
-// tiles) and another (the backend's fallback), with snapshots (verify), in
-// place (decode) and on per-session states (a session batch); and against
-// the CPU within tolerance.
+// turn on the GPU, bit for bit: the hot shape at one token (the fused
+// kernel, clusters of two tiles) and every other case (the backend's
+// fallback), with snapshots (verify), in place (decode) and on per-session
+// states (a session batch); and against the CPU within tolerance.
 TEST_F(CudaBackendTest, GatedDeltaRuleNormedEqualsRuleThenNorm) {
   struct Shape { int nk, nv, dk, dv; };
   enum Mode { kSnapshots, kInPlace, kSessionBatch };

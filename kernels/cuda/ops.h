@@ -101,9 +101,10 @@ absl::Status LaunchAttentionInputs(const AttentionInputsParams& p, cudaStream_t 
 absl::Status LaunchConv1d(const Conv1dParams& p, cudaStream_t stream);
 absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleParams& p,
                                   cudaStream_t stream);
-// The rule and its gated norm in one kernel (gated_delta_rule.cu), for the
-// hot shape (dk = dv = 128) with the norm in place over the rule's output
-// heads (FusesGatedDeltaRuleNorm); INVALID_ARGUMENT otherwise.
+// The rule and its gated norm in one kernel (gated_delta_rule.cu), for one
+// token of one session of the hot shape (dk = dv = 128) with the norm in
+// place over the rule's output heads (FusesGatedDeltaRuleNorm);
+// INVALID_ARGUMENT otherwise.
 bool FusesGatedDeltaRuleNorm(const GatedDeltaRuleNormParams& p);
 absl::Status LaunchGatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p,
                                         cudaStream_t stream);
