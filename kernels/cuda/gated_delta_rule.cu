@@ -40,7 +40,9 @@
 // element formula) and writes its 64 normed outputs. So the result is the
 // rule followed by GatedRmsNorm, bit for bit, without the second launch. A
 // block reads only its own shared memory; the peer writes a buffer again
-// only after the next barrier, which the reader passes after its reads.
+// only after the next barrier, which the reader passes after its reads, and
+// writes it first only after a cluster barrier at the start (the peer has
+// started: compute-sanitizer racecheck flags the write otherwise).
 //
 // Launched as a programmatic dependent (common.cuh): the kernel waits for
 // the previous one before it reads anything.
@@ -158,6 +160,9 @@ __global__ void __launch_bounds__(W * 32, 1)
   static_assert(!kNorm || 2 * kCols == kDv, "kNorm: a head is the cluster's two tiles");
   // kNorm: the current token's outputs of the whole head, by token parity.
   __shared__ float head_o[2][kNorm ? kDv : 1];
+  // kNorm: no block may write its peer's shared memory before the peer has
+  // started; this arrival, waited for before the token loop, orders that.
+  if constexpr (kNorm) asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
   PdlBegin();  // every input may be written by the previous kernel
 
   const int lane = threadIdx.x & 31;
@@ -220,6 +225,7 @@ __global__ void __launch_bounds__(W * 32, 1)
   const bool vec_out = V == 2 && col[V - 1] &&
                        (reinterpret_cast<uintptr_t>(state_out) & 7) == 0 &&
                        p.state_out_stride % 2 == 0 && dv % 2 == 0;
+  if constexpr (kNorm) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
   for (int64_t t = t0; t < t1; ++t) {
     TokenIn<M, V> nxt = {};
     if (t + 1 < t1) LoadToken<M, V, kAllQk>(p, t + 1, qp, kp, vp, h, dk, col, lane, nxt);
