@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/sampling/philox.h"
 
 namespace specserve::kernels {
 
@@ -96,6 +97,33 @@ absl::Status Backend::DrawFromProbs(const DrawFromProbsParams& p) {
     return absl::OkStatus();
   }
   *p.token = sampling::SampleIndex(probs, p.uniform);
+  return absl::OkStatus();
+}
+
+absl::Status Backend::AcceptRound(const AcceptRoundParams& p) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  int n = 0;
+  for (; n < p.k; ++n) {
+    float pv = 0.0f, qv = 0.0f;
+    if (absl::Status s = CopyToHost(&pv, p.p + n * p.p_stride + p.drafts[n], sizeof(float));
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CopyToHost(&qv, p.q + n * p.q_stride + p.drafts[n], sizeof(float));
+        !s.ok()) {
+      return s;
+    }
+    const float u = sampling::Uniform(p.seed, sampling::RandomStream::kAccept, p.uctr + n);
+    if (!(u * qv < pv)) break;
+  }
+  DrawFromProbsParams d;
+  d.cols = p.cols;
+  d.p = p.p + n * p.p_stride;
+  d.minus = n < p.k ? p.q + n * p.q_stride : nullptr;
+  d.uniform = sampling::Uniform(p.seed, sampling::RandomStream::kSample, p.sctr);
+  d.token = p.bonus;
+  if (absl::Status s = DrawFromProbs(d); !s.ok()) return s;
+  *p.accepted = n;
   return absl::OkStatus();
 }
 

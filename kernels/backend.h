@@ -131,6 +131,9 @@ class Backend {
   virtual absl::Status SampleRows(const SampleRowsParams& p);
   // By default on a host copy of the row(s) (backend.cc).
   virtual absl::Status DrawFromProbs(const DrawFromProbsParams& p);
+  // By default a copy per probability and DrawFromProbs (backend.cc); a
+  // backend overrides it to run the whole step on the device.
+  virtual absl::Status AcceptRound(const AcceptRoundParams& p);
 
  protected:
   friend class Buffer;

@@ -75,6 +75,9 @@ class ForwardingBackend : public Backend {
   absl::Status DrawFromProbs(const DrawFromProbsParams& p) override {
     return inner_->DrawFromProbs(p);
   }
+  absl::Status AcceptRound(const AcceptRoundParams& p) override {
+    return inner_->AcceptRound(p);
+  }
 
  protected:
   Backend* inner() const { return inner_; }

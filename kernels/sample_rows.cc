@@ -57,4 +57,18 @@ absl::Status Validate(const DrawFromProbsParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status Validate(const AcceptRoundParams& p) {
+  SS_KERNEL_CHECK(p.cols >= 1, "accept_round: empty rows");
+  SS_KERNEL_CHECK(p.k >= 1 && p.k <= kMaxAcceptDrafts, "accept_round: k outside 1..16");
+  SS_KERNEL_CHECK(p.drafts != nullptr && p.q != nullptr && p.p != nullptr &&
+                      p.accepted != nullptr && p.bonus != nullptr,
+                  "accept_round: null pointer");
+  SS_KERNEL_CHECK(p.q_stride >= p.cols && p.p_stride >= p.cols, "accept_round: stride < cols");
+  for (int i = 0; i < p.k; ++i) {
+    SS_KERNEL_CHECK(p.drafts[i] >= 0 && p.drafts[i] < p.cols,
+                    "accept_round: a draft outside the vocabulary");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace specserve::kernels

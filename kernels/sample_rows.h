@@ -70,6 +70,34 @@ struct DrawFromProbsParams {
 
 absl::Status Validate(const DrawFromProbsParams& p);
 
+// The accept step of a sampled speculative round over distributions in
+// backend memory, with the tests, draws and Philox events of
+// worker/spec/spec_accept.h AcceptSampled: draft i (0-based) is accepted
+// while u·q_i(d_i) < p_i(d_i) (float product), u = sampling::Uniform(seed,
+// kAccept, uctr + i); at the first rejection, at i, the bonus is
+// DrawFromProbs of p_i minus q_i, after all k acceptances DrawFromProbs of
+// p_k, either at sampling::Uniform(seed, kSample, sctr). The default reads
+// the probabilities one by one (a copy each) and calls DrawFromProbs; a
+// backend overrides it with one pass on the device and one copy back.
+// Synchronous.
+constexpr int kMaxAcceptDrafts = 16;
+struct AcceptRoundParams {
+  int64_t cols = 0;
+  int k = 0;                        // drafts, 1..kMaxAcceptDrafts
+  const int32_t* drafts = nullptr;  // host [k], each in [0, cols)
+  const float* q = nullptr;         // backend memory: q_i at q + i·q_stride
+  int64_t q_stride = 0;
+  const float* p = nullptr;  // backend memory: p_j (verify column j) at p + j·p_stride
+  int64_t p_stride = 0;
+  uint64_t seed = 0;
+  uint32_t uctr = 0;  // the session's counters before the round
+  uint32_t sctr = 0;
+  int32_t* accepted = nullptr;  // host, out: n
+  int32_t* bonus = nullptr;     // host, out
+};
+
+absl::Status Validate(const AcceptRoundParams& p);
+
 }  // namespace specserve::kernels
 
 #endif  // SPECSERVE_KERNELS_SAMPLE_ROWS_H_

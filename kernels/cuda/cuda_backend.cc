@@ -453,6 +453,20 @@ absl::Status CudaBackend::DrawFromProbs(const DrawFromProbsParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::AcceptRound(const AcceptRoundParams& p) {
+  SS_RETURN_IF_ERROR(recording_.Refuse("AcceptRound"));
+  SS_RETURN_IF_ERROR(Validate(p));
+  SS_RETURN_IF_ERROR(UseDevice());
+  int32_t out[2] = {-1, -1};
+  SS_RETURN_IF_ERROR(LaunchAcceptRound(p, Workspace{workspace_.get(), workspace_bytes_}, out,
+                                       stream_.get()));
+  SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "AcceptRound sync");
+  SS_RETURN_IF_ERROR(TakeDeviceError());
+  *p.accepted = out[0];
+  *p.bonus = out[1];
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::Softmax(const SoftmaxParams& p) {
   SS_RETURN_IF_ERROR(UseDevice());
   return LaunchSoftmax(p, stream_.get());

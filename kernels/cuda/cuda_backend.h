@@ -110,6 +110,7 @@ class CudaBackend : public Backend {
   // top-k or nucleus past its candidates) runs Backend::SampleRows.
   absl::Status SampleRows(const SampleRowsParams& p) override;
   absl::Status DrawFromProbs(const DrawFromProbsParams& p) override;
+  absl::Status AcceptRound(const AcceptRoundParams& p) override;
 
  protected:
   void Free(void* data) override;

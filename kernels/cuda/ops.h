@@ -146,6 +146,10 @@ absl::Status LaunchSampleRows(const SampleRowArgs* host_args, int64_t rows, int6
 // synchronizes the stream before reading it.
 absl::Status LaunchDrawFromProbs(const DrawFromProbsParams& p, const Workspace& ws,
                                  int32_t* host_out, cudaStream_t stream);
+// AcceptRound in one kernel: {n, bonus} go through ws to host_out[0..1];
+// the caller synchronizes the stream before reading them.
+absl::Status LaunchAcceptRound(const AcceptRoundParams& p, const Workspace& ws,
+                               int32_t* host_out, cudaStream_t stream);
 absl::Status LaunchLogSumExp(const LogSumExpParams& p, cudaStream_t stream);
 absl::Status LaunchSoftmax(const SoftmaxParams& p, cudaStream_t stream);
 

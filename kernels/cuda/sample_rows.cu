@@ -36,6 +36,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/sampling/philox.h"
 
 namespace specserve::kernels::cuda {
 namespace {
@@ -631,11 +632,9 @@ __global__ void __launch_bounds__(kThreads)
 
 // One draw from p, or from the residual max(0, p - minus) where it has mass
 // (the host's float subtraction; any positive residual gives a positive
-// double mass, whatever the order).
-__global__ void __launch_bounds__(kThreads)
-    DrawFromProbsKernel(const float* p, const float* minus, int64_t cols, float uniform,
-                        int32_t* out) {
-  __shared__ DrawShared sh;
+// double mass, whatever the order). Called by the whole block.
+__device__ int DrawFromProbsBlock(const float* p, const float* minus, int64_t cols,
+                                  float uniform, DrawShared& sh) {
   int64_t lo, hi;
   PartRange(cols, kThreads, threadIdx.x, &lo, &hi);
   bool residual = false;
@@ -647,8 +646,48 @@ __global__ void __launch_bounds__(kThreads)
   auto prob = [&](int64_t i, int* /*unused*/) {
     return residual ? fmaxf(0.0f, __fsub_rn(p[i], minus[i])) : p[i];
   };
-  const int token = InverseCdf(uniform, true, nullptr, lo, hi, 0, prob, sh);
+  return InverseCdf(uniform, true, nullptr, lo, hi, 0, prob, sh);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    DrawFromProbsKernel(const float* p, const float* minus, int64_t cols, float uniform,
+                        int32_t* out) {
+  __shared__ DrawShared sh;
+  const int token = DrawFromProbsBlock(p, minus, cols, uniform, sh);
   if (threadIdx.x == 0) out[0] = token;
+}
+
+// The drafts of an accept step, by value (k <= kMaxAcceptDrafts).
+struct AcceptDrafts {
+  int32_t d[kMaxAcceptDrafts];
+};
+
+// AcceptRound (kernels/sample_rows.h) in one block: thread 0 runs the tests
+// in order with the host's uniforms (sampling/philox.h, the same code) and
+// the host's float product; the block then draws the bonus as
+// DrawFromProbsKernel does. out = {n, bonus}.
+__global__ void __launch_bounds__(kThreads)
+    AcceptRoundKernel(AcceptRoundParams p, AcceptDrafts drafts, int32_t* out) {
+  __shared__ DrawShared sh;
+  __shared__ int accepted;
+  if (threadIdx.x == 0) {
+    int n = 0;
+    for (; n < p.k; ++n) {
+      const int64_t d = drafts.d[n];
+      const float u = sampling::Uniform(p.seed, sampling::RandomStream::kAccept, p.uctr + n);
+      if (!(__fmul_rn(u, p.q[n * p.q_stride + d]) < p.p[n * p.p_stride + d])) break;
+    }
+    accepted = n;
+  }
+  __syncthreads();
+  const int n = accepted;
+  const float u = sampling::Uniform(p.seed, sampling::RandomStream::kSample, p.sctr);
+  const int token = DrawFromProbsBlock(p.p + n * p.p_stride,
+                                       n < p.k ? p.q + n * p.q_stride : nullptr, p.cols, u, sh);
+  if (threadIdx.x == 0) {
+    out[0] = n;
+    out[1] = token;
+  }
 }
 
 }  // namespace
@@ -663,6 +702,21 @@ absl::Status LaunchDrawFromProbs(const DrawFromProbsParams& p, const Workspace& 
   SS_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(host_out, out, sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
       "draw_from_probs token");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchAcceptRound(const AcceptRoundParams& p, const Workspace& ws,
+                               int32_t* host_out, cudaStream_t stream) {
+  if (ws.bytes < 2 * sizeof(int32_t)) return absl::InternalError("accept_round: no workspace");
+  if (p.cols > INT32_MAX) return absl::InvalidArgumentError("accept_round: cols exceed int32");
+  AcceptDrafts drafts = {};
+  for (int i = 0; i < p.k; ++i) drafts.d[i] = p.drafts[i];
+  auto* out = static_cast<int32_t*>(ws.data);
+  AcceptRoundKernel<<<1, kThreads, 0, stream>>>(p, drafts, out);
+  if (absl::Status st = LaunchStatus("accept_round launch"); !st.ok()) return st;
+  SS_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host_out, out, 2 * sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
+      "accept_round outcome");
   return absl::OkStatus();
 }
 

@@ -214,6 +214,85 @@ TEST_F(SampleRowsTest, DrawFromProbsIsTheHostDraw) {
   }
 }
 
+// The one-kernel accept step equals the default (a copy per probability,
+// DrawFromProbs, the uniforms drawn on the host): the same n and bonus for
+// rounds that reject at every position and that accept every draft, on
+// distributions the device filters wrote (full vocabulary rows).
+TEST_F(SampleRowsTest, AcceptRoundIsTheDefaultAcceptStep) {
+  std::mt19937 rng(31);
+  const int cols = 248320, k = 4;
+  const std::vector<float> x = MakeRows(2 * k + 1, cols, &rng);
+  const Buffer dx = Upload(x);
+  auto probs = gpu_->AllocateFloats(static_cast<size_t>(2 * k + 1) * cols);
+  ASSERT_TRUE(probs.ok());
+  int at[k + 1] = {};
+  for (int round = 0; round < 60; ++round) {
+    // q_i: row i at a sharper or flatter temperature than p_i (rows k + i),
+    // or the same distribution (every draft drawn from it is accepted).
+    std::vector<int32_t> index;
+    std::vector<SamplingConfig> configs;
+    const bool same = round % 3 == 0;
+    for (int i = 0; i < k; ++i) {
+      index.push_back(i);
+      configs.push_back({same ? 1.0f : 0.5f + 0.1f * (round % 7), 0, 0.95f, 0.0f});
+    }
+    for (int j = 0; j <= k; ++j) {
+      index.push_back(j);
+      configs.push_back({1.0f, 0, 0.95f, 0.0f});
+    }
+    SampleRowsParams p = Rows(dx, cols, index, configs);
+    p.probs = probs->f32();
+    p.probs_stride = cols;
+    ASSERT_TRUE(gpu_->SampleRows(p).ok());
+    // Drafts: the rows' argmaxes (likely accepted) or random tokens.
+    std::vector<int32_t> drafts;
+    for (int i = 0; i < k; ++i) {
+      const float* r = x.data() + static_cast<size_t>(i) * cols;
+      drafts.push_back(round % 2 ? static_cast<int32_t>(std::max_element(r, r + cols) - r)
+                                 : static_cast<int32_t>(rng() % cols));
+    }
+    AcceptRoundParams a;
+    a.cols = cols;
+    a.k = k;
+    a.drafts = drafts.data();
+    a.q = probs->f32();
+    a.q_stride = cols;
+    a.p = probs->f32() + static_cast<int64_t>(k) * cols;
+    a.p_stride = cols;
+    a.seed = 700 + round;
+    a.uctr = 3 * round;
+    a.sctr = round;
+    int32_t n = -1, bonus = -1, want_n = -2, want_bonus = -2;
+    a.accepted = &n;
+    a.bonus = &bonus;
+    ASSERT_TRUE(gpu_->AcceptRound(a).ok());
+    a.accepted = &want_n;
+    a.bonus = &want_bonus;
+    ASSERT_TRUE(gpu_->Backend::AcceptRound(a).ok());
+    EXPECT_EQ(n, want_n) << "round " << round;
+    EXPECT_EQ(bonus, want_bonus) << "round " << round;
+    if (n >= 0 && n <= k) ++at[n];
+  }
+  // Rejections at the first draft and full accepts both happened.
+  EXPECT_GT(at[0], 0);
+  EXPECT_GT(at[k], 0);
+  // A draft outside the vocabulary is refused; the backend stays usable.
+  AcceptRoundParams bad;
+  const int32_t outside[1] = {cols};
+  int32_t n = 0, bonus = 0;
+  bad.cols = cols;
+  bad.k = 1;
+  bad.drafts = outside;
+  bad.q = bad.p = probs->f32();
+  bad.q_stride = bad.p_stride = cols;
+  bad.accepted = &n;
+  bad.bonus = &bonus;
+  EXPECT_EQ(gpu_->AcceptRound(bad).code(), absl::StatusCode::kInvalidArgument);
+  const int32_t inside[1] = {0};
+  bad.drafts = inside;
+  EXPECT_TRUE(gpu_->AcceptRound(bad).ok());
+}
+
 TEST_F(SampleRowsTest, RowsAreInvariantAndDeterministic) {
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> uni(0.0f, 1.0f);

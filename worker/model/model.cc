@@ -357,33 +357,34 @@ absl::Status Model::ReserveSamplingScratch(int rows) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<float> Model::ScratchProb(int row, int token) const {
-  const int64_t V = config_.vocab_size;
-  if (row < 0 || row >= sampling_scratch_rows_ || token < 0 || token >= V) {
-    return absl::OutOfRangeError(absl::StrCat("sampling scratch: row ", row, " token ", token,
-                                              " outside ", sampling_scratch_rows_, " x ", V));
+absl::Status Model::AcceptFromScratch(absl::Span<const int32_t> drafts, uint64_t seed,
+                                      uint32_t uctr, uint32_t sctr, int* accepted,
+                                      int* bonus) const {
+  const int k = static_cast<int>(drafts.size());
+  if (2 * k + 1 > sampling_scratch_rows_) {
+    return absl::OutOfRangeError(absl::StrCat("sampling scratch: ", k, " drafts need ",
+                                              2 * k + 1, " rows, ", sampling_scratch_rows_,
+                                              " reserved"));
   }
-  float v = 0.0f;
-  SS_RETURN_IF_ERROR(
-      backend_->CopyToHost(&v, sampling_scratch_.f32() + row * V + token, sizeof(float)));
-  return v;
-}
-
-absl::StatusOr<int32_t> Model::DrawFromScratch(int row, int minus_row, float uniform) const {
   const int64_t V = config_.vocab_size;
-  if (row < 0 || row >= sampling_scratch_rows_ || minus_row >= sampling_scratch_rows_) {
-    return absl::OutOfRangeError(absl::StrCat("sampling scratch: rows ", row, ", ", minus_row,
-                                              " outside ", sampling_scratch_rows_));
-  }
-  kernels::DrawFromProbsParams p;
+  int32_t n = -1, token = -1;
+  kernels::AcceptRoundParams p;
   p.cols = V;
-  p.p = sampling_scratch_.f32() + row * V;
-  p.minus = minus_row >= 0 ? sampling_scratch_.f32() + minus_row * V : nullptr;
-  p.uniform = uniform;
-  int32_t token = -1;
-  p.token = &token;
-  SS_RETURN_IF_ERROR(backend_->DrawFromProbs(p));
-  return token;
+  p.k = k;
+  p.drafts = drafts.data();
+  p.q = sampling_scratch_.f32();
+  p.q_stride = V;
+  p.p = sampling_scratch_.f32() + k * V;
+  p.p_stride = V;
+  p.seed = seed;
+  p.uctr = uctr;
+  p.sctr = sctr;
+  p.accepted = &n;
+  p.bonus = &token;
+  SS_RETURN_IF_ERROR(backend_->AcceptRound(p));
+  *accepted = n;
+  *bonus = token;
+  return absl::OkStatus();
 }
 
 absl::Status Model::CopyLogitsRow(int row, std::vector<float>* logits) const {

@@ -368,13 +368,13 @@ class Model {
                           absl::Span<const sampling::SamplingConfig> configs,
                           absl::Span<const float> uniforms, std::vector<int32_t>* tokens,
                           int to_scratch_row = -1);
-  // Reads of the sampling scratch (a speculative round's accept step,
-  // worker/spec/device_distributions.h): one probability; one draw
-  // (kernels/sample_rows.h DrawFromProbs) from a row, or from the residual
-  // max(0, row - minus_row) where it has mass (minus_row -1: none).
-  // OUT_OF_RANGE for a row or token outside the scratch.
-  absl::StatusOr<float> ScratchProb(int row, int token) const;
-  absl::StatusOr<int32_t> DrawFromScratch(int row, int minus_row, float uniform) const;
+  // A speculative round's accept step (kernels/sample_rows.h AcceptRound)
+  // over the sampling scratch: draft i's q in row i, verify column j's p in
+  // row k + j (k = drafts.size()), with the session's counters before the
+  // round. OUT_OF_RANGE when the scratch holds fewer than 2k + 1 rows.
+  absl::Status AcceptFromScratch(absl::Span<const int32_t> drafts, uint64_t seed,
+                                 uint32_t uctr, uint32_t sctr, int* accepted,
+                                 int* bonus) const;
   // The token drawn from a row of logits held on the host (a session's
   // stored last logits: the workspace's may belong to another session by
   // now), on the backend like SampleRows: the row is copied there first.

@@ -67,6 +67,12 @@ absl::StatusOr<RoundOutcome> AcceptSampled(absl::Span<const int> drafts,
   return out;
 }
 
+void AdvanceSampledCounters(int k, int n, RandomCounters* counters) {
+  CHECK(n >= 0 && n <= k) << "accepted " << n << " of " << k;
+  counters->uctr += n < k ? n + 1 : k;
+  ++counters->sctr;
+}
+
 namespace {
 
 // Host vectors: q given, p made on demand by `target`.

@@ -66,10 +66,17 @@ absl::StatusOr<RoundOutcome> AcceptSampled(absl::Span<const int> drafts,
                                            const std::vector<std::vector<float>>& q,
                                            uint64_t seed, RandomCounters* counters);
 
-// Where a sampled round's distributions live: host vectors (the forms
-// above), or backend memory (worker/spec/device_distributions.h, so that
-// no distribution crosses to the host). Verify columns are asked for in
-// order 0, 1, ...; a column is asked for before it is drawn from.
+// The counters after a sampled round that accepted n of k drafts, moved as
+// AcceptSampled moves them: one uctr per test made (n + 1 after a
+// rejection, k after a full accept) and one sctr for the bonus. The
+// engine's rounds run the accept step on the backend
+// (kernels/sample_rows.h AcceptRound, whose tests and draws are these) and
+// move the counters here.
+void AdvanceSampledCounters(int k, int n, RandomCounters* counters);
+
+// Where a sampled round's distributions live for the forms above. Verify
+// columns are asked for in order 0, 1, ...; a column is asked for before it
+// is drawn from.
 class RoundDistributions {
  public:
   virtual ~RoundDistributions() = default;

@@ -9,7 +9,6 @@
 #include "glog/logging.h"
 #include "kernels/sampling/sampling.h"
 #include "telemetry/status_macros.h"
-#include "worker/spec/device_distributions.h"
 #include "worker/spec/spec_accept.h"
 
 namespace specserve::spec {
@@ -237,12 +236,11 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
 
   // Draft k tokens: step 1 reads (h_{L−1}, x) at position L−1; step j+1 the
   // head's own output hidden and d_j.
-  // A sampled round keeps its distributions in backend memory
-  // (DeviceDistributions): draft i's q in sampling scratch row i, drawn
-  // there; the verify columns' p filtered into row k as the accept step
-  // reaches them.
+  // A sampled round keeps its distributions in backend memory: draft i's q
+  // in sampling scratch row i, drawn there; the k+1 verify columns' p
+  // filtered into rows k..2k for the accept step (Model::AcceptFromScratch).
   std::vector<int32_t> drafts;
-  if (!greedy) SS_RETURN_IF_ERROR(model_->ReserveSamplingScratch(k + 1));
+  if (!greedy) SS_RETURN_IF_ERROR(model_->ReserveSamplingScratch(2 * k + 1));
   std::vector<float> h = s->last_hidden();
   int32_t tok = x;
   for (int i = 0; i < k; ++i) {
@@ -284,15 +282,23 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
   if (greedy) {
     out = AcceptGreedy(drafts, v.argmax);
   } else {
-    // The verify's logits are still in the model's workspace: its columns
-    // are filtered there as the accept step reaches them.
-    DeviceDistributions dists(model_, p.sampling, k);
-    absl::StatusOr<RoundOutcome> sampled = AcceptSampled(drafts, dists, p.seed, &s->counters);
-    if (!sampled.ok()) {
-      model_->DiscardVerified(s->caches());
-      return sampled.status();
+    // The verify's logits are still in the model's workspace: all its
+    // columns are filtered there in one call (one pass however many), then
+    // the accept step runs on the backend and only (n, bonus) come back.
+    std::vector<int32_t> rows(k + 1);
+    for (int j = 0; j <= k; ++j) rows[j] = j;
+    const std::vector<sampling::SamplingConfig> configs(k + 1, p.sampling);
+    absl::Status st = model_->SampleRows(rows, configs, {}, /*tokens=*/nullptr,
+                                         /*to_scratch_row=*/k);
+    if (st.ok()) {
+      st = model_->AcceptFromScratch(drafts, p.seed, s->counters.uctr, s->counters.sctr,
+                                     &out.accepted, &out.bonus);
     }
-    out = *sampled;
+    if (!st.ok()) {
+      model_->DiscardVerified(s->caches());
+      return st;
+    }
+    AdvanceSampledCounters(k, out.accepted, &s->counters);
   }
   const int n = out.accepted;
   SS_RETURN_IF_ERROR(model_->CommitVerified(s->caches(), n));

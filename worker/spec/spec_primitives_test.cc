@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/sample_rows.h"
 #include "telemetry/spec_telemetry.h"
 #include "worker/spec/spec_accept.h"
 
@@ -126,6 +128,59 @@ TEST(Accept, OnDemandTargetsAskOnlyTheColumnsReached) {
       },
       {{1.0f}}, 1, &c);
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable);
+}
+
+// The backend's accept step (kernels/sample_rows.h AcceptRound, here the
+// default on the CPU backend) with AdvanceSampledCounters is AcceptSampled:
+// the same outcome and counters, rejections and full accepts alike.
+TEST(Accept, BackendAcceptRoundIsAcceptSampled) {
+  std::mt19937 rng(21);
+  kernels::cpu::CpuBackend be;
+  int rejected = 0, full = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int k = 1 + trial % 4, v = 7;
+    std::vector<std::vector<float>> p, q;
+    // Close p and q accept often; independent ones reject often.
+    for (int j = 0; j <= k; ++j) p.push_back(RandomDist(&rng, v, trial % 2 ? 5.0 : 0.5));
+    for (int i = 0; i < k; ++i) {
+      q.push_back(trial % 2 ? p[i] : RandomDist(&rng, v, 0.5));
+    }
+    std::vector<int> drafts;
+    std::vector<int32_t> drafts32;
+    for (int i = 0; i < k; ++i) {
+      drafts.push_back(static_cast<int>(rng() % v));
+      drafts32.push_back(drafts.back());
+    }
+    const uint64_t seed = 5000 + trial;
+    RandomCounters host{static_cast<uint32_t>(trial), static_cast<uint32_t>(2 * trial)}, dev = host;
+    const RoundOutcome want = AcceptSampled(drafts, p, q, seed, &host);
+    std::vector<float> pf, qf;
+    for (const auto& r : p) pf.insert(pf.end(), r.begin(), r.end());
+    for (const auto& r : q) qf.insert(qf.end(), r.begin(), r.end());
+    kernels::AcceptRoundParams a;
+    a.cols = v;
+    a.k = k;
+    a.drafts = drafts32.data();
+    a.p = pf.data();
+    a.p_stride = v;
+    a.q = qf.data();
+    a.q_stride = v;
+    a.seed = seed;
+    a.uctr = dev.uctr;
+    a.sctr = dev.sctr;
+    int32_t n = -1, bonus = -1;
+    a.accepted = &n;
+    a.bonus = &bonus;
+    ASSERT_TRUE(be.AcceptRound(a).ok());
+    AdvanceSampledCounters(k, n, &dev);
+    EXPECT_EQ(n, want.accepted) << trial;
+    EXPECT_EQ(bonus, want.bonus) << trial;
+    EXPECT_EQ(dev.uctr, host.uctr) << trial;
+    EXPECT_EQ(dev.sctr, host.sctr) << trial;
+    (n < k ? rejected : full) += 1;
+  }
+  EXPECT_GT(rejected, 50);
+  EXPECT_GT(full, 50);
 }
 
 TEST(Telemetry, DeltasSumToTotals) {
