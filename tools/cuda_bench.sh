@@ -157,7 +157,7 @@ if [ "$mode" = sanitize ]; then
         "synccheck cuda_backend_test $shared"
         "memcheck sample_rows_test *" "synccheck sample_rows_test *"
         # (the 248,320-wide draws take over 140 s under racecheck; these
-        # cover every path at 50,000, 4,099 and 300 columns)
+        # cover every path at 50,000, 2,053 and 300 columns)
         "racecheck sample_rows_test *RowsAreInvariant*:*BadRows*:*AcceptRoundSmall*")
   fail=0
   : > "$out/sanitizers.txt"
