@@ -23,7 +23,7 @@
 #          with mma.sync's bits?);
 #       2. cuda_bench: copy bandwidth, matmul sweep, the random-weight
 #          Qwen3.5-27B-shape model ((a) decode, (b) verify 2..8, (c)
-#          DecodeBatch 1..64), models/default decode and (d) plain vs
+#          DecodeBatch 1..64, (f) prefill of 64..2048 tokens), models/default decode and (d) plain vs
 #          speculative engine bursts, each beside its floor (weight bytes /
 #          copy bandwidth of the same run); sampling_cuda_bench (device
 #          SampleRows against copy + host filters, tools/sampling_bench);
