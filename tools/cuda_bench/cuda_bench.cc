@@ -293,6 +293,65 @@ void LeaveOutSweep(RandomWeightsBackend* rb, model::Model* m, model::ModelState*
   (*j)["decode_left_out"] = out;
 }
 
+// (f) prefill of P prompt tokens into an empty state, beside two floors:
+// the weight bytes the chunked prefill reads (one pass per Model::kMaxRows
+// rows: the row-invariant kernels that make prefill == decode bit for bit)
+// over the copy bandwidth, and the tensor-core work at the H200's nominal
+// dense bf16 rate (989 TFLOP/s: each fp32 x is x_splits bf16 terms, so 2 ·
+// x_splits FLOP per weight per row). Then one 512-token prefill op by op.
+void PrefillBench(Ctx* ctx, model::Model* m, RandomWeightsBackend* rb, double floor_ms,
+                  json* j) {
+  const model::ModelConfig& c = m->config();
+  const double lm_head_bytes = 2.0 * c.vocab_size * c.hidden_size;
+  const double weight_bytes = static_cast<double>(m->decode_weight_bytes());
+  const double trunk_elems = (weight_bytes - lm_head_bytes) / 2.0;
+  constexpr double kNominalTflops = 989.0;
+  model::StateOptions so;
+  so.capacity = 2048 + 64;
+  so.max_verify_columns = 1;
+  auto st = m->NewState(so);
+  BENCH_CHECK(st.status());
+  std::printf("(f) prefill into an empty state (floors: bytes = passes of %d rows x trunk "
+              "weights + lm_head once, over the copy bandwidth; tensor = %d-term x at %.0f "
+              "TFLOP/s nominal):\n%6s %7s %10s %10s %12s %12s\n",
+              model::Model::kMaxRows, ctx->model_splits, kNominalTflops, "P", "passes", "ms",
+              "tok/s", "bytes_floor", "tensor_floor");
+  json out = json::array();
+  model::ForwardResult r;
+  for (int P : {64, 512, 2048}) {
+    std::vector<int32_t> prompt(P);
+    for (int i = 0; i < P; ++i) prompt[i] = static_cast<int32_t>(1 + (i * 7919) % 200000);
+    std::vector<double> ms;
+    for (int rep = 0; rep < 3; ++rep) {
+      BENCH_CHECK(m->Reset(st->get()));
+      BENCH_CHECK(rb->Synchronize());
+      const auto t0 = std::chrono::steady_clock::now();
+      BENCH_CHECK(m->Prefill(st->get(), prompt, {}, &r));
+      ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+              .count());
+    }
+    const int passes = (P + model::Model::kMaxRows - 1) / model::Model::kMaxRows;
+    const double bytes_ms =
+        floor_ms * (passes * (weight_bytes - lm_head_bytes) + lm_head_bytes) / weight_bytes;
+    const double tensor_ms = 2.0 * ctx->model_splits * trunk_elems * P / (kNominalTflops * 1e9);
+    const double med = Median(ms);
+    std::printf("%6d %7d %10.1f %10.0f %12.1f %12.1f\n", P, passes, med, P * 1e3 / med,
+                bytes_ms, tensor_ms);
+    out.push_back({{"P", P}, {"passes", passes}, {"ms", med}, {"tok_s", P * 1e3 / med},
+                   {"bytes_floor_ms", bytes_ms}, {"tensor_floor_ms", tensor_ms}});
+  }
+  (*j)["prefill"] = out;
+  std::vector<int32_t> prompt(512);
+  for (int i = 0; i < 512; ++i) prompt[i] = static_cast<int32_t>(1 + (i * 7919) % 200000);
+  BENCH_CHECK(m->Reset(st->get()));
+  m->set_use_graphs(false);
+  rb->StartTimeline();
+  BENCH_CHECK(m->Prefill(st->get(), prompt, {}, &r));
+  (*j)["prefill512_timeline"] = PrintTimeline("(f) prefill of 512", rb->StopTimeline(), 1);
+  m->set_use_graphs(true);
+}
+
 void ModelBench(Ctx* ctx, const std::string& dir) {
   BENCH_CHECK(WriteSyntheticCheckpoint(Qwen35_27BConfigJson(), dir));
   auto owner = MakeBackend(ctx->model_splits);
@@ -486,67 +545,6 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
   j["decode_batch"] = jb;
   PrefillBench(ctx, m.get(), &rb, floor_ms, &j);
   ctx->out["model_27b"] = j;
-}
-
-// (f) prefill of P prompt tokens into an empty state, beside two floors:
-// the weight bytes the chunked prefill reads (one pass per Model::kMaxRows
-// rows: the row-invariant kernels that make prefill == decode bit for bit)
-// over the copy bandwidth, and the tensor-core work at the H200's nominal
-// dense bf16 rate (989 TFLOP/s: each fp32 x is x_splits bf16 terms, so 2 ·
-// x_splits FLOP per weight per row). Then one 512-token prefill op by op.
-void PrefillBench(Ctx* ctx, model::Model* m, RandomWeightsBackend* rb, double floor_ms,
-                  json* j) {
-  const model::ModelConfig& c = m->config();
-  const double lm_head_bytes = 2.0 * c.vocab_size * c.hidden_size;
-  const double weight_bytes = static_cast<double>(m->decode_weight_bytes());
-  const double trunk_elems = (weight_bytes - lm_head_bytes) / 2.0;
-  constexpr double kNominalTflops = 989.0;
-  model::StateOptions so;
-  so.capacity = 2048 + 64;
-  so.max_verify_columns = 1;
-  auto st = m->NewState(so);
-  BENCH_CHECK(st.status());
-  std::printf("(f) prefill into an empty state (floors: bytes = passes of %d rows x trunk "
-              "weights + lm_head once, over the copy bandwidth; tensor = %d-term x at %.0f "
-              "TFLOP/s nominal):
-%6s %7s %10s %10s %12s %12s
-",
-              model::Model::kMaxRows, ctx->model_splits, kNominalTflops, "P", "passes", "ms",
-              "tok/s", "bytes_floor", "tensor_floor");
-  json out = json::array();
-  model::ForwardResult r;
-  for (int P : {64, 512, 2048}) {
-    std::vector<int32_t> prompt(P);
-    for (int i = 0; i < P; ++i) prompt[i] = static_cast<int32_t>(1 + (i * 7919) % 200000);
-    std::vector<double> ms;
-    for (int rep = 0; rep < 3; ++rep) {
-      BENCH_CHECK(m->Reset(st->get()));
-      BENCH_CHECK(rb->Synchronize());
-      const auto t0 = std::chrono::steady_clock::now();
-      BENCH_CHECK(m->Prefill(st->get(), prompt, {}, &r));
-      ms.push_back(
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-              .count());
-    }
-    const int passes = (P + model::Model::kMaxRows - 1) / model::Model::kMaxRows;
-    const double bytes_ms =
-        floor_ms * (passes * (weight_bytes - lm_head_bytes) + lm_head_bytes) / weight_bytes;
-    const double tensor_ms = 2.0 * ctx->model_splits * trunk_elems * P / (kNominalTflops * 1e9);
-    const double med = Median(ms);
-    std::printf("%6d %7d %10.1f %10.0f %12.1f %12.1f\n", P, passes, med, P * 1e3 / med,
-                bytes_ms, tensor_ms);
-    out.push_back({{"P", P}, {"passes", passes}, {"ms", med}, {"tok_s", P * 1e3 / med},
-                   {"bytes_floor_ms", bytes_ms}, {"tensor_floor_ms", tensor_ms}});
-  }
-  (*j)["prefill"] = out;
-  std::vector<int32_t> prompt(512);
-  for (int i = 0; i < 512; ++i) prompt[i] = static_cast<int32_t>(1 + (i * 7919) % 200000);
-  BENCH_CHECK(m->Reset(st->get()));
-  m->set_use_graphs(false);
-  rb->StartTimeline();
-  BENCH_CHECK(m->Prefill(st->get(), prompt, {}, &r));
-  (*j)["prefill512_timeline"] = PrintTimeline("(f) prefill of 512", rb->StopTimeline(), 1);
-  m->set_use_graphs(true);
 }
 
 // ---- 4. the default model.
