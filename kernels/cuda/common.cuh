@@ -172,25 +172,9 @@ __device__ __forceinline__ void PdlBegin() {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) as a programmatic
-// dependent of the previous kernel; errors surface through
+// dependent of the previous kernel, in clusters of cluster_x blocks along x
+// when cluster_x > 0 (grid.x a multiple); errors surface through
 // cudaGetLastError (LaunchStatus) like a <<<>>> launch.
-template <typename... Params, typename... Args>
-void LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-               cudaStream_t stream, Args&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
-}
-
-// LaunchPdl in clusters of cluster_x blocks along x (grid.x a multiple).
 template <typename... Params, typename... Args>
 void LaunchPdlCluster(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned cluster_x,
                       size_t smem, cudaStream_t stream, Args&&... args) {
@@ -202,13 +186,23 @@ void LaunchPdlCluster(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = cluster_x;
-  attr[1].val.clusterDim.y = 1;
-  attr[1].val.clusterDim.z = 1;
+  cfg.numAttrs = 1;
+  if (cluster_x > 0) {
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = cluster_x;
+    attr[1].val.clusterDim.y = 1;
+    attr[1].val.clusterDim.z = 1;
+    cfg.numAttrs = 2;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = 2;
   (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
+}
+
+// The same without clusters.
+template <typename... Params, typename... Args>
+void LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+               cudaStream_t stream, Args&&... args) {
+  LaunchPdlCluster(kernel, grid, block, 0, smem, stream, static_cast<Args&&>(args)...);
 }
 
 }  // namespace specserve::kernels::cuda
