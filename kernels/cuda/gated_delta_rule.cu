@@ -370,11 +370,12 @@ void LaunchGeneric(const GatedDeltaRuleParams& p, cudaStream_t stream) {
 // The hot shape's configuration (R = 16, W = 8, V = 2: two column tiles of
 // 64 per head), as the rule alone runs it; the norm must be GatedRmsNorm in
 // place over the rule's output heads (Validate). One token of one session
-// only: there the saved launch pays (greedy decode of the 27B shape 14.43 ->
-// 14.32 ms on the H200), while the cluster barrier and warp 0's norm per
-// token cost more than a launch over several tokens (verify of 4 columns
-// 15.65 -> 15.78 ms, 8 columns 16.97 -> 17.41) and in session batches (B =
-// 64: 33.7 -> 35.2 ms). Both ways give the same bits, so the choice is free.
+// only: there the saved launch pays a little (greedy decode of the 27B shape
+// 14.43 -> 14.32 and 14.36 -> 14.33 ms in two A/B calls on the H200), while
+// the cluster barrier and warp 0's norm per token cost more than a launch
+// over several tokens (verify of 4 columns 15.65 -> 15.78 ms, 8 columns
+// 16.97 -> 17.41) and in session batches (B = 64: 33.7 -> 35.2 ms). Both
+// ways give the same bits, so the choice is free.
 bool FusesGatedDeltaRuleNorm(const GatedDeltaRuleNormParams& p) {
   return p.rule.k_head_dim == 128 && p.rule.v_head_dim == 128 && p.rule.rows == 1 &&
          p.rule.states == nullptr && p.rule.num_v_heads <= 65535 && Validate(p).ok();
