@@ -36,13 +36,20 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], nvcc_inputs = [],
             name = name + "_" + src.replace("/", "_").replace(".", "_"),
             srcs = inputs,
             outs = [obj],
+            # A temporary directory of its own per nvcc: nvcc names its
+            # intermediates tmpxft_<pid>_..., and in the sandbox's PID
+            # namespace every nvcc is pid 2, so two concurrent compiles in a
+            # shared /tmp overwrite each other's files (a CI build failed
+            # with "ptxas fatal: Input file .../tmpxft_00000002_..._attention.ptx
+            # could not be opened").
             cmd = " ".join([
+                "d=$$(mktemp -d) && TMPDIR=$$d",
                 NVCC,
                 "-ccbin g++ -std=c++17 -O3 -Xcompiler -fPIC",
                 "-gencode arch=compute_90a,code=sm_90a",
                 "-lineinfo",
                 "-I. -I$(GENDIR)",
-            ] + copts + ["-c $(location %s) -o $@" % src]),
+            ] + copts + ["-c $(location %s) -o $@; s=$$?; rm -rf $$d; exit $$s" % src]),
             **genrule_kwargs
         )
         objs.append(obj)
