@@ -74,28 +74,6 @@ absl::StatusOr<RoundOutcome> AcceptSampled(absl::Span<const int> drafts,
 // move the counters here.
 void AdvanceSampledCounters(int k, int n, RandomCounters* counters);
 
-// Where a sampled round's distributions live for the forms above. Verify
-// columns are asked for in order 0, 1, ...; a column is asked for before it
-// is drawn from.
-class RoundDistributions {
- public:
-  virtual ~RoundDistributions() = default;
-  // p_column[token], q_i[token].
-  virtual absl::StatusOr<float> Target(int column, int token) = 0;
-  virtual absl::StatusOr<float> Draft(int i, int token) = 0;
-  // sampling::SampleIndex at u over max(0, p_i - q_i) where that has mass,
-  // else over p_i (p == q up to rounding); over p_column.
-  virtual absl::StatusOr<int> DrawResidual(int i, float u) = 0;
-  virtual absl::StatusOr<int> DrawTarget(int column, float u) = 0;
-};
-
-// The accept step itself, over any RoundDistributions (the forms above run
-// it over host vectors): the same tests, draws and counters. An error of
-// `dists` is returned as is, before the counter of its event moves.
-absl::StatusOr<RoundOutcome> AcceptSampled(absl::Span<const int> drafts,
-                                           RoundDistributions& dists, uint64_t seed,
-                                           RandomCounters* counters);
-
 }  // namespace specserve::spec
 
 #endif  // SPECSERVE_WORKER_SPEC_SPEC_ACCEPT_H_
