@@ -70,16 +70,16 @@ struct DrawFromProbsParams {
 
 absl::Status Validate(const DrawFromProbsParams& p);
 
-// The accept step of a sampled speculative round over distributions in
-// backend memory, with the tests, draws and Philox events of
-// worker/spec/spec_accept.h AcceptSampled: draft i (0-based) is accepted
-// while u·q_i(d_i) < p_i(d_i) (float product), u = sampling::Uniform(seed,
+// The accept step of a sampled speculative round (rejection sampling) over
+// distributions in backend memory: draft i (0-based) is accepted while
+// u·q_i(d_i) < p_i(d_i) (float product), u = sampling::Uniform(seed,
 // kAccept, uctr + i); at the first rejection, at i, the bonus is
 // DrawFromProbs of p_i minus q_i, after all k acceptances DrawFromProbs of
-// p_k, either at sampling::Uniform(seed, kSample, sctr). The default reads
-// the probabilities one by one (a copy each) and calls DrawFromProbs; a
-// backend overrides it with one pass on the device and one copy back.
-// Synchronous.
+// p_k, either at sampling::Uniform(seed, kSample, sctr). The caller moves
+// its counters (worker/spec/spec_accept.h AdvanceSampledCounters). The
+// default, the definition, reads the probabilities one by one (a copy each)
+// and calls DrawFromProbs; a backend overrides it with one pass on the
+// device and one copy back. Synchronous.
 constexpr int kMaxAcceptDrafts = 16;
 struct AcceptRoundParams {
   int64_t cols = 0;

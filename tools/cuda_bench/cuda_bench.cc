@@ -293,6 +293,14 @@ void LeaveOutSweep(RandomWeightsBackend* rb, model::Model* m, model::ModelState*
   (*j)["decode_left_out"] = out;
 }
 
+// n token ids spread over the vocabulary (the random-weight model's
+// prompts: any ids do).
+std::vector<int32_t> SyntheticPrompt(int n) {
+  std::vector<int32_t> ids(n);
+  for (int i = 0; i < n; ++i) ids[i] = static_cast<int32_t>(1 + (i * 7919) % 200000);
+  return ids;
+}
+
 // (f) prefill of P prompt tokens into an empty state, beside two floors:
 // the weight bytes the chunked prefill reads (one pass per Model::kMaxRows
 // rows: the row-invariant kernels that make prefill == decode bit for bit)
@@ -319,8 +327,7 @@ void PrefillBench(Ctx* ctx, model::Model* m, RandomWeightsBackend* rb, double fl
   json out = json::array();
   model::ForwardResult r;
   for (int P : {64, 512, 2048}) {
-    std::vector<int32_t> prompt(P);
-    for (int i = 0; i < P; ++i) prompt[i] = static_cast<int32_t>(1 + (i * 7919) % 200000);
+    const std::vector<int32_t> prompt = SyntheticPrompt(P);
     std::vector<double> ms;
     for (int rep = 0; rep < 3; ++rep) {
       BENCH_CHECK(m->Reset(st->get()));
@@ -342,8 +349,7 @@ void PrefillBench(Ctx* ctx, model::Model* m, RandomWeightsBackend* rb, double fl
                    {"bytes_floor_ms", bytes_ms}, {"tensor_floor_ms", tensor_ms}});
   }
   (*j)["prefill"] = out;
-  std::vector<int32_t> prompt(512);
-  for (int i = 0; i < 512; ++i) prompt[i] = static_cast<int32_t>(1 + (i * 7919) % 200000);
+  const std::vector<int32_t> prompt = SyntheticPrompt(512);
   BENCH_CHECK(m->Reset(st->get()));
   m->set_use_graphs(false);
   rb->StartTimeline();
@@ -378,8 +384,7 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
   so.max_verify_columns = 8;
   auto st = m->NewState(so);
   BENCH_CHECK(st.status());
-  std::vector<int32_t> prompt(32);
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(1 + i * 7919 % 200000);
+  const std::vector<int32_t> prompt = SyntheticPrompt(32);
   model::ForwardResult r;
   BENCH_CHECK(m->Prefill(st->get(), prompt, {}, &r));
   bool finite = true;

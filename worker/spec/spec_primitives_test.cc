@@ -1,6 +1,6 @@
-// Tests of the speculative-decoding primitives: the accept step (greedy and
-// sampled, the latter checked for exactness in distribution) and telemetry
-// deltas. (The sampling filters' tests are in kernels/sampling.)
+// Tests of the speculative-decoding primitives: the accept step (greedy, and
+// sampled as the engine runs it: the backend's AcceptRound and the
+// counters, checked for exactness in distribution) and telemetry deltas. (The sampling filters' tests are in kernels/sampling.)
 #include <cmath>
 #include <map>
 #include <random>
@@ -10,6 +10,8 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/sample_rows.h"
+#include "kernels/sampling/philox.h"
+#include "kernels/sampling/sampling.h"
 #include "telemetry/spec_telemetry.h"
 #include "worker/spec/spec_accept.h"
 
@@ -43,6 +45,37 @@ double ChiSquareCritical01(int dof) {
   return dof * std::pow(1.0 - a + z * std::sqrt(a), 3);
 }
 
+// A sampled round's accept step as the engine runs it: the backend op
+// (kernels/sample_rows.h AcceptRound, here the CPU backend's, the
+// definition the CUDA kernel is tested against), then the counters.
+RoundOutcome AcceptRound(const std::vector<int>& drafts, const std::vector<std::vector<float>>& p,
+                         const std::vector<std::vector<float>>& q, uint64_t seed,
+                         RandomCounters* counters) {
+  static kernels::cpu::CpuBackend* const be = new kernels::cpu::CpuBackend();
+  const int k = static_cast<int>(drafts.size()), v = static_cast<int>(p[0].size());
+  const std::vector<int32_t> d(drafts.begin(), drafts.end());
+  std::vector<float> pf, qf;
+  for (const auto& r : p) pf.insert(pf.end(), r.begin(), r.end());
+  for (const auto& r : q) qf.insert(qf.end(), r.begin(), r.end());
+  kernels::AcceptRoundParams a;
+  a.cols = v;
+  a.k = k;
+  a.drafts = d.data();
+  a.p = pf.data();
+  a.p_stride = v;
+  a.q = qf.data();
+  a.q_stride = v;
+  a.seed = seed;
+  a.uctr = counters->uctr;
+  a.sctr = counters->sctr;
+  int32_t n = -1, bonus = -1;
+  a.accepted = &n;
+  a.bonus = &bonus;
+  EXPECT_TRUE(be->AcceptRound(a).ok());
+  AdvanceSampledCounters(k, n, counters);
+  return RoundOutcome{n, bonus};
+}
+
 // The first token a sampled round emits must be distributed as p[0], and the
 // second (given full acceptance of the first) as p[1] — whatever q is.
 TEST(Accept, SampledRoundEmitsTheTargetDistribution) {
@@ -61,7 +94,7 @@ TEST(Accept, SampledRoundEmitsTheTargetDistribution) {
       // Drafts are drawn from q with the same counters, as the engine does.
       std::vector<int> drafts;
       for (int i = 0; i < k; ++i) drafts.push_back(DrawToken(q[i], seed, &ctr));
-      const RoundOutcome r = AcceptSampled(drafts, p, q, seed, &ctr);
+      const RoundOutcome r = AcceptRound(drafts, p, q, seed, &ctr);
       const int first = r.accepted > 0 ? drafts[0] : r.bonus;
       counts[first] += 1;
     }
@@ -83,100 +116,46 @@ TEST(Accept, SameSeedAndCountersReproduce) {
   for (int j = 0; j <= 3; ++j) p.push_back(RandomDist(&rng, 9, 1.0));
   for (int i = 0; i < 3; ++i) q.push_back(RandomDist(&rng, 9, 1.0));
   RandomCounters a{5, 9}, b{5, 9};
-  const RoundOutcome ra = AcceptSampled({1, 2, 3}, p, q, 77, &a);
-  const RoundOutcome rb = AcceptSampled({1, 2, 3}, p, q, 77, &b);
+  const RoundOutcome ra = AcceptRound({1, 2, 3}, p, q, 77, &a);
+  const RoundOutcome rb = AcceptRound({1, 2, 3}, p, q, 77, &b);
   EXPECT_EQ(ra.accepted, rb.accepted);
   EXPECT_EQ(ra.bonus, rb.bonus);
   EXPECT_EQ(a.sctr, b.sctr);
   EXPECT_EQ(a.uctr, b.uctr);
 }
 
-// On-demand targets: only columns 0..n are made, in order, and the outcome
-// and counters equal those of the all-columns form; a target error stops
-// the round.
-TEST(Accept, OnDemandTargetsAskOnlyTheColumnsReached) {
-  std::mt19937 rng(13);
-  for (int trial = 0; trial < 200; ++trial) {
-    std::vector<std::vector<float>> p, q;
-    for (int j = 0; j <= 3; ++j) p.push_back(RandomDist(&rng, 6, 1.0));
-    for (int i = 0; i < 3; ++i) q.push_back(RandomDist(&rng, 6, 1.0));
-    const std::vector<int> drafts = {static_cast<int>(rng() % 6), static_cast<int>(rng() % 6),
-                                     static_cast<int>(rng() % 6)};
-    RandomCounters a{1, 2}, b{1, 2};
-    const RoundOutcome all = AcceptSampled(drafts, p, q, 99 + trial, &a);
-    std::vector<int> asked;
-    const absl::StatusOr<RoundOutcome> lazy = AcceptSampled(
-        drafts,
-        [&](int j) -> absl::StatusOr<const std::vector<float>*> {
-          asked.push_back(j);
-          return &p[j];
-        },
-        q, 99 + trial, &b);
-    ASSERT_TRUE(lazy.ok());
-    EXPECT_EQ(lazy->accepted, all.accepted);
-    EXPECT_EQ(lazy->bonus, all.bonus);
-    EXPECT_EQ(a.sctr, b.sctr);
-    EXPECT_EQ(a.uctr, b.uctr);
-    std::vector<int> want(all.accepted + 1);
-    for (int j = 0; j <= all.accepted; ++j) want[j] = j;
-    EXPECT_EQ(asked, want);
-  }
-  RandomCounters c;
-  const absl::StatusOr<RoundOutcome> failed = AcceptSampled(
-      {0}, [](int) -> absl::StatusOr<const std::vector<float>*> {
-        return absl::UnavailableError("copy failed");
-      },
-      {{1.0f}}, 1, &c);
-  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable);
-}
-
-// The backend's accept step (kernels/sample_rows.h AcceptRound, here the
-// default on the CPU backend) with AdvanceSampledCounters is AcceptSampled:
-// the same outcome and counters, rejections and full accepts alike.
-TEST(Accept, BackendAcceptRoundIsAcceptSampled) {
+// The step's definition, spelled out: draft i is accepted while
+// u_i·q_i(d_i) < p_i(d_i) with u_i the kAccept uniform at uctr + i; the bonus
+// is the kSample draw at sctr from the residual max(0, p_n − q_n) (where it
+// has mass, else p_n) after a rejection at n, from p_k after k acceptances;
+// uctr moves by the tests made, sctr by one. Rejections and full accepts.
+TEST(Accept, SampledRoundFollowsItsDefinition) {
   std::mt19937 rng(21);
-  kernels::cpu::CpuBackend be;
   int rejected = 0, full = 0;
   for (int trial = 0; trial < 400; ++trial) {
     const int k = 1 + trial % 4, v = 7;
     std::vector<std::vector<float>> p, q;
-    // Close p and q accept often; independent ones reject often.
+    // Equal p and q accept every draft with p > 0; independent ones reject often.
     for (int j = 0; j <= k; ++j) p.push_back(RandomDist(&rng, v, trial % 2 ? 5.0 : 0.5));
-    for (int i = 0; i < k; ++i) {
-      q.push_back(trial % 2 ? p[i] : RandomDist(&rng, v, 0.5));
-    }
+    for (int i = 0; i < k; ++i) q.push_back(trial % 2 ? p[i] : RandomDist(&rng, v, 0.5));
     std::vector<int> drafts;
-    std::vector<int32_t> drafts32;
-    for (int i = 0; i < k; ++i) {
-      drafts.push_back(static_cast<int>(rng() % v));
-      drafts32.push_back(drafts.back());
-    }
+    for (int i = 0; i < k; ++i) drafts.push_back(static_cast<int>(rng() % v));
     const uint64_t seed = 5000 + trial;
-    RandomCounters host{static_cast<uint32_t>(trial), static_cast<uint32_t>(2 * trial)}, dev = host;
-    const RoundOutcome want = AcceptSampled(drafts, p, q, seed, &host);
-    std::vector<float> pf, qf;
-    for (const auto& r : p) pf.insert(pf.end(), r.begin(), r.end());
-    for (const auto& r : q) qf.insert(qf.end(), r.begin(), r.end());
-    kernels::AcceptRoundParams a;
-    a.cols = v;
-    a.k = k;
-    a.drafts = drafts32.data();
-    a.p = pf.data();
-    a.p_stride = v;
-    a.q = qf.data();
-    a.q_stride = v;
-    a.seed = seed;
-    a.uctr = dev.uctr;
-    a.sctr = dev.sctr;
-    int32_t n = -1, bonus = -1;
-    a.accepted = &n;
-    a.bonus = &bonus;
-    ASSERT_TRUE(be.AcceptRound(a).ok());
-    AdvanceSampledCounters(k, n, &dev);
-    EXPECT_EQ(n, want.accepted) << trial;
-    EXPECT_EQ(bonus, want.bonus) << trial;
-    EXPECT_EQ(dev.uctr, host.uctr) << trial;
-    EXPECT_EQ(dev.sctr, host.sctr) << trial;
+    const RandomCounters before{static_cast<uint32_t>(trial), static_cast<uint32_t>(2 * trial)};
+    RandomCounters after = before;
+    const RoundOutcome got = AcceptRound(drafts, p, q, seed, &after);
+    int n = 0;
+    while (n < k && sampling::Uniform(seed, sampling::RandomStream::kAccept, before.uctr + n) *
+                            q[n][drafts[n]] <
+                        p[n][drafts[n]]) {
+      ++n;
+    }
+    const float u = sampling::Uniform(seed, sampling::RandomStream::kSample, before.sctr);
+    const int bonus = n < k ? sampling::SampleResidual(p[n], q[n], u) : sampling::SampleIndex(p[k], u);
+    EXPECT_EQ(got.accepted, n) << trial;
+    EXPECT_EQ(got.bonus, bonus) << trial;
+    EXPECT_EQ(after.uctr, before.uctr + (n < k ? n + 1 : k)) << trial;
+    EXPECT_EQ(after.sctr, before.sctr + 1) << trial;
     (n < k ? rejected : full) += 1;
   }
   EXPECT_GT(rejected, 50);
