@@ -421,20 +421,10 @@ absl::Status CudaBackend::SampleRows(const SampleRowsParams& p) {
         return absl::FailedPreconditionError(
             "non-finite logits: the model produced NaN or inf");
       }
-      if (out[n + j] == kSampledOnDevice) {
-        if (p.token != nullptr) p.token[r] = out[j];
-        continue;
+      if (out[n + j] != kSampledOnDevice) {
+        return absl::InternalError("SampleRows: unknown outcome from the device");
       }
-      // Past the device's candidates: this row by the host's definition.
-      SampleRowsParams one = p;
-      const int32_t index = p.row_index != nullptr ? p.row_index[r] : static_cast<int32_t>(r);
-      one.rows = 1;
-      one.row_index = &index;
-      one.config = p.config + r;
-      one.uniform = p.uniform != nullptr ? p.uniform + r : nullptr;
-      one.token = p.token != nullptr ? p.token + r : nullptr;
-      one.probs = p.probs != nullptr ? p.probs + r * p.probs_stride : nullptr;
-      SS_RETURN_IF_ERROR(Backend::SampleRows(one));
+      if (p.token != nullptr) p.token[r] = out[j];
     }
   }
   return absl::OkStatus();

@@ -131,9 +131,8 @@ struct SampleRowArgs {
 // Each row's outcome, beside its token.
 constexpr int32_t kSampledOnDevice = 0;
 constexpr int32_t kSampleNonFinite = 1;  // NaN or inf in the row
-constexpr int32_t kSampleOnHost = 2;     // beyond the candidates: host filters
-// Ids of the filters' order a row keeps on the device (top-k above it, or a
-// nucleus that does not close within it, goes to the host).
+// Ids of the filters' order a row sorts on the device (a top-k above it, or
+// a nucleus that does not close within it, is cut without sorting).
 constexpr int kMaxSampleCandidates = 1024;
 // Rows one launch can take within `ws` (0 when not even one fits).
 int64_t SampleRowsMaxRows(int64_t cols, const Workspace& ws);

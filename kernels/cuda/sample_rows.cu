@@ -22,9 +22,9 @@
 //       those sums are the host's;
 //     - past the candidates, a prefix of the order found without sorting
 //       it, then DrawFromPrefix: a top-k above them by the same radix
-//       select; a nucleus of top-p alone by a search of the key whose prefix
-//       mass reaches top_p (NucleusCut). Top-k above the candidates together
-//       with top-p is left to the host (kSampleOnHost).
+//       select; a nucleus (of the whole row, or of such a top-k's
+//       renormalized mass) by a search of the key whose prefix mass reaches
+//       top_p (NucleusCut).
 // The differences from the host are the orders of the long sums (the softmax
 // total, a kept mass or nucleus mass over the row, the draw's running mass
 // over the row), ~1e-16 relative: a token moves only when the uniform falls that close
@@ -385,14 +385,27 @@ __device__ OrderCut SelectFirst(int want, const float* xr, int64_t cols, float r
   return cut;
 }
 
-// The nucleus of top-p alone past the candidates: the smallest key K whose
-// prefix mass (keys <= K) reaches top_p, four bits a pass (16 masses a
-// pass, each a fixed-order sum), then K's ties added one at a time as the
-// host adds them. The whole row when even its mass stays below top_p
-// (rounding): the host then keeps every id.
+// The nucleus past the candidates, within the prefix `limit` of the order
+// (a top-k cut, or the whole row) whose mass is `kept_mass` (1 for the
+// whole row): the smallest key K whose prefix mass (keys <= K, each term
+// p / kept_mass as the host divides) reaches top_p, four bits a pass (16
+// masses a pass, each a fixed-order sum), then K's ties added one at a time
+// as the host adds them, at most the limit's ties at its own key. `limit`
+// itself when even its mass stays below top_p (rounding): the host then
+// keeps all of it. The limit's key bounds every pass, so all of its ties
+// count toward a digit; only the last step, at the limit's own key, stops
+// at its tie count, which is where the host's walk stops too.
 __device__ OrderCut NucleusCut(const SampleRowArgs& a, const float* xr, const double* pr,
-                               int64_t cols, float row_max, DrawShared& sh) {
+                               int64_t cols, float row_max, const OrderCut& limit,
+                               double kept_mass, DrawShared& sh) {
   const int t = threadIdx.x;
+  const uint32_t max_key = limit.whole_row ? 0xffffffffu : limit.key;
+  // Without a limit the terms are p itself (the host's p / 1): a double
+  // division per id and pass was the one change to top-p alone's path in a
+  // call where it ran 23-31% slower on the H200
+  // (tools/sampling_bench/results/h200_2026-12-01_topk_top_p.txt).
+  const bool limited = !limit.whole_row;
+  auto term = [&](int64_t i) { return limited ? pr[i] / kept_mass : pr[i]; };
   uint32_t prefix = 0;
   for (int shift = 28; shift >= 0; shift -= 4) {
     const uint32_t range = shift == 28 ? 0u : (0xffffffffu << (shift + 4));
@@ -402,7 +415,8 @@ __device__ OrderCut NucleusCut(const SampleRowArgs& a, const float* xr, const do
     double base = 0.0;
     for (int64_t i = t; i < cols; i += kThreads) {
       const uint32_t k = OrderKey(xr, i, row_max);
-      const double p = pr[i];
+      if (k > max_key) continue;
+      const double p = term(i);
       if ((k & range) == prefix) {
         bucket[(k >> shift) & 15] += p;
       } else if (k < prefix) {
@@ -418,17 +432,20 @@ __device__ OrderCut NucleusCut(const SampleRowArgs& a, const float* xr, const do
       if (digit == 16 && cum >= a.top_p) digit = d;
     }
     if (digit == 16) {
-      if (shift == 28) return OrderCut{};
+      if (shift == 28) return limit;
       digit = 15;  // (this pass's sums rounded below the last pass's)
     }
     prefix |= static_cast<uint32_t>(digit) << shift;
   }
+  // (a pass whose sums rounded below the last's took digit 15, which may
+  // pass the limit's key, where no id of the limit is)
+  if (prefix > max_key) prefix = max_key;
   // The mass below K, and K's ties (equal keys: equal p).
   double below = 0.0;
   int ties = 0, tie_index = -1;
   for (int64_t i = t; i < cols; i += kThreads) {
     const uint32_t k = OrderKey(xr, i, row_max);
-    if (k < prefix) below += pr[i];
+    if (k < prefix) below += term(i);
     if (k == prefix) {
       ++ties;
       tie_index = static_cast<int>(i);
@@ -448,8 +465,10 @@ __device__ OrderCut NucleusCut(const SampleRowArgs& a, const float* xr, const do
   OrderCut cut;
   cut.key = prefix;
   cut.whole_row = false;
-  const int n_ties = sh.tie_count;
-  const double p_tie = pr[sh.tie_index];
+  const int n_ties = !limit.whole_row && prefix == limit.key ? min(sh.tie_count, limit.ties)
+                                                            : sh.tie_count;
+  // (no id at K: the digit-15 case above; the cut is then the keys below K)
+  const double p_tie = n_ties > 0 ? term(sh.tie_index) : 0.0;
   double c = below;
   int n = 0;
   while (n < n_ties) {
@@ -462,8 +481,32 @@ __device__ OrderCut NucleusCut(const SampleRowArgs& a, const float* xr, const do
   return cut;
 }
 
+// The mass of the first ids of the order that `cut` (not the whole row)
+// holds: the keys below its key, then its ties (equal keys: equal p). A
+// fixed-order sum; the host's is in the filters' order (~1e-16 apart).
+__device__ double CutMass(const float* xr, const double* pr, int64_t cols, float row_max,
+                          const OrderCut& cut, DrawShared& sh) {
+  const int t = threadIdx.x;
+  double below = 0.0;
+  int tie_index = -1;
+  for (int64_t i = t; i < cols; i += kThreads) {
+    const uint32_t k = OrderKey(xr, i, row_max);
+    if (k < cut.key) below += pr[i];
+    if (k == cut.key) tie_index = static_cast<int>(i);
+  }
+  below = BlockSumD<kThreads>(below, sh.warp_d);
+  if (t == 0) sh.tie_index = -1;
+  __syncthreads();
+  if (tie_index >= 0) atomicMax(&sh.tie_index, tie_index);
+  __syncthreads();
+  const double mass = below + cut.ties * pr[sh.tie_index];
+  __syncthreads();  // (sh is reused by the caller)
+  return mass;
+}
+
 // Top-k and/or top-p (then min-p) over the first `want` ids of the order.
-// Returns the token, or -1 for the host.
+// Returns the token, or -1 when the cut lies past the candidates (the caller
+// then cuts the order without sorting it).
 __device__ int DrawOrdered(const SampleRowArgs& a, const float* xr, const double* pr,
                            int64_t cols, float row_max, DrawShared& sh) {
   const int t = threadIdx.x;
@@ -614,19 +657,21 @@ __global__ void __launch_bounds__(kThreads)
     token = DrawFromPrefix(a, xr, pr, cols, row_max, total, OrderCut{}, sh);
   } else {
     token = DrawOrdered(a, xr, pr, cols, row_max, sh);
-    // Past the candidates: a prefix found without sorting it (top-k and
-    // top-p both past them go to the host).
-    if (token < 0 && !top_k) {
-      token = DrawFromPrefix(a, xr, pr, cols, row_max, total,
-                             NucleusCut(a, xr, pr, cols, row_max, sh), sh);
-    } else if (token < 0 && !top_p) {
-      token = DrawFromPrefix(a, xr, pr, cols, row_max, total,
-                             SelectFirst(a.top_k, xr, cols, row_max, sh), sh);
+    // Past the candidates: a prefix of the order found without sorting it
+    // (the nucleus within the top-k's renormalized mass, as the host's).
+    if (token < 0) {
+      OrderCut cut;
+      if (top_k) cut = SelectFirst(a.top_k, xr, cols, row_max, sh);
+      if (top_p) {
+        const double kept_mass = top_k ? CutMass(xr, pr, cols, row_max, cut, sh) : 1.0;
+        cut = NucleusCut(a, xr, pr, cols, row_max, cut, kept_mass, sh);
+      }
+      token = DrawFromPrefix(a, xr, pr, cols, row_max, total, cut, sh);
     }
   }
   if (threadIdx.x == 0) {
-    out[row] = token < 0 ? 0 : token;
-    out[rows + row] = token < 0 ? kSampleOnHost : kSampledOnDevice;
+    out[row] = token;
+    out[rows + row] = kSampledOnDevice;
   }
 }
 

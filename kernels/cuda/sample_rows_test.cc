@@ -3,7 +3,8 @@
 // (nearly) every (row, config, uniform) at the real vocabulary's width and
 // small ones: ties at the top-k cut; nuclei within the device's candidates
 // and past them (found by their mass); a top-k past them; top-k and top-p
-// both past them (the host fallback). Also row invariance, determinism, and
+// both past them (the nucleus within the top-k's renormalized mass, up to
+// and into the ties at the top-k's cut). Also row invariance, determinism, and
 // bad rows refused without losing the backend. Skips without a CUDA device.
 #include <algorithm>
 #include <cmath>
@@ -90,6 +91,7 @@ const std::vector<SamplingConfig>& Configs() {
       {0.6f, 1, 1.0f, 0.0f},   {1.0f, 1024, 1.0f, 0.0f}, {1.0f, 2000, 0.99f, 0.0f},
       {1.3f, 7, 1.0f, 0.1f},   {0.7f, 0, 0.5f, 0.2f},    {1.0f, 2000, 1.0f, 0.0f},
       {1.0f, 5000, 1.0f, 0.05f}, {1.5f, 0, 0.95f, 0.0f}, {1.0f, 0, 0.999f, 0.01f},
+      {1.0f, 5000, 0.9f, 0.02f}, {0.8f, 3000, 0.5f, 0.0f}, {1.0f, 3000, 0.999f, 0.0f},
   };
   return configs;
 }

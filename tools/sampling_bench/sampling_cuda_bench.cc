@@ -73,7 +73,8 @@ int main(int argc, char** argv) {
 
   const std::vector<SamplingConfig> configs = {
       {0.8f, 0, 1.0f, 0.0f},  {0.8f, 50, 0.95f, 0.0f}, {0.8f, 0, 0.9f, 0.0f},
-      {2.0f, 0, 0.9f, 0.0f},  {0.8f, 0, 1.0f, 0.05f},  {1.0f, 20, 0.8f, 0.05f}};
+      {2.0f, 0, 0.9f, 0.0f},  {0.8f, 0, 1.0f, 0.05f},  {1.0f, 20, 0.8f, 0.05f},
+      {1.0f, 5000, 0.9f, 0.0f}};
   std::uniform_real_distribution<float> uni(0.0f, 1.0f);
   nlohmann::json table = nlohmann::json::array();
   std::printf("copy bandwidth %.0f GB/s; vocab %d\n", copy_gbs, vocab);
