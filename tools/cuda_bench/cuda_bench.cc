@@ -15,6 +15,7 @@
 //
 // Usage: cuda_bench [--json=FILE] [--default_model=DIR] [--skip_model]
 //                   [--skip_matmul] [--quick_sweep] [--x_splits=2] [--leave_out]
+//                   [--trace_boundaries] [--trace_dump=FILE] [--decode_only]
 //                   [--synthetic_dir=/tmp/specserve_27b]
 #include <cuda_runtime_api.h>
 
@@ -38,6 +39,7 @@
 #include "kernels/cuda/ops.h"
 #include "nlohmann/json.hpp"
 #include "tools/bench_timing/bench_timing.h"
+#include "tools/cuda_bench/boundary_trace.h"
 #include "tools/cuda_bench/random_model.h"
 #include "worker/model/model.h"
 #include "worker/spec/model_executor.h"
@@ -109,6 +111,9 @@ struct Ctx {
   double copy_gbs = 0;
   int model_splits = 2;  // --x_splits: bf16 terms per x in the models' matmuls
   bool leave_out = false;  // --leave_out: LeaveOutSweep after (a)
+  bool trace_boundaries = false;  // --trace_boundaries: TraceBoundaries after (a)
+  std::string trace_dump;         // --trace_dump=PATH: its raw records
+  bool decode_only = false;       // --decode_only: the 27B shape's (a) alone
   bool quick_sweep = false;  // --quick_sweep (MatmulSweep)
   json out = json::object();
 };
@@ -411,6 +416,14 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
   std::printf("    greedy (no logits copy): %.2f ms = %.1f tok/s; %.1f%% of floor\n", dec_lean,
               1e3 / dec_lean, 100 * floor_ms / dec_lean);
   j["decode_greedy_ms"] = dec_lean;
+  if (ctx->trace_boundaries) {
+    j["decode_boundary_trace"] = TraceBoundaries(
+        [&] {
+          BENCH_CHECK(m->Decode(st->get(), next, &lean));
+          next = lean.argmax[0];
+        },
+        [&] { m->DropRecordedSteps(); }, ctx->copy_gbs, ctx->trace_dump);
+  }
   // The same step op by op (no CUDA graph): the anatomy and timeline below
   // are of this path (events cannot time the inside of a replay).
   m->set_use_graphs(false);
@@ -452,6 +465,10 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
   }
   m->set_use_graphs(true);
   if (ctx->leave_out) LeaveOutSweep(&rb, m.get(), st->get(), &next, dec_lean, &j);
+  if (ctx->decode_only) {
+    ctx->out["model_27b"] = j;
+    return;
+  }
   // (b) verify.
   // Greedy rounds (the engine's) take no logits; each column is set against
   // the decode step of the same kind.
@@ -651,7 +668,10 @@ void EngineBench(Ctx* ctx, const std::string& dir) {
 
 int Main(int argc, char** argv) {
   std::string json_path = "cuda_bench.json", default_model, synth = "/tmp/specserve_27b";
-  bool skip_model = false, skip_matmul = false, ctx_leave_out = false, ctx_quick = false;
+  std::string trace_dump;
+  bool decode_only = false;
+  bool skip_model = false, skip_matmul = false, ctx_leave_out = false, ctx_quick = false,
+       ctx_trace = false;
   // bf16 terms per activation in the models' matmuls: 2 is the worker's
   // default (CudaBackendOptions), 3 the exact split.
   int model_splits = 2;
@@ -663,7 +683,10 @@ int Main(int argc, char** argv) {
     if (a == "--skip_model") skip_model = true;
     if (a == "--skip_matmul") skip_matmul = true;
     if (a == "--leave_out") ctx_leave_out = true;
+    if (a == "--trace_boundaries") ctx_trace = true;
+    if (a.rfind("--trace_dump=", 0) == 0) trace_dump = a.substr(13);
     if (a == "--quick_sweep") ctx_quick = true;
+    if (a == "--decode_only") decode_only = true;
     if (a.rfind("--x_splits=", 0) == 0) model_splits = std::stoi(a.substr(11));
   }
   if (kernels::cuda::CudaDeviceCount() == 0) {
@@ -673,6 +696,9 @@ int Main(int argc, char** argv) {
   Ctx ctx;
   ctx.model_splits = model_splits;
   ctx.leave_out = ctx_leave_out;
+  ctx.trace_boundaries = ctx_trace;
+  ctx.trace_dump = trace_dump;
+  ctx.decode_only = decode_only;
   ctx.quick_sweep = ctx_quick;
   ctx.out["model_x_splits"] = model_splits;
   cudaDeviceProp prop;
