@@ -385,6 +385,43 @@ __device__ OrderCut SelectFirst(int want, const float* xr, int64_t cols, float r
   return cut;
 }
 
+// Over one row, against `key`: the block sum of term(i) over the ids whose
+// key is below it (a fixed order), and the ids at it: their count and the
+// highest (equal keys: equal p, so any one gives their term). All threads
+// call it; it leaves sh.tie_count and sh.tie_index set (two barriers).
+struct KeyTally {
+  double below;
+  int ties;
+  int tie_index;  // -1 when no id has the key
+};
+template <typename Term>
+__device__ KeyTally TallyKey(const float* xr, int64_t cols, float row_max, uint32_t key,
+                             Term&& term, DrawShared& sh) {
+  const int t = threadIdx.x;
+  double below = 0.0;
+  int ties = 0, tie_index = -1;
+  for (int64_t i = t; i < cols; i += kThreads) {
+    const uint32_t k = OrderKey(xr, i, row_max);
+    if (k < key) below += term(i);
+    if (k == key) {
+      ++ties;
+      tie_index = static_cast<int>(i);
+    }
+  }
+  below = BlockSumD<kThreads>(below, sh.warp_d);
+  if (t == 0) {
+    sh.tie_count = 0;
+    sh.tie_index = -1;
+  }
+  __syncthreads();
+  if (ties > 0) {  // (counts and a max: the same in any order)
+    atomicAdd(&sh.tie_count, ties);
+    atomicMax(&sh.tie_index, tie_index);
+  }
+  __syncthreads();
+  return KeyTally{below, sh.tie_count, sh.tie_index};
+}
+
 // The nucleus past the candidates, within the prefix `limit` of the order
 // (a top-k cut, or the whole row) whose mass is `kept_mass` (1 for the
 // whole row): the smallest key K whose prefix mass (keys <= K, each term
@@ -441,35 +478,15 @@ __device__ OrderCut NucleusCut(const SampleRowArgs& a, const float* xr, const do
   // pass the limit's key, where no id of the limit is)
   if (prefix > max_key) prefix = max_key;
   // The mass below K, and K's ties (equal keys: equal p).
-  double below = 0.0;
-  int ties = 0, tie_index = -1;
-  for (int64_t i = t; i < cols; i += kThreads) {
-    const uint32_t k = OrderKey(xr, i, row_max);
-    if (k < prefix) below += term(i);
-    if (k == prefix) {
-      ++ties;
-      tie_index = static_cast<int>(i);
-    }
-  }
-  below = BlockSumD<kThreads>(below, sh.warp_d);
-  if (t == 0) {
-    sh.tie_count = 0;
-    sh.tie_index = -1;
-  }
-  __syncthreads();
-  if (ties > 0) {  // (counts and a max: the same in any order)
-    atomicAdd(&sh.tie_count, ties);
-    atomicMax(&sh.tie_index, tie_index);
-  }
-  __syncthreads();
+  const KeyTally at_k = TallyKey(xr, cols, row_max, prefix, term, sh);
   OrderCut cut;
   cut.key = prefix;
   cut.whole_row = false;
-  const int n_ties = !limit.whole_row && prefix == limit.key ? min(sh.tie_count, limit.ties)
-                                                            : sh.tie_count;
+  const int n_ties = !limit.whole_row && prefix == limit.key ? min(at_k.ties, limit.ties)
+                                                            : at_k.ties;
   // (no id at K: the digit-15 case above; the cut is then the keys below K)
-  const double p_tie = n_ties > 0 ? term(sh.tie_index) : 0.0;
-  double c = below;
+  const double p_tie = n_ties > 0 ? term(at_k.tie_index) : 0.0;
+  double c = at_k.below;
   int n = 0;
   while (n < n_ties) {
     c += p_tie;
@@ -486,20 +503,9 @@ __device__ OrderCut NucleusCut(const SampleRowArgs& a, const float* xr, const do
 // fixed-order sum; the host's is in the filters' order (~1e-16 apart).
 __device__ double CutMass(const float* xr, const double* pr, int64_t cols, float row_max,
                           const OrderCut& cut, DrawShared& sh) {
-  const int t = threadIdx.x;
-  double below = 0.0;
-  int tie_index = -1;
-  for (int64_t i = t; i < cols; i += kThreads) {
-    const uint32_t k = OrderKey(xr, i, row_max);
-    if (k < cut.key) below += pr[i];
-    if (k == cut.key) tie_index = static_cast<int>(i);
-  }
-  below = BlockSumD<kThreads>(below, sh.warp_d);
-  if (t == 0) sh.tie_index = -1;
-  __syncthreads();
-  if (tie_index >= 0) atomicMax(&sh.tie_index, tie_index);
-  __syncthreads();
-  const double mass = below + cut.ties * pr[sh.tie_index];
+  const KeyTally at_cut =
+      TallyKey(xr, cols, row_max, cut.key, [&](int64_t i) { return pr[i]; }, sh);
+  const double mass = at_cut.below + (at_cut.ties > 0 ? cut.ties * pr[at_cut.tie_index] : 0.0);
   __syncthreads();  // (sh is reused by the caller)
   return mass;
 }
