@@ -16,6 +16,7 @@
 // Usage: cuda_bench [--json=FILE] [--default_model=DIR] [--skip_model]
 //                   [--skip_matmul] [--quick_sweep] [--x_splits=2] [--leave_out]
 //                   [--trace_boundaries] [--trace_dump=FILE] [--decode_only]
+//                   [--parts=N]
 //                   [--synthetic_dir=/tmp/specserve_27b]
 #include <cuda_runtime_api.h>
 
@@ -670,6 +671,7 @@ int Main(int argc, char** argv) {
   std::string json_path = "cuda_bench.json", default_model, synth = "/tmp/specserve_27b";
   std::string trace_dump;
   bool decode_only = false;
+  int parts = 0;  // --parts=N: the matmul plan's part count for the models (0: the plan's)
   bool skip_model = false, skip_matmul = false, ctx_leave_out = false, ctx_quick = false,
        ctx_trace = false;
   // bf16 terms per activation in the models' matmuls: 2 is the worker's
@@ -687,6 +689,7 @@ int Main(int argc, char** argv) {
     if (a.rfind("--trace_dump=", 0) == 0) trace_dump = a.substr(13);
     if (a == "--quick_sweep") ctx_quick = true;
     if (a == "--decode_only") decode_only = true;
+    if (a.rfind("--parts=", 0) == 0) parts = std::stoi(a.substr(8));
     if (a.rfind("--x_splits=", 0) == 0) model_splits = std::stoi(a.substr(11));
   }
   if (kernels::cuda::CudaDeviceCount() == 0) {
@@ -712,6 +715,9 @@ int Main(int argc, char** argv) {
   ctx.out["device"] = prop.name;
   ctx.out["copy_gbs"] = ctx.copy_gbs;
   if (!skip_matmul) MatmulSweep(&ctx);
+  // (after the sweep, which sets and resets its own plan variants)
+  kernels::cuda::SetMmaMatmulPartsForBenchmark(parts);
+  if (parts > 0) ctx.out["model_parts"] = parts;
   if (!default_model.empty()) {
     DefaultModel(&ctx, default_model);
     EngineBench(&ctx, default_model);
