@@ -136,7 +136,7 @@ __device__ __forceinline__ void TraceStamp(uint64_t* trace, int k) {
     asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(block));
     // (the timer counts from the epoch, past 2^56 ns: its top byte gives way to the SM)
     trace[block * kMmaTraceStamps + k] =
-        (ns & ((uint64_t{1} << 56) - 1)) | (static_cast<uint64_t>(sm) << 56);
+        (ns & kMmaTraceTimeMask) | (static_cast<uint64_t>(sm) << kMmaTraceTimeBits);
   }
 }
 

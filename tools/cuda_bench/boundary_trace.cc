@@ -13,17 +13,19 @@
 #include <vector>
 
 #include "kernels/cuda/matmul_mma.h"
+#include "tools/bench_timing/bench_timing.h"
 
 namespace specserve::cuda_bench {
 namespace {
 
 using kernels::cuda::kMmaTraceMaxBlocks;
 using kernels::cuda::kMmaTraceStamps;
+using kernels::cuda::kMmaTraceTimeBits;
+using kernels::cuda::kMmaTraceTimeMask;
 using kernels::cuda::MmaTraceLaunch;
 using nlohmann::json;
 
 constexpr int kRecords = 512;  // launches traced per step (257 at the 27B shape)
-constexpr uint64_t kTimeMask = (uint64_t{1} << 56) - 1;
 
 void Check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
@@ -32,16 +34,11 @@ void Check(cudaError_t e, const char* what) {
   }
 }
 
-double MedianOf(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
 // One launch's blocks: stamps in ns (relative to nothing yet) and SMs.
 struct LaunchTimes {
   std::vector<double> start, released, ready, end;
   int max_blocks_per_sm = 0;
-  bool complete = true;  // every block wrote all four stamps
+  bool complete = true;  // every block wrote every stamp
 };
 
 LaunchTimes TimesOf(const uint64_t* rec, int grid) {
@@ -49,15 +46,16 @@ LaunchTimes TimesOf(const uint64_t* rec, int grid) {
   std::map<int, int> per_sm;
   for (int b = 0; b < grid; ++b) {
     const uint64_t* s = rec + static_cast<int64_t>(b) * kMmaTraceStamps;
-    if (s[0] == 0 || s[1] == 0 || s[2] == 0 || s[3] == 0) {
+    if (std::count(s, s + kMmaTraceStamps, uint64_t{0}) > 0) {
       t.complete = false;
       continue;
     }
-    t.start.push_back(static_cast<double>(s[0] & kTimeMask));
-    t.released.push_back(static_cast<double>(s[1] & kTimeMask));
-    t.ready.push_back(static_cast<double>(s[2] & kTimeMask));
-    t.end.push_back(static_cast<double>(s[3] & kTimeMask));
-    t.max_blocks_per_sm = std::max(t.max_blocks_per_sm, ++per_sm[static_cast<int>(s[0] >> 56)]);
+    t.start.push_back(static_cast<double>(s[0] & kMmaTraceTimeMask));
+    t.released.push_back(static_cast<double>(s[1] & kMmaTraceTimeMask));
+    t.ready.push_back(static_cast<double>(s[2] & kMmaTraceTimeMask));
+    t.end.push_back(static_cast<double>(s[3] & kMmaTraceTimeMask));
+    const int sm = static_cast<int>(s[0] >> kMmaTraceTimeBits);
+    t.max_blocks_per_sm = std::max(t.max_blocks_per_sm, ++per_sm[sm]);
   }
   return t;
 }
@@ -141,8 +139,8 @@ json TraceBoundaries(const std::function<void()>& step,
     }
     const double first_start = starts.front();
     const double last_end = *std::max_element(t.end.begin(), t.end.end());
-    const double med_released = MedianOf(t.released), med_ready = MedianOf(t.ready),
-                 med_end = MedianOf(t.end);
+    const double med_released = bench::Median(t.released), med_ready = bench::Median(t.ready),
+                 med_end = bench::Median(t.end);
     const double floor_us = 2.0 * l.in * l.out / (copy_gbs * 1e3);
     if (prev_end > 0) {
       ShapeSums& s = shapes[{l.out, l.in}];

@@ -4,7 +4,7 @@
 // ended (matmul_mma.h, SetMmaMatmulTraceForBenchmark), against the previous
 // matmul call's last block: where the time between a call's bytes at the
 // streaming rate and its share of the step goes. A diagnostic: the traced
-// kernel carries four timer stores per block.
+// kernel (an instance of its own) carries five timer stores per block.
 #ifndef SPECSERVE_TOOLS_CUDA_BENCH_BOUNDARY_TRACE_H_
 #define SPECSERVE_TOOLS_CUDA_BENCH_BOUNDARY_TRACE_H_
 
@@ -19,7 +19,8 @@ namespace specserve::cuda_bench {
 // times with the trace on (`drop_recorded` before and after, so that the
 // recorded step is made with and then without the trace's records), prints
 // the table and returns it as JSON. `copy_gbs`: the run's copy bandwidth
-// (read + write), for the floor column.
+// (read + write), for the floor column. `dump_path` (if not empty): the raw
+// records (tools/cuda_bench/boundary_tails.py reads them).
 nlohmann::json TraceBoundaries(const std::function<void()>& step,
                                const std::function<void()>& drop_recorded, double copy_gbs,
                                const std::string& dump_path);
