@@ -637,14 +637,19 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
       __threadfence();
     }
     const int64_t piece_stride = static_cast<int64_t>(a.tokens) * p.out;
-    // kE outputs per thread at a time, so that many loads are in flight (at
-    // 64 tokens a tile has 8192 outputs; at 8 tokens 1024, one pass); each
-    // output's sum stays in piece order.
-    constexpr int kE = 4;
+    // kE outputs per thread at a time (at 64 tokens a tile has 8192
+    // outputs; at 8 tokens 1024); per output, the other pieces are loaded
+    // kPB at a time, together with y's old value, so that a tile of up to
+    // kPB + 1 pieces costs one round trip after the wait (the sum's tail is
+    // on the call's critical path: the last block to end is a piece-0
+    // owner). Each output's sum stays in piece order, then y.
+    constexpr int kE = 2;
+    constexpr int kPB = 8;
     const int total = a.tokens * kTileOut;
     for (int base = tid; base < total; base += kThreads * kE) {
       const float* src[kE];
-      float sum[kE];
+      float* dst[kE];
+      float sum[kE], old[kE];
       bool ok[kE];
 #pragma unroll
       for (int e = 0; e < kE; ++e) {
@@ -653,21 +658,31 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
         const int64_t o = o0 + idx % kTileOut;
         ok[e] = idx < total && o < p.out;
         src[e] = a.partial + static_cast<int64_t>(tok) * p.out + o;
+        dst[e] = p.y + (a.t0 + tok) * p.y_stride + o;
+        old[e] = ok[e] && p.accumulate ? *dst[e] : 0.0f;
         sum[e] = !ok[e] ? 0.0f : own != nullptr ? own[idx] : __ldcg(src[e]);
       }
-#pragma unroll 4
-      for (int s = 1; s < cv.pieces; ++s) {
+      for (int s0 = 1; s0 < cv.pieces; s0 += kPB) {
+        float v[kPB][kE];
 #pragma unroll
-        for (int e = 0; e < kE; ++e) {
-          if (ok[e]) sum[e] = __fadd_rn(sum[e], __ldcg(src[e] + s * piece_stride));
+        for (int i = 0; i < kPB; ++i) {
+#pragma unroll
+          for (int e = 0; e < kE; ++e) {
+            v[i][e] = ok[e] && s0 + i < cv.pieces ? __ldcg(src[e] + (s0 + i) * piece_stride)
+                                                  : 0.0f;
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kPB; ++i) {
+#pragma unroll
+          for (int e = 0; e < kE; ++e) {
+            if (s0 + i < cv.pieces) sum[e] = __fadd_rn(sum[e], v[i][e]);
+          }
         }
       }
 #pragma unroll
       for (int e = 0; e < kE; ++e) {
-        if (!ok[e]) continue;
-        const int idx = base + e * kThreads;
-        float* y = p.y + (a.t0 + idx / kTileOut) * p.y_stride + o0 + idx % kTileOut;
-        *y = p.accumulate ? __fadd_rn(*y, sum[e]) : sum[e];
+        if (ok[e]) *dst[e] = p.accumulate ? __fadd_rn(old[e], sum[e]) : sum[e];
       }
     }
     if (own == nullptr && tid == 0) a.counters[cv.tile] = 0;
