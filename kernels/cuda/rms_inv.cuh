@@ -37,7 +37,7 @@ __device__ __forceinline__ float WarpInvRms(const float* x, int64_t dim, float e
 // The loads are issued kRmsLoadBatch at a time before any is used (a
 // 5120-wide row in two round trips, not five; the order of the adds is
 // unchanged). 10, not 20: at 20 the decode matmul (128 registers) spills.
-constexpr int kRmsLoadBatch = 10;
+constexpr int kRmsLoadBatch = 20;
 template <int ROWS>
 __device__ __forceinline__ void ThreadSumSquaresRows(const float* x, int64_t x_stride,
                                                      int64_t dim, double (&ss)[ROWS]) {
