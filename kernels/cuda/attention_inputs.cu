@@ -14,6 +14,8 @@
 // and afterwards each element is read and written by one lane only (lane
 // i % 32 owns the pair (i, i + rotary_dim/2) for i < rotary_dim/2 and
 // element i from rotary_dim on).
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
@@ -24,7 +26,17 @@ namespace specserve::kernels::cuda {
 namespace {
 
 constexpr int kWarps = 8;
+constexpr int kLaneElems = 8;  // the register path: head_dim <= 32 · kLaneElems
 
+// E == 0: the general path (any head_dim and rotary_dim), element by element.
+// E > 0 (head_dim <= 32·E, rotary_dim/2 == 32·HS): lane l holds elements l +
+// 32e in registers, so the pair (i, i + rotary_dim/2) is slots (e, e + HS) of
+// one lane; every load is issued before the first store (one round trip for
+// the vector, its weights and the value row, where the general path's
+// stores to x order each element's loads behind the last one's).
+// The arithmetic per element and the order of the squares' sum are the same
+// on both paths.
+template <int E, int HS>
 __global__ void __launch_bounds__(kWarps * 32) AttentionInputsKernel(AttentionInputsParams p) {
   PdlBegin();
   const int lane = threadIdx.x & 31;
@@ -39,34 +51,67 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionInputsKernel(AttentionIn
   const RopeParams& r = is_k ? p.k_rope : p.q_rope;
   float* x = r.x + t * r.row_stride + h * r.head_stride;
   const int64_t dim = n.dim;
-  const float inv = WarpInvRms(x, dim, n.eps, lane);
-
   const int64_t half = r.rotary_dim / 2;
   float* cache = nullptr;
   if (is_k) cache = ScatterRowDst(p.k_scatter, t) + h * dim;
   const float pos = half > 0 ? RopePosition(r, t) : 0.0f;
-  for (int64_t i = lane; i < dim; i += 32) {
-    if (i < half) {
-      const float x1 = NormedElem(x[i], inv, n.weight, i, n.plus_one);
-      const float x2 = NormedElem(x[i + half], inv, n.weight, i + half, n.plus_one);
-      float y1, y2;
-      RopeRotate(x1, x2, pos, r.inv_freq[i], &y1, &y2);
-      x[i] = y1;
-      x[i + half] = y2;
-      if (cache != nullptr) {
-        cache[i] = y1;
-        cache[i + half] = y2;
-      }
-    } else if (i >= 2 * half) {
-      const float y = NormedElem(x[i], inv, n.weight, i, n.plus_one);
-      x[i] = y;
-      if (cache != nullptr) cache[i] = y;
+  const float* v = is_k ? p.v_scatter.src + t * p.v_scatter.src_stride + h * dim : nullptr;
+  float* vrow = is_k ? ScatterRowDst(p.v_scatter, t) + h * dim : nullptr;
+
+  if constexpr (E > 0) {
+    float xv[E], vv[E], yv[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int64_t i = lane + 32 * e;
+      xv[e] = i < dim ? x[i] : 0.0f;
+      vv[e] = is_k && i < dim ? v[i] : 0.0f;
     }
-  }
-  if (is_k) {
-    const float* v = p.v_scatter.src + t * p.v_scatter.src_stride + h * dim;
-    float* vrow = ScatterRowDst(p.v_scatter, t) + h * dim;
-    for (int64_t i = lane; i < dim; i += 32) vrow[i] = v[i];
+    const float inv = WarpInvRmsOfLane<E>(xv, dim, n.eps, lane);
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int64_t i = lane + 32 * e;
+      if (e < HS) {
+        const float x1 = NormedElem(xv[e], inv, n.weight, i, n.plus_one);
+        const float x2 = NormedElem(xv[e + HS], inv, n.weight, i + half, n.plus_one);
+        RopeRotate(x1, x2, pos, r.inv_freq[i], &yv[e], &yv[e + HS]);
+      } else if (e >= 2 * HS && i < dim) {
+        yv[e] = NormedElem(xv[e], inv, n.weight, i, n.plus_one);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int64_t i = lane + 32 * e;
+      if (i < dim) {
+        x[i] = yv[e];
+        if (is_k) {
+          cache[i] = yv[e];
+          vrow[i] = vv[e];
+        }
+      }
+    }
+  } else {
+    const float inv = WarpInvRms(x, dim, n.eps, lane);
+    for (int64_t i = lane; i < dim; i += 32) {
+      if (i < half) {
+        const float x1 = NormedElem(x[i], inv, n.weight, i, n.plus_one);
+        const float x2 = NormedElem(x[i + half], inv, n.weight, i + half, n.plus_one);
+        float y1, y2;
+        RopeRotate(x1, x2, pos, r.inv_freq[i], &y1, &y2);
+        x[i] = y1;
+        x[i + half] = y2;
+        if (cache != nullptr) {
+          cache[i] = y1;
+          cache[i + half] = y2;
+        }
+      } else if (i >= 2 * half) {
+        const float y = NormedElem(x[i], inv, n.weight, i, n.plus_one);
+        x[i] = y;
+        if (cache != nullptr) cache[i] = y;
+      }
+    }
+    if (is_k) {
+      for (int64_t i = lane; i < dim; i += 32) vrow[i] = v[i];
+    }
   }
 }
 
@@ -102,7 +147,18 @@ absl::Status LaunchAttentionInputs(const AttentionInputsParams& p, cudaStream_t 
   const int64_t tasks = p.q_rope.rows * (p.q_rope.heads + p.k_rope.heads);
   const int64_t blocks = CeilDiv(tasks, kWarps);
   if (blocks > 0x7fffffff) return absl::InvalidArgumentError("attention_inputs: too many rows");
-  LaunchPdl(AttentionInputsKernel, static_cast<unsigned>(blocks), kWarps * 32, 0, stream, p);
+  const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
+  const int64_t half = p.q_rope.rotary_dim / 2;
+  const bool regs = std::max(p.q_norm.dim, p.k_norm.dim) <= 32 * kLaneElems &&
+                    p.k_rope.rotary_dim / 2 == half && half % 32 == 0;
+  switch (regs ? half / 32 : -1) {
+    case 0: LaunchPdl(AttentionInputsKernel<kLaneElems, 0>, grid, block, 0, stream, p); break;
+    case 1: LaunchPdl(AttentionInputsKernel<kLaneElems, 1>, grid, block, 0, stream, p); break;
+    case 2: LaunchPdl(AttentionInputsKernel<kLaneElems, 2>, grid, block, 0, stream, p); break;
+    case 3: LaunchPdl(AttentionInputsKernel<kLaneElems, 3>, grid, block, 0, stream, p); break;
+    case 4: LaunchPdl(AttentionInputsKernel<kLaneElems, 4>, grid, block, 0, stream, p); break;
+    default: LaunchPdl(AttentionInputsKernel<0, 0>, grid, block, 0, stream, p); break;
+  }
   return LaunchStatus("attention_inputs launch");
 }
 

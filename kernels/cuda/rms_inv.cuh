@@ -32,11 +32,31 @@ __device__ __forceinline__ float WarpInvRms(const float* x, int64_t dim, float e
   return 1.0f / sqrtf(__fadd_rn(mean, eps));
 }
 
+// WarpInvRms of a vector held in registers: v[e] is element lane + 32e
+// (zero past dim); the same adds in the same order, so the same bits.
+template <int E>
+__device__ __forceinline__ float WarpInvRmsOfLane(const float (&v)[E], int64_t dim, float eps,
+                                                  int lane) {
+  double ss = 0.0;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    if (lane + 32 * e < dim) {
+      const double d = v[e];
+      ss = __dadd_rn(ss, __dmul_rn(d, d));
+    }
+  }
+  ss = WarpSumD(ss);
+  const float mean = static_cast<float>(ss / static_cast<double>(dim));
+  return 1.0f / sqrtf(__fadd_rn(mean, eps));
+}
+
 // Σ x[i]² over this thread's elements i ≡ threadIdx.x (mod
 // kRmsBlockThreads), in increasing i, in double: the block variants' order.
 // The loads are issued kRmsLoadBatch at a time before any is used (a
-// 5120-wide row in two round trips, not five; the order of the adds is
-// unchanged). 10, not 20: at 20 the decode matmul (128 registers) spills.
+// 5120-wide row in one round trip, not five; the order of the adds is
+// unchanged). At 20 the one-token matmul keeps 0 spills since its piece
+// sums load eight pieces at a time (ptxas -v; before that change, 20
+// spilled 12 bytes there and the batch was 10).
 constexpr int kRmsLoadBatch = 20;
 template <int ROWS>
 __device__ __forceinline__ void ThreadSumSquaresRows(const float* x, int64_t x_stride,
