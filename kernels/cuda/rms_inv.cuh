@@ -20,6 +20,13 @@ namespace specserve::kernels::cuda {
 constexpr int64_t kRmsBlockDim = 1024;
 constexpr int kRmsBlockThreads = 256;
 
+// 1/rms from the sum of squares: the mean rounded to float, then
+// 1/sqrt(mean + eps) in fp32, as on the CPU. Every variant ends here.
+__device__ __forceinline__ float InvRmsOfSumSquares(double ss, int64_t dim, float eps) {
+  const float mean = static_cast<float>(ss / static_cast<double>(dim));
+  return 1.0f / sqrtf(__fadd_rn(mean, eps));
+}
+
 // Every lane of the warp returns the same value.
 __device__ __forceinline__ float WarpInvRms(const float* x, int64_t dim, float eps, int lane) {
   double ss = 0.0;
@@ -27,9 +34,7 @@ __device__ __forceinline__ float WarpInvRms(const float* x, int64_t dim, float e
     const double v = x[i];
     ss = __dadd_rn(ss, __dmul_rn(v, v));
   }
-  ss = WarpSumD(ss);
-  const float mean = static_cast<float>(ss / static_cast<double>(dim));
-  return 1.0f / sqrtf(__fadd_rn(mean, eps));
+  return InvRmsOfSumSquares(WarpSumD(ss), dim, eps);
 }
 
 // WarpInvRms of a vector held in registers: v[e] is element lane + 32e
@@ -45,9 +50,7 @@ __device__ __forceinline__ float WarpInvRmsOfLane(const float (&v)[E], int64_t d
       ss = __dadd_rn(ss, __dmul_rn(d, d));
     }
   }
-  ss = WarpSumD(ss);
-  const float mean = static_cast<float>(ss / static_cast<double>(dim));
-  return 1.0f / sqrtf(__fadd_rn(mean, eps));
+  return InvRmsOfSumSquares(WarpSumD(ss), dim, eps);
 }
 
 // Σ x[i]² over this thread's elements i ≡ threadIdx.x (mod
@@ -103,8 +106,7 @@ __device__ __forceinline__ float BlockInvRms(const float* x, int64_t dim, float 
   if (threadIdx.x == 0) {
     double total = 0.0;
     for (int w = 0; w < kRmsBlockThreads / 32; ++w) total = __dadd_rn(total, sm_part[w]);
-    const float mean = static_cast<float>(total / static_cast<double>(dim));
-    *sm_inv = 1.0f / sqrtf(__fadd_rn(mean, eps));
+    *sm_inv = InvRmsOfSumSquares(total, dim, eps);
   }
   __syncthreads();
   return *sm_inv;
@@ -160,8 +162,7 @@ __device__ __forceinline__ void BlockInvRmsRows(const float* x, int64_t x_stride
     const int r = threadIdx.x;
     double total = 0.0;
     for (int w = 0; w < kRmsBlockThreads / 32; ++w) total = __dadd_rn(total, sm_part[r][w]);
-    const float mean = static_cast<float>(total / static_cast<double>(dim));
-    sm_inv[r] = 1.0f / sqrtf(__fadd_rn(mean, eps));
+    sm_inv[r] = InvRmsOfSumSquares(total, dim, eps);
   }
   __syncthreads();
 }
