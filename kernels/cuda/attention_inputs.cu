@@ -10,10 +10,11 @@
 // Fused only when the six Params describe that layout (FusesAttentionInputs);
 // otherwise the backend runs the six ops.
 //
-// In place: WarpInvRms reads the whole vector before its butterfly returns,
-// and afterwards each element is read and written by one lane only (lane
-// i % 32 owns the pair (i, i + rotary_dim/2) for i < rotary_dim/2 and
-// element i from rotary_dim on).
+// In place: the whole vector is read before its butterfly returns (by
+// WarpInvRms, or into registers on the register path), and afterwards each
+// element is read and written by one lane only (lane i % 32 owns the pair
+// (i, i + rotary_dim/2) for i < rotary_dim/2 and element i from rotary_dim
+// on).
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
