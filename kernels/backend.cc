@@ -53,6 +53,9 @@ absl::Status Backend::AttentionInputs(const AttentionInputsParams& p) {
 
 absl::Status Backend::GatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
+  if (p.conv.rows > 0) {
+    if (absl::Status s = Conv1d(p.conv); !s.ok()) return s;
+  }
   if (absl::Status s = GatedDeltaRule(p.rule); !s.ok()) return s;
   return GatedRmsNorm(p.norm);
 }

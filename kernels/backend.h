@@ -120,9 +120,10 @@ class Backend {
   // six ops in that order (backend.cc); a backend overrides it to fuse them
   // with the same bits (kernels/attention_inputs.h).
   virtual absl::Status AttentionInputs(const AttentionInputsParams& p);
-  // GatedDeltaRule, then GatedRmsNorm in place over its output heads: by
-  // default those two ops (backend.cc); a backend overrides it to fuse them
-  // with the same bits (kernels/gated_delta_rule.h).
+  // Conv1d when p.conv is given, GatedDeltaRule, then GatedRmsNorm in place
+  // over its output heads: by default those ops in turn (backend.cc); a
+  // backend overrides it to fuse them with the same bits
+  // (kernels/gated_delta_rule.h).
   virtual absl::Status GatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p);
   // The token each row's sampling config and uniform draw: by default the
   // host filters and draw on a copy of each row (backend.cc); a backend

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/conv1d.h"
 #include "kernels/rms_norm.h"
 
 namespace specserve::kernels {
@@ -45,15 +46,21 @@ struct GatedDeltaRuleParams {
 
 absl::Status Validate(const GatedDeltaRuleParams& p);
 
-// The linear-attention core of a GDN block: the rule, then the gated
-// RmsNorm of every output head (MODEL.md step 6) in place over the rule's
-// output: norm.x == norm.y == rule.out, one vector per (token, value head),
+// The linear-attention core of a GDN block: optionally the short conv
+// (MODEL.md step 3) when conv.rows > 0, the rule, then the gated RmsNorm of
+// every output head (MODEL.md step 6) in place over the rule's output:
+// norm.x == norm.y == rule.out, one vector per (token, value head),
 // norm.rows == rule.rows · nv, norm.dim == dv, norm.x_stride == dv and
-// rule.out_stride == nv · dv. The result is that of the two ops in turn,
-// bit for bit (Backend::GatedDeltaRuleNormed).
+// rule.out_stride == nv · dv. The conv's outputs are the rule's q, k and v:
+// conv.y == rule.q, rule.k == rule.q + nk·dk, rule.v == rule.q + 2·nk·dk,
+// conv.y_stride == rule.qkv_stride, conv.channels == 2·nk·dk + nv·dv, with
+// silu, and a session batch's conv states beside its rule states. The
+// result is that of the ops in turn, bit for bit, conv outputs and states
+// included (Backend::GatedDeltaRuleNormed).
 struct GatedDeltaRuleNormParams {
   GatedDeltaRuleParams rule;
   GatedRmsNormParams norm;
+  Conv1dParams conv;  // rows == 0: no conv (q, k, v are given)
 };
 
 absl::Status Validate(const GatedDeltaRuleNormParams& p);

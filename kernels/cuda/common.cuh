@@ -172,11 +172,11 @@ __device__ __forceinline__ void PdlBegin() {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) as a programmatic
-// dependent of the previous kernel, in clusters of cluster_x blocks along x
-// when cluster_x > 0 (grid.x a multiple); errors surface through
-// cudaGetLastError (LaunchStatus) like a <<<>>> launch.
+// dependent of the previous kernel, in clusters of cluster.x × cluster.y
+// blocks when cluster.x > 0 (grid.x, grid.y multiples); errors surface
+// through cudaGetLastError (LaunchStatus) like a <<<>>> launch.
 template <typename... Params, typename... Args>
-void LaunchPdlCluster(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned cluster_x,
+void LaunchPdlCluster(void (*kernel)(Params...), dim3 grid, dim3 block, dim3 cluster,
                       size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
@@ -187,10 +187,10 @@ void LaunchPdlCluster(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.numAttrs = 1;
-  if (cluster_x > 0) {
+  if (cluster.x > 0) {
     attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = cluster_x;
-    attr[1].val.clusterDim.y = 1;
+    attr[1].val.clusterDim.x = cluster.x;
+    attr[1].val.clusterDim.y = cluster.y;
     attr[1].val.clusterDim.z = 1;
     cfg.numAttrs = 2;
   }
@@ -202,7 +202,8 @@ void LaunchPdlCluster(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned
 template <typename... Params, typename... Args>
 void LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                cudaStream_t stream, Args&&... args) {
-  LaunchPdlCluster(kernel, grid, block, 0, smem, stream, static_cast<Args&&>(args)...);
+  LaunchPdlCluster(kernel, grid, block, dim3(0, 0, 0), smem, stream,
+                   static_cast<Args&&>(args)...);
 }
 
 }  // namespace specserve::kernels::cuda

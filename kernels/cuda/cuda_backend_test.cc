@@ -702,89 +702,120 @@ TEST_F(CudaBackendTest, GatedDeltaRuleSnapshotsAndDecode) {
   }
 }
 
-// The fused rule + gated norm (GatedDeltaRuleNormed) against the two ops in
-// turn on the GPU, bit for bit: the hot shape at one token (the fused
-// kernel, clusters of two tiles) and every other case (the backend's
+// The fused rule + gated norm (GatedDeltaRuleNormed), with and without the
+// conv before it, against the ops in turn on the GPU, bit for bit (outputs,
+// states, snapshots, conv outputs and conv states): the hot shape at one
+// token (the fused kernel, clusters of two tiles, or of a key head's 2 ×
+// group blocks with the conv) and every other case (the backend's
 // fallback), with snapshots (verify), in place (decode) and on per-session
 // states (a session batch); and against the CPU within tolerance.
 TEST_F(CudaBackendTest, GatedDeltaRuleNormedEqualsRuleThenNorm) {
   struct Shape { int nk, nv, dk, dv; };
   enum Mode { kSnapshots, kInPlace, kSessionBatch };
   for (int rows : kRows) {
-    for (Shape sh : {Shape{2, 6, 128, 128}, Shape{1, 2, 128, 128}, Shape{2, 4, 64, 33}}) {
+    for (Shape sh : {Shape{2, 6, 128, 128}, Shape{1, 2, 128, 128}, Shape{2, 8, 128, 128},
+                     Shape{2, 4, 64, 33}}) {
       for (Mode mode : {kSnapshots, kInPlace, kSessionBatch}) {
-        const std::string what = absl::StrCat("gdn+norm rows=", rows, " nv=", sh.nv, " dk=",
-                                              sh.dk, " dv=", sh.dv, " mode=", mode);
-        const int vd = sh.nv * sh.dv, width = 2 * sh.nk * sh.dk + vd + 5;
-        const int P = vd + sh.nv + 3;  // z row: nv heads of dv, then other columns
-        const int ssz = sh.nv * sh.dk * sh.dv, abs_ = sh.nv + 2;
-        const int slots = mode == kInPlace ? 1 : rows;  // states or snapshots
-        const std::vector<float> qkv = Random(rows * width), a = Random(rows * abs_, -3, 3),
-                                 b = Random(rows * abs_, -3, 3), a_log = Random(sh.nv, -1, 1),
-                                 dt = Random(sh.nv), z = Random(rows * P, -4, 4),
-                                 w = Random(sh.dv), st = Random(size_t(slots) * ssz, -0.5, 0.5);
-        Dual qd = UpF(qkv), ad = UpF(a), bd = UpF(b), ld = UpF(a_log), dd = UpF(dt),
-             zd = UpF(z), wd = UpF(w);
-        auto params = [&](bool g, const Dual& state, const Dual& snaps, const Dual& table,
-                          const Dual& out) {
-          GatedDeltaRuleNormParams p;
-          GatedDeltaRuleParams& r = p.rule;
-          r.rows = rows; r.num_k_heads = sh.nk; r.num_v_heads = sh.nv;
-          r.k_head_dim = sh.dk; r.v_head_dim = sh.dv;
-          r.q = qd.F(g); r.k = qd.F(g) + sh.nk * sh.dk; r.v = qd.F(g) + 2 * sh.nk * sh.dk;
-          r.qkv_stride = width; r.a = ad.F(g); r.b = bd.F(g); r.ab_stride = abs_;
-          r.a_log = ld.F(g); r.dt_bias = dd.F(g);
-          if (mode == kSessionBatch) {
-            r.states = static_cast<float* const*>(table.V(g));
-          } else {
-            r.state_in = state.F(g);
-            r.state_out = mode == kInPlace ? state.F(g) : snaps.F(g);
-            r.state_out_stride = mode == kInPlace ? 0 : ssz;
-          }
-          r.out = out.F(g); r.out_stride = vd;
-          GatedRmsNormParams& n = p.norm;
-          n.rows = rows * sh.nv; n.dim = sh.dv;
-          n.x = n.y = r.out; n.x_stride = n.y_stride = sh.dv;
-          n.z = zd.F(g); n.z_stride = sh.dv; n.z_group = sh.nv; n.z_group_stride = P;
-          n.weight = wd.F(g); n.eps = 1e-6f;
-          return p;
-        };
-        // Per run: fresh states, snapshots, per-session table and output.
-        struct Run {
-          Dual state, snaps, table, out;
-        };
-        auto fresh = [&]() {
-          Run r{UpF(st), Zeros(size_t(rows) * ssz), Dual{}, Zeros(size_t(rows) * vd)};
-          std::vector<float*> ptrs[2];
-          for (bool g : {false, true}) {
-            for (int i = 0; i < rows; ++i) ptrs[g].push_back(r.state.F(g) + size_t(i) * ssz);
-          }
-          Dual t = Up(ptrs[0].data(), rows * sizeof(float*));
-          EXPECT_TRUE(gpu_->CopyToDevice(t.g.data(), ptrs[1].data(), rows * sizeof(float*)).ok());
-          r.table = std::move(t);
-          return r;
-        };
-        auto results = [&](bool g, const Run& r) {
-          std::vector<float> v = Down(r.out, g, size_t(rows) * vd);
-          const std::vector<float> s =
-              mode == kSnapshots ? Down(r.snaps, g, size_t(rows) * ssz)
-                                 : Down(r.state, g, size_t(slots) * ssz);
-          v.insert(v.end(), s.begin(), s.end());
-          return v;
-        };
-        Run fused = fresh(), apart = fresh(), cpu = fresh();
-        const GatedDeltaRuleNormParams pf = params(true, fused.state, fused.snaps, fused.table,
-                                                   fused.out);
-        ASSERT_TRUE(gpu_->GatedDeltaRuleNormed(pf).ok()) << what;
-        const GatedDeltaRuleNormParams pa = params(true, apart.state, apart.snaps, apart.table,
-                                                   apart.out);
-        ASSERT_TRUE(gpu_->GatedDeltaRule(pa.rule).ok()) << what;
-        ASSERT_TRUE(gpu_->GatedRmsNorm(pa.norm).ok()) << what;
-        const std::vector<float> f = results(true, fused), s = results(true, apart);
-        ExpectBitEqual(f.data(), s.data(), f.size(), what + " fused vs in turn");
-        ASSERT_TRUE(cpu_->GatedDeltaRuleNormed(
-                        params(false, cpu.state, cpu.snaps, cpu.table, cpu.out)).ok()) << what;
-        ExpectClose(results(false, cpu), f, 1e-4, what + " cpu vs gpu");
+        for (bool conv : {false, true}) {
+          const std::string what = absl::StrCat("gdn+norm rows=", rows, " nk=", sh.nk, " nv=",
+                                                sh.nv, " dk=", sh.dk, " dv=", sh.dv,
+                                                " mode=", mode, " conv=", conv);
+          const int vd = sh.nv * sh.dv, width = 2 * sh.nk * sh.dk + vd + 5;
+          const int C = 2 * sh.nk * sh.dk + vd, xw = C + 7;  // conv channels; raw row width
+          const int P = vd + sh.nv + 3;  // z row: nv heads of dv, then other columns
+          const int ssz = sh.nv * sh.dk * sh.dv, csz = C * 3, abs_ = sh.nv + 2;
+          const int slots = mode == kInPlace ? 1 : rows;  // states or snapshots
+          const std::vector<float> qkv = Random(rows * width), a = Random(rows * abs_, -3, 3),
+                                   b = Random(rows * abs_, -3, 3), a_log = Random(sh.nv, -1, 1),
+                                   dt = Random(sh.nv), z = Random(rows * P, -4, 4),
+                                   w = Random(sh.dv), st = Random(size_t(slots) * ssz, -0.5, 0.5),
+                                   raw = Random(rows * xw, -2, 2), cw = Random(C * 4, -1, 1),
+                                   cst = Random(size_t(slots) * csz, -2, 2);
+          Dual qd = UpF(qkv), ad = UpF(a), bd = UpF(b), ld = UpF(a_log), dd = UpF(dt),
+               zd = UpF(z), wd = UpF(w), rawd = UpF(raw), cwd = UpF(cw);
+          // Per run: fresh states, snapshots, per-session tables, conv outputs and output.
+          struct Run {
+            Dual state, snaps, table, out, cstate, csnaps, ctable, y;
+          };
+          auto params = [&](bool g, const Run& run) {
+            GatedDeltaRuleNormParams p;
+            GatedDeltaRuleParams& r = p.rule;
+            const float* qkv_base = conv ? run.y.F(g) : qd.F(g);
+            r.rows = rows; r.num_k_heads = sh.nk; r.num_v_heads = sh.nv;
+            r.k_head_dim = sh.dk; r.v_head_dim = sh.dv;
+            r.q = qkv_base; r.k = qkv_base + sh.nk * sh.dk; r.v = qkv_base + 2 * sh.nk * sh.dk;
+            r.qkv_stride = width; r.a = ad.F(g); r.b = bd.F(g); r.ab_stride = abs_;
+            r.a_log = ld.F(g); r.dt_bias = dd.F(g);
+            if (mode == kSessionBatch) {
+              r.states = static_cast<float* const*>(run.table.V(g));
+            } else {
+              r.state_in = run.state.F(g);
+              r.state_out = mode == kInPlace ? run.state.F(g) : run.snaps.F(g);
+              r.state_out_stride = mode == kInPlace ? 0 : ssz;
+            }
+            r.out = run.out.F(g); r.out_stride = vd;
+            GatedRmsNormParams& n = p.norm;
+            n.rows = rows * sh.nv; n.dim = sh.dv;
+            n.x = n.y = r.out; n.x_stride = n.y_stride = sh.dv;
+            n.z = zd.F(g); n.z_stride = sh.dv; n.z_group = sh.nv; n.z_group_stride = P;
+            n.weight = wd.F(g); n.eps = 1e-6f;
+            if (conv) {
+              Conv1dParams& c = p.conv;
+              c.rows = rows; c.channels = C; c.kernel = 4;
+              c.x = rawd.F(g); c.x_stride = xw;
+              c.y = run.y.F(g); c.y_stride = width;
+              c.weight = cwd.F(g);
+              if (mode == kSessionBatch) {
+                c.states = static_cast<float* const*>(run.ctable.V(g));
+              } else {
+                c.state_in = run.cstate.F(g);
+                c.state_out = mode == kInPlace ? run.cstate.F(g) : run.csnaps.F(g);
+                c.state_out_stride = mode == kInPlace ? 0 : csz;
+              }
+              c.silu = true;
+            }
+            return p;
+          };
+          // A device table of the rows' state pointers, each `size` floats apart.
+          auto table = [&](const Dual& states, size_t size) {
+            std::vector<float*> ptrs[2];
+            for (bool g : {false, true}) {
+              for (int i = 0; i < rows; ++i) ptrs[g].push_back(states.F(g) + size_t(i) * size);
+            }
+            Dual t = Up(ptrs[0].data(), rows * sizeof(float*));
+            EXPECT_TRUE(gpu_->CopyToDevice(t.g.data(), ptrs[1].data(), rows * sizeof(float*)).ok());
+            return t;
+          };
+          auto fresh = [&]() {
+            Run r{UpF(st), Zeros(size_t(rows) * ssz), Dual{}, Zeros(size_t(rows) * vd),
+                  UpF(cst), Zeros(size_t(rows) * csz), Dual{}, Zeros(size_t(rows) * width)};
+            r.table = table(r.state, ssz);
+            r.ctable = table(r.cstate, csz);
+            return r;
+          };
+          auto results = [&](bool g, const Run& r) {
+            std::vector<float> v = Down(r.out, g, size_t(rows) * vd);
+            auto add = [&](const std::vector<float>& s) { v.insert(v.end(), s.begin(), s.end()); };
+            add(mode == kSnapshots ? Down(r.snaps, g, size_t(rows) * ssz)
+                                   : Down(r.state, g, size_t(slots) * ssz));
+            if (conv) {
+              add(mode == kSnapshots ? Down(r.csnaps, g, size_t(rows) * csz)
+                                     : Down(r.cstate, g, size_t(slots) * csz));
+              add(Down(r.y, g, size_t(rows) * width));
+            }
+            return v;
+          };
+          Run fused = fresh(), apart = fresh(), cpu = fresh();
+          ASSERT_TRUE(gpu_->GatedDeltaRuleNormed(params(true, fused)).ok()) << what;
+          const GatedDeltaRuleNormParams pa = params(true, apart);
+          if (conv) ASSERT_TRUE(gpu_->Conv1d(pa.conv).ok()) << what;
+          ASSERT_TRUE(gpu_->GatedDeltaRule(pa.rule).ok()) << what;
+          ASSERT_TRUE(gpu_->GatedRmsNorm(pa.norm).ok()) << what;
+          const std::vector<float> f = results(true, fused), s = results(true, apart);
+          ExpectBitEqual(f.data(), s.data(), f.size(), what + " fused vs in turn");
+          ASSERT_TRUE(cpu_->GatedDeltaRuleNormed(params(false, cpu)).ok()) << what;
+          ExpectClose(results(false, cpu), f, 1e-4, what + " cpu vs gpu");
+        }
       }
     }
   }

@@ -104,8 +104,10 @@ absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleParams& p,
 // The rule and its gated norm in one kernel (gated_delta_rule.cu), for one
 // token of one session of the hot shape (dk = dv = 128) with the norm in
 // place over the rule's output heads (FusesGatedDeltaRuleNorm);
-// INVALID_ARGUMENT otherwise.
+// INVALID_ARGUMENT otherwise. The conv, when given, runs inside that kernel
+// too where FusesConvIntoGatedDeltaRule, otherwise just before it.
 bool FusesGatedDeltaRuleNorm(const GatedDeltaRuleNormParams& p);
+bool FusesConvIntoGatedDeltaRule(const GatedDeltaRuleNormParams& p);
 absl::Status LaunchGatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p,
                                         cudaStream_t stream);
 

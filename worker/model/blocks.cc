@@ -186,7 +186,6 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
       cv.state_out_stride = verify ? conv_state : 0;
     }
     cv.silu = true;
-    SS_RETURN_IF_ERROR(be.Conv1d(cv));
 
     kernels::GatedDeltaRuleParams g;
     g.rows = s.rows;
@@ -226,7 +225,8 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
     gn.z_group_stride = P;
     gn.weight = l.norm.f32();
     gn.eps = c.rms_norm_eps;
-    SS_RETURN_IF_ERROR(be.GatedDeltaRuleNormed({g, gn}));
+    // The conv, the rule and the norm: one kernel where the backend can.
+    SS_RETURN_IF_ERROR(be.GatedDeltaRuleNormed({g, gn, cv}));
   }
   return be.Matmul(DenseMatmul(rows, ws.core.f32(), l.out_proj, ws.h.f32(),
                                /*accumulate=*/true));
