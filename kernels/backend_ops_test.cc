@@ -741,58 +741,12 @@ TEST_P(BackendOpsTest, LargeAttentionAndDeltaRuleAreRowInvariant) {
   }
 }
 
-// GatedDeltaRuleNormed: the rule then the gated norm of its output heads,
-// bit for bit; a norm that is not in place over those heads is refused.
-TEST_P(BackendOpsTest, GatedDeltaRuleNormedIsTheRuleThenTheNorm) {
+// GatedDeltaRuleNormed: the conv (when given), the rule and the gated norm
+// of its output heads in turn, bit for bit (outputs, states, and the conv's
+// outputs and states); a norm that is not in place over those heads, or a
+// conv whose outputs are not the rule's q, k and v, is refused.
+TEST_P(BackendOpsTest, GatedDeltaRuleNormedIsTheOpsInTurn) {
   const int rows = 3, nk = 1, nv = 2, dk = 16, dv = 8;
-  const int width = 2 * nk * dk + nv * dv, ssize = nv * dk * dv, zw = nv * dv + 1;
-  std::uniform_real_distribution<float> d(-1, 1);
-  auto random = [&](int n) {
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(rng_);
-    return v;
-  };
-  const std::vector<float> qkv = random(rows * width), ab = random(rows * nv),
-                           st = random(ssize), z = random(rows * zw), w = random(dv),
-                           coef = random(nv);
-  Buffer qb = Up(qkv), abb = Up(ab), cb = Up(coef), zb = Up(z), wb = Up(w);
-  std::vector<float> result[2];
-  for (bool fused : {false, true}) {
-    Buffer sb = Up(st), ob = Up(std::vector<float>(rows * nv * dv));
-    GatedDeltaRuleNormParams p;
-    GatedDeltaRuleParams& r = p.rule;
-    r.rows = rows; r.num_k_heads = nk; r.num_v_heads = nv; r.k_head_dim = dk;
-    r.v_head_dim = dv; r.q = qb.f32(); r.k = qb.f32() + nk * dk;
-    r.v = qb.f32() + 2 * nk * dk; r.qkv_stride = width; r.a = r.b = abb.f32();
-    r.ab_stride = nv; r.a_log = r.dt_bias = cb.f32(); r.state_in = r.state_out = sb.f32();
-    r.out = ob.f32(); r.out_stride = nv * dv;
-    GatedRmsNormParams& n = p.norm;
-    n.rows = rows * nv; n.dim = dv; n.x = n.y = ob.f32(); n.x_stride = n.y_stride = dv;
-    n.z = zb.f32(); n.z_stride = dv; n.z_group = nv; n.z_group_stride = zw;
-    n.weight = wb.f32();
-    if (fused) {
-      ASSERT_TRUE(backend_->GatedDeltaRuleNormed(p).ok());
-    } else {
-      ASSERT_TRUE(backend_->GatedDeltaRule(r).ok());
-      ASSERT_TRUE(backend_->GatedRmsNorm(n).ok());
-    }
-    result[fused] = Down(ob, rows * nv * dv);
-    const std::vector<float> s = Down(sb, ssize);
-    result[fused].insert(result[fused].end(), s.begin(), s.end());
-    if (fused) {
-      GatedDeltaRuleNormParams bad = p;
-      bad.norm.rows = rows;  // not one vector per output head
-      EXPECT_EQ(backend_->GatedDeltaRuleNormed(bad).code(), absl::StatusCode::kInvalidArgument);
-    }
-  }
-  EXPECT_EQ(result[0], result[1]);
-}
-
-// GatedDeltaRuleNormed with its conv: the conv, the rule and the norm in
-// turn, bit for bit (conv outputs and states too); a conv whose outputs are
-// not the rule's q, k and v is refused.
-TEST_P(BackendOpsTest, GatedDeltaRuleNormedWithConvIsTheThreeOpsInTurn) {
-  const int rows = 2, nk = 1, nv = 2, dk = 16, dv = 8;
   const int channels = 2 * nk * dk + nv * dv, xw = channels + 3, zw = nv * dv + 1;
   const int ssize = nv * dk * dv, csize = channels * 3;
   std::uniform_real_distribution<float> d(-1, 1);
@@ -805,42 +759,54 @@ TEST_P(BackendOpsTest, GatedDeltaRuleNormedWithConvIsTheThreeOpsInTurn) {
                            cst = random(csize), ab = random(rows * nv), st = random(ssize),
                            z = random(rows * zw), w = random(dv), coef = random(nv);
   Buffer rb = Up(raw), cwb = Up(cw), abb = Up(ab), cb = Up(coef), zb = Up(z), wb = Up(w);
-  std::vector<float> result[2];
-  for (bool fused : {false, true}) {
-    Buffer sb = Up(st), csb = Up(cst), yb = Up(std::vector<float>(rows * channels)),
-           ob = Up(std::vector<float>(rows * nv * dv));
-    GatedDeltaRuleNormParams p;
-    Conv1dParams& c = p.conv;
-    c.rows = rows; c.channels = channels; c.kernel = 4; c.x = rb.f32(); c.x_stride = xw;
-    c.y = yb.f32(); c.y_stride = channels; c.weight = cwb.f32();
-    c.state_in = c.state_out = csb.f32(); c.silu = true;
-    GatedDeltaRuleParams& r = p.rule;
-    r.rows = rows; r.num_k_heads = nk; r.num_v_heads = nv; r.k_head_dim = dk;
-    r.v_head_dim = dv; r.q = yb.f32(); r.k = yb.f32() + nk * dk;
-    r.v = yb.f32() + 2 * nk * dk; r.qkv_stride = channels; r.a = r.b = abb.f32();
-    r.ab_stride = nv; r.a_log = r.dt_bias = cb.f32(); r.state_in = r.state_out = sb.f32();
-    r.out = ob.f32(); r.out_stride = nv * dv;
-    GatedRmsNormParams& n = p.norm;
-    n.rows = rows * nv; n.dim = dv; n.x = n.y = ob.f32(); n.x_stride = n.y_stride = dv;
-    n.z = zb.f32(); n.z_stride = dv; n.z_group = nv; n.z_group_stride = zw;
-    n.weight = wb.f32();
-    if (fused) {
-      GatedDeltaRuleNormParams bad = p;
-      bad.rule.k = bad.rule.q;  // k is not the conv's second block of channels
-      EXPECT_EQ(backend_->GatedDeltaRuleNormed(bad).code(), absl::StatusCode::kInvalidArgument);
-      ASSERT_TRUE(backend_->GatedDeltaRuleNormed(p).ok());
-    } else {
-      ASSERT_TRUE(backend_->Conv1d(c).ok());
-      ASSERT_TRUE(backend_->GatedDeltaRule(r).ok());
-      ASSERT_TRUE(backend_->GatedRmsNorm(n).ok());
+  for (bool conv : {false, true}) {
+    std::vector<float> result[2];
+    for (bool fused : {false, true}) {
+      Buffer sb = Up(st), csb = Up(cst), yb = Up(std::vector<float>(rows * channels)),
+             ob = Up(std::vector<float>(rows * nv * dv));
+      // Without the conv, the raw rows are q, k and v.
+      float* const qkv = conv ? yb.f32() : rb.f32();
+      GatedDeltaRuleNormParams p;
+      if (conv) {
+        Conv1dParams& c = p.conv;
+        c.rows = rows; c.channels = channels; c.kernel = 4; c.x = rb.f32(); c.x_stride = xw;
+        c.y = yb.f32(); c.y_stride = channels; c.weight = cwb.f32();
+        c.state_in = c.state_out = csb.f32(); c.silu = true;
+      }
+      GatedDeltaRuleParams& r = p.rule;
+      r.rows = rows; r.num_k_heads = nk; r.num_v_heads = nv; r.k_head_dim = dk;
+      r.v_head_dim = dv; r.q = qkv; r.k = qkv + nk * dk; r.v = qkv + 2 * nk * dk;
+      r.qkv_stride = conv ? channels : xw; r.a = r.b = abb.f32();
+      r.ab_stride = nv; r.a_log = r.dt_bias = cb.f32(); r.state_in = r.state_out = sb.f32();
+      r.out = ob.f32(); r.out_stride = nv * dv;
+      GatedRmsNormParams& n = p.norm;
+      n.rows = rows * nv; n.dim = dv; n.x = n.y = ob.f32(); n.x_stride = n.y_stride = dv;
+      n.z = zb.f32(); n.z_stride = dv; n.z_group = nv; n.z_group_stride = zw;
+      n.weight = wb.f32();
+      if (fused) {
+        GatedDeltaRuleNormParams bad = p;
+        bad.norm.rows = rows;  // not one vector per output head
+        EXPECT_EQ(backend_->GatedDeltaRuleNormed(bad).code(), absl::StatusCode::kInvalidArgument);
+        if (conv) {
+          bad = p;
+          bad.rule.k = bad.rule.q;  // k is not the conv's second block of channels
+          EXPECT_EQ(backend_->GatedDeltaRuleNormed(bad).code(),
+                    absl::StatusCode::kInvalidArgument);
+        }
+        ASSERT_TRUE(backend_->GatedDeltaRuleNormed(p).ok());
+      } else {
+        if (conv) ASSERT_TRUE(backend_->Conv1d(p.conv).ok());
+        ASSERT_TRUE(backend_->GatedDeltaRule(r).ok());
+        ASSERT_TRUE(backend_->GatedRmsNorm(n).ok());
+      }
+      for (const auto& [buf, size] : {std::pair{&ob, rows * nv * dv}, std::pair{&sb, ssize},
+                                      std::pair{&csb, csize}, std::pair{&yb, rows * channels}}) {
+        const std::vector<float> v = Down(*buf, size);
+        result[fused].insert(result[fused].end(), v.begin(), v.end());
+      }
     }
-    for (const auto& [buf, size] : {std::pair{&ob, rows * nv * dv}, std::pair{&sb, ssize},
-                                    std::pair{&csb, csize}, std::pair{&yb, rows * channels}}) {
-      const std::vector<float> v = Down(*buf, size);
-      result[fused].insert(result[fused].end(), v.begin(), v.end());
-    }
+    EXPECT_EQ(result[0], result[1]) << "conv " << conv;
   }
-  EXPECT_EQ(result[0], result[1]);
 }
 
 TEST_P(BackendOpsTest, SessionBatchMatchesSessionsAlone) {
