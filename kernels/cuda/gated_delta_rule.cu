@@ -148,11 +148,6 @@ __device__ __forceinline__ float AccSum(const float (&acc)[kAcc]) {
   return __fadd_rn(__fadd_rn(acc[0], acc[1]), __fadd_rn(acc[2], acc[3]));
 }
 
-// The fused gated norm of output vector r (token, head) whose columns
-// [j, j + V) this lane holds (every column: the hot shape has no partial
-// tile), called by every thread of both blocks of the cluster: the head's
-// outputs into both blocks' `head` (this token's parity buffer), a cluster
-// barrier, then GatedRmsNorm's code (rms_norm.cu) over the whole head.
 // The gate z[j, j + V) of output vector r, loaded by the caller early (with
 // the token's inputs) so that the norm's end does not wait for it.
 template <int V>
@@ -165,6 +160,11 @@ __device__ __forceinline__ void LoadGate(const GatedRmsNormParams& n, int64_t r,
   for (int c = 0; c < V; ++c) zv[c] = z[j + c];
 }
 
+// The fused gated norm of output vector r (token, head) whose columns
+// [j, j + V) this lane holds (every column: the hot shape has no partial
+// tile), called by every thread of the cluster's blocks: the head's outputs
+// into both of its tiles' blocks' `head` (this token's parity buffer), a
+// cluster barrier, then GatedRmsNorm's code (rms_norm.cu) over the whole head.
 template <int W, int V, int kCols, int kDv>
 __device__ __forceinline__ void NormOutputs(const GatedRmsNormParams& n,
                                             const float (&partials)[W][kCols], float* head,
@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
   __shared__ float head_o[2][kNorm ? kDv : 1];
   // kConv: the token's q and k of the key head, then the block's v columns.
   constexpr int kQk = 2 * W * R;  // kConv: q/k channels, one per thread
-  static_assert(!kConv || (kQk == W * 32 && kFull && kCols <= W * 32), "kConv: dk == 16·W");
+  static_assert(!kConv || (kQk == W * 32 && kFull && kCols <= W * 32), "kConv: one q/k channel per thread");
   __shared__ float conv_out[kConv ? kQk + kCols : 1];
   // kNorm: no block may write its peer's shared memory before the peer has
   // started; this arrival, waited for before the token loop, orders that.
