@@ -450,6 +450,7 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
   };
 #pragma unroll
   for (int u = 0; u < RING; ++u) load_next(u);
+  TraceStamp<TRACE>(a.trace, 5);
   PdlWait();  // only the weights were read before this
   TraceStamp<TRACE>(a.trace, 1);
 

@@ -40,11 +40,12 @@ void SetMmaMatmulPartsForBenchmark(int parts);
 // blocks write, by thread 0, the global timer (ns) with the SM id in the top
 // byte at: 0 start, 1 after the wait on the previous kernel, 2 before the
 // first unit (after the fused norm's 1/rms), 3 end, 4 the last unit's
-// multiplications done (before its piece sums). Only the one-token staged
+// multiplications done (before its piece sums), 5 the ring's first weight
+// loads issued (just before the wait). Only the one-token staged
 // kernel is traced (a separate instance: the stamps cost registers). A
 // captured graph keeps its launches' records, so replays overwrite them.
 // nullptr: off.
-constexpr int kMmaTraceStamps = 5;
+constexpr int kMmaTraceStamps = 6;
 constexpr int kMmaTraceTimeBits = 56;  // the timer's low bits; the SM id above them
 constexpr uint64_t kMmaTraceTimeMask = (uint64_t{1} << kMmaTraceTimeBits) - 1;
 constexpr int kMmaTraceMaxBlocks = 528;

@@ -2,7 +2,7 @@
 """Where a matmul call's tail comes from, from `cuda_bench --trace_dump=FILE`.
 
 The dump holds, per tensor-core matmul launch of one greedy step, int64 in,
-out, tokens, grid, then grid x 5 uint64 stamps per block (the global timer in
+out, tokens, grid, then grid x 6 uint64 stamps per block (the global timer in
 ns, the SM id in the top byte): start, released from the wait, ready (after
 the fused norm), end, and the last unit's multiplications done
 (kernels/cuda/matmul_mma.h).
@@ -25,7 +25,7 @@ import sys
 
 import numpy as np
 
-STAMPS = 5
+STAMPS = 6
 TIME_MASK = (1 << 56) - 1
 
 

@@ -36,7 +36,7 @@ void Check(cudaError_t e, const char* what) {
 
 // One launch's blocks: stamps in ns (relative to nothing yet) and SMs.
 struct LaunchTimes {
-  std::vector<double> start, released, ready, end;
+  std::vector<double> start, released, ready, end, issued;
   int max_blocks_per_sm = 0;
   bool complete = true;  // every block wrote every stamp
 };
@@ -54,6 +54,7 @@ LaunchTimes TimesOf(const uint64_t* rec, int grid) {
     t.released.push_back(static_cast<double>(s[1] & kMmaTraceTimeMask));
     t.ready.push_back(static_cast<double>(s[2] & kMmaTraceTimeMask));
     t.end.push_back(static_cast<double>(s[3] & kMmaTraceTimeMask));
+    t.issued.push_back(static_cast<double>(s[5] & kMmaTraceTimeMask));
     const int sm = static_cast<int>(s[0] >> kMmaTraceTimeBits);
     t.max_blocks_per_sm = std::max(t.max_blocks_per_sm, ++per_sm[sm]);
   }
@@ -63,8 +64,8 @@ LaunchTimes TimesOf(const uint64_t* rec, int grid) {
 // Per-shape sums of a call's intervals (us), averaged when printed.
 struct ShapeSums {
   int calls = 0;
-  double floor_us = 0, call_us = 0, start_gap_us = 0, released_us = 0, prologue_us = 0,
-         body_us = 0, tail_us = 0;
+  double floor_us = 0, call_us = 0, start_gap_us = 0, start_med_us = 0, issued_us = 0,
+         released_us = 0, prologue_us = 0, body_us = 0, tail_us = 0;
   int max_blocks_per_sm = 0;
 };
 
@@ -116,6 +117,8 @@ json TraceBoundaries(const std::function<void()>& step,
   // between two matmuls, e.g. conv and the delta rule, fall in `released`):
   //   call      = last end - previous last end (the call's share of the step)
   //   start_gap = first block start - previous last end (< 0: resident early)
+  //   start_med = median block start - previous last end
+  //   issued    = median (ring's first loads issued) - previous last end
   //   released  = median release from the wait - previous last end
   //   prologue  = median (ready - released): the fused norm's 1/rms
   //   body      = median end - median ready: units, staging, piece sums
@@ -148,6 +151,8 @@ json TraceBoundaries(const std::function<void()>& step,
       s.floor_us += floor_us;
       s.call_us += (last_end - prev_end) / 1e3;
       s.start_gap_us += (first_start - prev_end) / 1e3;
+      s.start_med_us += (bench::Median(t.start) - prev_end) / 1e3;
+      s.issued_us += (bench::Median(t.issued) - prev_end) / 1e3;
       s.released_us += (med_released - prev_end) / 1e3;
       s.prologue_us += (med_ready - med_released) / 1e3;
       s.body_us += (med_end - med_ready) / 1e3;
@@ -163,21 +168,25 @@ json TraceBoundaries(const std::function<void()>& step,
               "previous one, %d incomplete; timer step >= %.0f ns; us per call, means per "
               "shape; floor = weight bytes at the copy bandwidth):\n",
               launches.size(), traced, incomplete, timer_step < 1e29 ? timer_step : 0.0);
-  std::printf("      %-16s %5s %8s %8s %9s %9s %9s %8s %8s %6s\n", "[out][in]", "calls", "floor",
-              "call", "start_gap", "released", "prologue", "body", "tail", "blk/SM");
+  std::printf("      %-16s %5s %8s %8s %9s %9s %8s %9s %9s %8s %8s %6s\n", "[out][in]", "calls",
+              "floor", "call", "start_gap", "start_med", "issued", "released", "prologue", "body",
+              "tail", "blk/SM");
   json out = json::array();
   for (const auto& [shape, s] : shapes) {
     const double n = s.calls;
     const std::string name =
         "[" + std::to_string(shape.first) + "][" + std::to_string(shape.second) + "]";
-    std::printf("      %-16s %5d %8.1f %8.1f %9.1f %9.1f %9.1f %8.1f %8.1f %6d\n", name.c_str(),
-                s.calls, s.floor_us / n, s.call_us / n, s.start_gap_us / n, s.released_us / n,
-                s.prologue_us / n, s.body_us / n, s.tail_us / n, s.max_blocks_per_sm);
+    std::printf("      %-16s %5d %8.1f %8.1f %9.1f %9.1f %8.1f %9.1f %9.1f %8.1f %8.1f %6d\n",
+                name.c_str(), s.calls, s.floor_us / n, s.call_us / n, s.start_gap_us / n,
+                s.start_med_us / n, s.issued_us / n, s.released_us / n, s.prologue_us / n,
+                s.body_us / n, s.tail_us / n, s.max_blocks_per_sm);
     out.push_back({{"shape", name},
                    {"calls", s.calls},
                    {"floor_us", s.floor_us / n},
                    {"call_us", s.call_us / n},
                    {"start_gap_us", s.start_gap_us / n},
+                   {"start_med_us", s.start_med_us / n},
+                   {"issued_us", s.issued_us / n},
                    {"released_us", s.released_us / n},
                    {"prologue_us", s.prologue_us / n},
                    {"body_us", s.body_us / n},
