@@ -795,7 +795,9 @@ TEST_P(BackendOpsTest, GatedDeltaRuleNormedIsTheOpsInTurn) {
         }
         ASSERT_TRUE(backend_->GatedDeltaRuleNormed(p).ok());
       } else {
-        if (conv) ASSERT_TRUE(backend_->Conv1d(p.conv).ok());
+        if (conv) {
+          ASSERT_TRUE(backend_->Conv1d(p.conv).ok());
+        }
         ASSERT_TRUE(backend_->GatedDeltaRule(r).ok());
         ASSERT_TRUE(backend_->GatedRmsNorm(n).ok());
       }

@@ -34,7 +34,11 @@
 #       .carry/ab) prepare also keeps each build's cuda_bench as
 #       .carry/ab/<rev>.tar.xz; ab runs BASE and the NEW builds in turn on one
 #       machine and prints the 27B-shape figures' medians and each NEW's ratio
-#       to BASE ($OUT/ab.{txt,json}).
+#       to BASE ($OUT/ab.{txt,json}). The name `pack` is the build in
+#       .carry/pack (carry it and one kept build: the pack and two builds pass
+#       the travelling tree's 64 MiB), so that one call can check a build
+#       (run) and time it against another. CUDA_BENCH_AB_TRACE=1 then prints
+#       each build's boundary trace of the greedy step ($OUT/<build>_trace.txt).
 #   tools/cuda_bench.sh envab ROUNDS 'BASE_ENV' 'NEW_ENV'  (GPU machine, carry
 #       .carry/pack) the same comparison for one build under two environments
 #       (VAR=value lists): for switches an experiment reads from its
@@ -85,7 +89,18 @@ if [ "$mode" = ab ]; then
   IFS=, read -r -a news <<< "$new"
   out="${OUT:-/tmp/cuda_bench}"
   mkdir -p "$out"
+  bench_of() {  # the cuda_bench binary of build $1
+    if [ "$1" = pack ]; then echo "$carry/cuda_bench"; else echo ".carry/ab_bin/$1/cuda_bench"; fi
+  }
   for b in "$base" "${news[@]}"; do
+    if [ "$b" = pack ]; then
+      if [ ! -x "$carry/cuda_bench" ]; then
+        mkdir -p "$carry"
+        python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+          .carry/pack/cuda.tar.xz "$carry" || exit 1
+      fi
+      continue
+    fi
     mkdir -p ".carry/ab_bin/$b"
     python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
       ".carry/ab/$b.tar.xz" ".carry/ab_bin/$b" || exit 1
@@ -94,7 +109,7 @@ if [ "$mode" = ab ]; then
   for i in $(seq 1 "$rounds"); do
     for b in "$base" "${news[@]}"; do
       echo "== $b, round $i"
-      timeout 200 ".carry/ab_bin/$b/cuda_bench" --skip_matmul --json="$out/${b}_$i.json" \
+      timeout 200 "$(bench_of "$b")" --skip_matmul --json="$out/${b}_$i.json" \
         > "$out/${b}_$i.txt" 2>&1 || { echo "cuda_bench $b failed"; tail -5 "$out/${b}_$i.txt"; exit 1; }
       grep -E "^\(a\)|greedy \(no" "$out/${b}_$i.txt"
       files+=("$out/${b}_$i.json")
@@ -102,7 +117,16 @@ if [ "$mode" = ab ]; then
   done
   python3 tools/cuda_bench/ab_compare.py "$base" "$new" "$out/ab.json" "${files[@]}" |
     tee "$out/ab.txt"
-  exit "${PIPESTATUS[0]}"
+  status="${PIPESTATUS[0]}"
+  if [ "${CUDA_BENCH_AB_TRACE:-0}" = 1 ]; then
+    for b in "$base" "${news[@]}"; do
+      echo "== $b, boundary trace"
+      timeout 100 "$(bench_of "$b")" --skip_matmul --decode_only --trace_boundaries \
+        > "$out/${b}_trace.txt" 2>&1 || { echo "trace of $b failed"; status=1; continue; }
+      grep -A9 "boundary trace of" "$out/${b}_trace.txt" | head -10
+    done
+  fi
+  exit "$status"
 fi
 case "$mode" in run|sanitize|envab) ;; *) echo "usage: $0 [prepare|run|sanitize|ab|envab]" >&2; exit 2 ;; esac
 

@@ -79,7 +79,9 @@ TEST_F(SessionPoolTest, ParkOffloadResumeIsExact) {
         ASSERT_TRUE(lease.ok());
         auto first = Burst(lease->get(), p);
         out.insert(out.end(), first.begin(), first.end());
-        if (park) ASSERT_TRUE(engine_->Flush(lease->get()).ok());
+        if (park) {
+          ASSERT_TRUE(engine_->Flush(lease->get()).ok());
+        }
       }
       if (park) {
         EXPECT_EQ(pool.stats().offloaded, 1);

@@ -808,7 +808,9 @@ TEST_F(CudaBackendTest, GatedDeltaRuleNormedEqualsRuleThenNorm) {
           Run fused = fresh(), apart = fresh(), cpu = fresh();
           ASSERT_TRUE(gpu_->GatedDeltaRuleNormed(params(true, fused)).ok()) << what;
           const GatedDeltaRuleNormParams pa = params(true, apart);
-          if (conv) ASSERT_TRUE(gpu_->Conv1d(pa.conv).ok()) << what;
+          if (conv) {
+            ASSERT_TRUE(gpu_->Conv1d(pa.conv).ok()) << what;
+          }
           ASSERT_TRUE(gpu_->GatedDeltaRule(pa.rule).ok()) << what;
           ASSERT_TRUE(gpu_->GatedRmsNorm(pa.norm).ok()) << what;
           const std::vector<float> f = results(true, fused), s = results(true, apart);

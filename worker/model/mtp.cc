@@ -2,6 +2,8 @@
 // the next token t_{p+1}, runs one full-attention decoder layer over its own
 // KV cache at RoPE position p and predicts t_{p+2} through the shared
 // lm_head.
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "telemetry/status_macros.h"
 #include "worker/model/model.h"
@@ -113,7 +115,8 @@ absl::Status Model::MtpRowRecorded(ModelState* state,
       backend_->CopyToDevice(ws.mtp_in.data(), hidden.data(), H * sizeof(float)));
   SS_RETURN_IF_ERROR(UploadIds(absl::MakeConstSpan(&token, 1)));
   uint64_t tab[3] = {DeviceAddress(state->mtp_kv_.k), DeviceAddress(state->mtp_kv_.v), 0};
-  *reinterpret_cast<int32_t*>(&tab[2]) = row;
+  const int32_t row32 = row;
+  std::memcpy(&tab[2], &row32, sizeof(row32));  // the low half: the device reads an int32
   uint64_t* dev = static_cast<uint64_t*>(ws.batch.data());
   SS_RETURN_IF_ERROR(backend_->CopyToDevice(dev, tab, sizeof(tab)));
   SessionBatch batch;
