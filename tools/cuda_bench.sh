@@ -53,6 +53,18 @@ cd "$(dirname "$0")/.."
 mode="${1:-run}"
 carry=.carry/cuda
 
+# prepare also packs the binaries (.carry/pack/cuda.tar.xz, a fifth of their
+# size: the working tree that travels is capped); the GPU machine unpacks
+# them into $carry once.
+untar() {  # ARCHIVE DIR
+  mkdir -p "$2" &&
+    python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$1" "$2"
+}
+unpack() {
+  [ -x "$carry/cuda_bench" ] || [ ! -f .carry/pack/cuda.tar.xz ] ||
+    untar .carry/pack/cuda.tar.xz "$carry"
+}
+
 if [ "$mode" = prepare ]; then
   tools/cuda_check.sh prepare || exit 1
   ob="${CUDA_CHECK_OUTPUT_BASE:-$HOME/.cache/bazel_cuda/ob}"
@@ -94,16 +106,10 @@ if [ "$mode" = ab ]; then
   }
   for b in "$base" "${news[@]}"; do
     if [ "$b" = pack ]; then
-      if [ ! -x "$carry/cuda_bench" ]; then
-        mkdir -p "$carry"
-        python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
-          .carry/pack/cuda.tar.xz "$carry" || exit 1
-      fi
-      continue
+      unpack || exit 1
+    else
+      untar ".carry/ab/$b.tar.xz" ".carry/ab_bin/$b" || exit 1
     fi
-    mkdir -p ".carry/ab_bin/$b"
-    python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
-      ".carry/ab/$b.tar.xz" ".carry/ab_bin/$b" || exit 1
   done
   files=()
   for i in $(seq 1 "$rounds"); do
@@ -130,13 +136,7 @@ if [ "$mode" = ab ]; then
 fi
 case "$mode" in run|sanitize|envab) ;; *) echo "usage: $0 [prepare|run|sanitize|ab|envab]" >&2; exit 2 ;; esac
 
-# prepare also packs the binaries (.carry/pack/cuda.tar.xz, a fifth of their
-# size: the working tree that travels is capped): carry .carry/pack alone.
-if [ ! -x "$carry/cuda_bench" ] && [ -f .carry/pack/cuda.tar.xz ]; then
-  mkdir -p "$carry"
-  python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
-    .carry/pack/cuda.tar.xz "$carry" || exit 1
-fi
+unpack || exit 1  # (carry .carry/pack alone)
 out="${OUT:-/tmp/cuda_bench}"
 mkdir -p "$out"
 

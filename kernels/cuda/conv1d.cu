@@ -9,6 +9,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/row_formulas.cuh"
 
 namespace specserve::kernels::cuda {
 namespace {
@@ -44,11 +45,7 @@ __global__ void __launch_bounds__(kThreads) Conv1dKernel(Conv1dParams p) {
   }
   for (int64_t t = t0; t < t1; ++t) {
     win[s] = p.x[t * p.x_stride + c];
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kCap; ++j) {
-      if (j < k) acc = __fadd_rn(acc, __fmul_rn(w[j], win[j]));
-    }
+    const float acc = ConvWindowSum(w, win, k);
     p.y[t * p.y_stride + c] = p.silu ? Silu(acc) : acc;
     float* dst = state_out + (t - t0) * p.state_out_stride + c * s;
     const bool write = p.state_out_stride != 0 || t == t1 - 1;

@@ -44,7 +44,7 @@
 // writes it first only after a cluster barrier at the start (the peer has
 // started: compute-sanitizer racecheck flags the write otherwise).
 //
-// Fused conv (GatedDeltaRuleNormParams.conv, FusesConvIntoGatedDeltaRule):
+// Fused conv (GatedDeltaRuleNormParams.conv; kernel 4, nv/nk <= 4):
 // the short conv that makes q, k and v runs in the same kernel, each
 // channel once per block by Conv1dKernel's formula, so its outputs and
 // states are Conv1d's bit for bit. A key head's q/k conv state is read by
@@ -65,6 +65,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/rms_inv.cuh"
+#include "kernels/cuda/row_formulas.cuh"
 
 namespace specserve::kernels::cuda {
 namespace {
@@ -101,9 +102,9 @@ __device__ __forceinline__ void LoadToken(const GatedDeltaRuleParams& p, int64_t
 }
 
 // The fused conv (kConv): one channel's conv of kernel 4 at token 0, by
-// Conv1dKernel's formula (acc = Σ_j w[j]·window[j] from +0 in j order, each
-// product and sum rounded, then silu). `win` is the channel's window: the
-// state's 3 raw inputs, then this token's; win[1..3] is its next state.
+// Conv1dKernel's formula (ConvWindowSum, then silu). `win` is the channel's
+// window: the state's 3 raw inputs, then this token's; win[1..3] is its
+// next state.
 struct ConvChannel {
   float win[4];
   float w[4];
@@ -119,10 +120,7 @@ __device__ __forceinline__ void LoadConvChannel(const Conv1dParams& c, int64_t c
 }
 
 __device__ __forceinline__ float ConvOf(const ConvChannel& cc) {
-  float acc = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) acc = __fadd_rn(acc, __fmul_rn(cc.w[j], cc.win[j]));
-  return Silu(acc);
+  return Silu(ConvWindowSum(cc.w, cc.win, 4));
 }
 
 // Writes the channel's next state, win[1..3].
@@ -492,21 +490,17 @@ bool FusesGatedDeltaRuleNorm(const GatedDeltaRuleNormParams& p) {
          p.rule.states == nullptr && p.rule.num_v_heads <= 65535 && Validate(p).ok();
 }
 
-// The conv joins the fused kernel when it is the model's (kernel 4) and a
-// key head's blocks fit one cluster (2 × group <= 8, the portable size).
-// Otherwise it runs first, on its own.
-bool FusesConvIntoGatedDeltaRule(const GatedDeltaRuleNormParams& p) {
-  const int64_t group = p.rule.num_v_heads / p.rule.num_k_heads;
-  return p.conv.rows == 1 && p.conv.kernel == 4 && group <= 4 && FusesGatedDeltaRuleNorm(p);
-}
 
 absl::Status LaunchGatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p,
                                         cudaStream_t stream) {
   if (!FusesGatedDeltaRuleNorm(p)) {
     return absl::InvalidArgumentError("gated_delta_rule_normed: not the fused shape");
   }
-  if (FusesConvIntoGatedDeltaRule(p)) {
-    const unsigned group = static_cast<unsigned>(p.rule.num_v_heads / p.rule.num_k_heads);
+  // The conv joins the fused kernel when it is the model's (kernel 4) and a
+  // key head's blocks fit one cluster (2 × group <= 8, the portable size);
+  // otherwise it runs first, on its own. (Validate made its rows the rule's.)
+  const unsigned group = static_cast<unsigned>(p.rule.num_v_heads / p.rule.num_k_heads);
+  if (p.conv.rows > 0 && p.conv.kernel == 4 && group <= 4) {
     LaunchPdlCluster(GatedDeltaRuleKernel<16, 8, 2, true, 128, true, true>, GridOf(p.rule, 64),
                      dim3(8 * 32), dim3(2, group, 1), 0, stream, p.rule, p.norm, p.conv);
     return LaunchStatus("gated_delta_rule_normed (with conv) launch");

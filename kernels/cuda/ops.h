@@ -105,9 +105,8 @@ absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleParams& p,
 // token of one session of the hot shape (dk = dv = 128) with the norm in
 // place over the rule's output heads (FusesGatedDeltaRuleNorm);
 // INVALID_ARGUMENT otherwise. The conv, when given, runs inside that kernel
-// too where FusesConvIntoGatedDeltaRule, otherwise just before it.
+// too where its kernel is 4 and nv/nk <= 4, otherwise just before it.
 bool FusesGatedDeltaRuleNorm(const GatedDeltaRuleNormParams& p);
-bool FusesConvIntoGatedDeltaRule(const GatedDeltaRuleNormParams& p);
 absl::Status LaunchGatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p,
                                         cudaStream_t stream);
 

@@ -1,6 +1,7 @@
 // Per-element formulas that an op's own kernel and a fused kernel standing
 // for it must share, so that the fused kernel gives the op's bits by
-// construction (attention_inputs.cu stands for Rope and ScatterRows).
+// construction (attention_inputs.cu stands for Rope and ScatterRows,
+// gated_delta_rule.cu's fused conv for Conv1d).
 #ifndef SPECSERVE_KERNELS_CUDA_ROW_FORMULAS_CUH_
 #define SPECSERVE_KERNELS_CUDA_ROW_FORMULAS_CUH_
 
@@ -25,6 +26,20 @@ __device__ __forceinline__ void RopeRotate(float x1, float x2, float pos, float 
   const float s = sinf(angle);
   *y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
   *y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+}
+
+// One channel's conv at one token (kernels/conv1d.h) before its silu: Σ_j
+// w[j]·win[j] over the first k of N slots, from +0 in j order, each product
+// and sum rounded (the CPU's order).
+template <int N>
+__device__ __forceinline__ float ConvWindowSum(const float (&w)[N], const float (&win)[N],
+                                               int k) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    if (j < k) acc = __fadd_rn(acc, __fmul_rn(w[j], win[j]));
+  }
+  return acc;
 }
 
 // Row t's destination of a scatter (kernels/scatter_rows.h).
