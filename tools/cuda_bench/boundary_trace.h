@@ -4,7 +4,7 @@
 // ended (matmul_mma.h, SetMmaMatmulTraceForBenchmark), against the previous
 // matmul call's last block: where the time between a call's bytes at the
 // streaming rate and its share of the step goes. A diagnostic: the traced
-// kernel (an instance of its own) carries five timer stores per block.
+// kernel (an instance of its own) carries six timer stores per block.
 #ifndef SPECSERVE_TOOLS_CUDA_BENCH_BOUNDARY_TRACE_H_
 #define SPECSERVE_TOOLS_CUDA_BENCH_BOUNDARY_TRACE_H_
 
