@@ -706,9 +706,10 @@ TEST_F(CudaBackendTest, GatedDeltaRuleSnapshotsAndDecode) {
 // conv before it, against the ops in turn on the GPU, bit for bit (outputs,
 // states, snapshots, conv outputs and conv states): the hot shape at one
 // token (the fused kernel, clusters of two tiles, or of a key head's 2 ×
-// group blocks with the conv) and every other case (the backend's
-// fallback), with snapshots (verify), in place (decode) and on per-session
-// states (a session batch); and against the CPU within tolerance.
+// group blocks with the conv; also a session batch of one row, the recorded
+// decode step's form) and every other case (the backend's fallback), with
+// snapshots (verify), in place (decode) and on per-session states (a
+// session batch); and against the CPU within tolerance.
 TEST_F(CudaBackendTest, GatedDeltaRuleNormedEqualsRuleThenNorm) {
   struct Shape { int nk, nv, dk, dv; };
   enum Mode { kSnapshots, kInPlace, kSessionBatch };

@@ -51,9 +51,9 @@
 // all 2 × group blocks of its value heads and updated in place, so those
 // blocks form one cluster and the key head's first block writes the state
 // only past the norm's cluster barrier. On the H200 (27B shape) the op
-// takes 9.3 us op by op against 5.1 + 8.4 for the two kernels; in the
-// step's graph, where the conv's launch was already hidden, greedy decode
-// went 13.95 -> 13.89 ms (A/B, 3 rounds: within the machine's noise).
+// takes 9.3 us op by op against 5.1 + 8.4 for the two kernels. (The graphed
+// step ran it only once it took a session batch of one row: see
+// FusesGatedDeltaRuleNorm.)
 //
 // Launched as a programmatic dependent (common.cuh): the kernel waits for
 // the previous one before it reads anything.
@@ -110,13 +110,13 @@ struct ConvChannel {
   float w[4];
 };
 
-__device__ __forceinline__ void LoadConvChannel(const Conv1dParams& c, int64_t ch,
-                                                ConvChannel& cc) {
+__device__ __forceinline__ void LoadConvChannel(const Conv1dParams& c, const float* state_in,
+                                                int64_t ch, ConvChannel& cc) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) cc.w[j] = c.weight[ch * 4 + j];
 #pragma unroll
-  for (int j = 0; j < 3; ++j) cc.win[j] = c.state_in[ch * 3 + j];
-  cc.win[3] = c.x[ch];
+  for (int j = 0; j < 3; ++j) cc.win[j] = state_in[ch * 3 + j];
+  cc.win[3] = c.x[ch];  // (token 0: the fused conv runs one token)
 }
 
 __device__ __forceinline__ float ConvOf(const ConvChannel& cc) {
@@ -124,10 +124,10 @@ __device__ __forceinline__ float ConvOf(const ConvChannel& cc) {
 }
 
 // Writes the channel's next state, win[1..3].
-__device__ __forceinline__ void StoreConvState(const Conv1dParams& c, int64_t ch,
+__device__ __forceinline__ void StoreConvState(float* state_out, int64_t ch,
                                                const ConvChannel& cc) {
 #pragma unroll
-  for (int j = 0; j < 3; ++j) c.state_out[ch * 3 + j] = cc.win[j + 1];
+  for (int j = 0; j < 3; ++j) state_out[ch * 3 + j] = cc.win[j + 1];
 }
 
 // Σ of the N partials r[Lo·kStride], r[(Lo+1)·kStride], ... as a fixed
@@ -197,7 +197,8 @@ __device__ __forceinline__ void NormOutputs(const GatedRmsNormParams& n,
 // spills); measured on the H200 that beat the default (96 registers): 4.5
 // vs 4.6 us at one row, 7.8 vs 8.9 us for a 4-token verify.
 // kNorm: the fused gated norm `n` (clusters of 2 along x, 2·32·V == kDv).
-// kConv (with kNorm, one token, not a session batch): the conv `cv` of
+// kConv (with kNorm, one token: one session, or a session batch of one row,
+// whose states come from the tables and update in place): the conv `cv` of
 // kernel 4 first, fused: thread i convolves q/k channel i of the key head
 // (dk = 128: 256 channels for 256 threads) and, below kCols, the block's v
 // column i, into shared memory, from where every warp reads them as it reads
@@ -287,13 +288,16 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
                                     threadIdx.x % (kQk / 2)
                               : 0;
   ConvChannel qk_conv;  // kConv: channel qk_ch's window
+  // kConv: the conv state (a session batch's row t0 updates its own in place).
+  float* const conv_state = kConv ? (batch ? cv.states[t0] : cv.state_out) : nullptr;
   if constexpr (kConv) {
     const int tid = threadIdx.x;
-    LoadConvChannel(cv, qk_ch, qk_conv);
+    const float* conv_state_in = batch ? conv_state : cv.state_in;
+    LoadConvChannel(cv, conv_state_in, qk_ch, qk_conv);
     const bool has_v = tid < kCols;
     const int64_t v_ch = (p.v - cv.y) + h * dv + static_cast<int64_t>(blockIdx.x) * kCols + tid;
     ConvChannel v_conv;
-    if (has_v) LoadConvChannel(cv, v_ch, v_conv);
+    if (has_v) LoadConvChannel(cv, conv_state_in, v_ch, v_conv);
     cur.a = p.a[h];
     cur.b = p.b[h];
     const float y_qk = ConvOf(qk_conv);
@@ -304,7 +308,7 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
       const float y_v = ConvOf(v_conv);
       conv_out[kQk + tid] = y_v;
       cv.y[v_ch] = y_v;
-      StoreConvState(cv, v_ch, v_conv);
+      StoreConvState(conv_state, v_ch, v_conv);
     }
     __syncthreads();
 #pragma unroll
@@ -438,7 +442,7 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
       if constexpr (kConv) {
         // Past NormOutputs' cluster barrier every block of the key head has
         // read its q/k conv state: its first block writes it.
-        if (qk_writer) StoreConvState(cv, qk_ch, qk_conv);
+        if (qk_writer) StoreConvState(conv_state, qk_ch, qk_conv);
       }
     } else if (warp == 0) {
       float* out = p.out + t * p.out_stride + v_off;
@@ -478,8 +482,15 @@ void LaunchGeneric(const GatedDeltaRuleParams& p, cudaStream_t stream) {
 
 // The hot shape's configuration (R = 16, W = 8, V = 2: two column tiles of
 // 64 per head), as the rule alone runs it; the norm must be GatedRmsNorm in
-// place over the rule's output heads (Validate). One token of one session
-// only: there the saved launch pays a little (greedy decode of the 27B shape
+// place over the rule's output heads (Validate). One token only, of one
+// session or of a session batch of one row: the latter is the recorded
+// decode step's form at B = 1 (worker/model/decode_step.cc: its cache ops
+// take their states from the session table). Until the fused kernel took
+// the tables, the graphed greedy step never ran it (the conv fusion's and
+// earlier figures were of the op-by-op step); taking them, the graphed
+// greedy step went 13.885 -> 13.752 ms on the H200 (A/B, 3 rounds), out_proj
+// released 9.4 us after the previous matmul instead of 11.7. At one token
+// the saved launch pays a little (op by op, greedy decode of the 27B shape
 // 14.43 -> 14.32 and 14.36 -> 14.33 ms in two A/B calls on the H200), while
 // the cluster barrier and warp 0's norm per token cost more than a launch
 // over several tokens (verify of 4 columns 15.65 -> 15.78 ms, 8 columns
@@ -487,7 +498,7 @@ void LaunchGeneric(const GatedDeltaRuleParams& p, cudaStream_t stream) {
 // ways give the same bits, so the choice is free.
 bool FusesGatedDeltaRuleNorm(const GatedDeltaRuleNormParams& p) {
   return p.rule.k_head_dim == 128 && p.rule.v_head_dim == 128 && p.rule.rows == 1 &&
-         p.rule.states == nullptr && p.rule.num_v_heads <= 65535 && Validate(p).ok();
+         p.rule.num_v_heads <= 65535 && Validate(p).ok();
 }
 
 

@@ -102,7 +102,8 @@ absl::Status LaunchConv1d(const Conv1dParams& p, cudaStream_t stream);
 absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleParams& p,
                                   cudaStream_t stream);
 // The rule and its gated norm in one kernel (gated_delta_rule.cu), for one
-// token of one session of the hot shape (dk = dv = 128) with the norm in
+// token (one session, or a session batch of one row) of the hot shape
+// (dk = dv = 128) with the norm in
 // place over the rule's output heads (FusesGatedDeltaRuleNorm);
 // INVALID_ARGUMENT otherwise. The conv, when given, runs inside that kernel
 // too where its kernel is 4 and nv/nk <= 4, otherwise just before it.
