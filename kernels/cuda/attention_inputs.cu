@@ -39,20 +39,35 @@ constexpr int kLaneElems = 8;  // the register path: head_dim <= 32 · kLaneElem
 // on both paths.
 template <int E, int HS>
 __global__ void __launch_bounds__(kWarps * 32) AttentionInputsKernel(AttentionInputsParams p) {
-  PdlBegin();
+  PdlLetNextLaunch();
   const int lane = threadIdx.x & 31;
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   const int64_t qh = p.q_rope.heads, kh = p.k_rope.heads;
   const int64_t t = task / (qh + kh);
-  if (t >= p.q_rope.rows) return;
+  const bool live = t < p.q_rope.rows;
   const int64_t j = task % (qh + kh);
   const bool is_k = j >= qh;
   const int64_t h = is_k ? j - qh : j;
   const RmsNormParams& n = is_k ? p.k_norm : p.q_norm;
   const RopeParams& r = is_k ? p.k_rope : p.q_rope;
-  float* x = r.x + t * r.row_stride + h * r.head_stride;
   const int64_t dim = n.dim;
   const int64_t half = r.rotary_dim / 2;
+  // E > 0: the norm's weights and the rotation's frequencies of the lane's
+  // elements, read before the wait: no kernel of a step writes weights
+  // (uploads end before any later kernel starts: copy.cu), and these loads,
+  // from HBM, would otherwise queue behind the next matmul's weight preload.
+  float wv[E > 0 ? E : 1], fv[E > 0 ? E : 1];
+  if constexpr (E > 0) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int64_t i = lane + 32 * e;
+      wv[e] = live && i < dim ? n.weight[i] : 0.0f;
+      fv[e] = live && e < HS ? r.inv_freq[i] : 0.0f;
+    }
+  }
+  PdlWait();  // x, the positions and the caches' rows: after it
+  if (!live) return;
+  float* x = r.x + t * r.row_stride + h * r.head_stride;
   float* cache = nullptr;
   if (is_k) cache = ScatterRowDst(p.k_scatter, t) + h * dim;
   const float pos = half > 0 ? RopePosition(r, t) : 0.0f;
@@ -72,11 +87,12 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionInputsKernel(AttentionIn
     for (int e = 0; e < E; ++e) {
       const int64_t i = lane + 32 * e;
       if (e < HS) {
-        const float x1 = NormedElem(xv[e], inv, n.weight, i, n.plus_one);
-        const float x2 = NormedElem(xv[e + HS], inv, n.weight, i + half, n.plus_one);
-        RopeRotate(x1, x2, pos, r.inv_freq[i], &yv[e], &yv[e + HS]);
+        // (element i + half is slot e + HS: half == 32·HS)
+        const float x1 = NormedElemOf(xv[e], inv, wv[e], n.plus_one);
+        const float x2 = NormedElemOf(xv[e + HS], inv, wv[e + HS], n.plus_one);
+        RopeRotate(x1, x2, pos, fv[e], &yv[e], &yv[e + HS]);
       } else if (e >= 2 * HS && i < dim) {
-        yv[e] = NormedElem(xv[e], inv, n.weight, i, n.plus_one);
+        yv[e] = NormedElemOf(xv[e], inv, wv[e], n.plus_one);
       }
     }
 #pragma unroll

@@ -171,6 +171,15 @@ __device__ __forceinline__ void PdlBegin() {
   PdlWait();
 }
 
+// A hint: the 128-byte line at `p` into L2. It reads no value, so a kernel
+// may issue it before its wait for data an earlier kernel may still write
+// (L2 is where the GPU's memory is coherent: the loads after the wait see
+// the latest values); its loads then hit L2 instead of queueing for HBM
+// behind the next matmul's weight preload.
+__device__ __forceinline__ void PrefetchL2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...) as a programmatic
 // dependent of the previous kernel, in clusters of cluster.x × cluster.y
 // blocks when cluster.x > 0 (grid.x, grid.y multiples); errors surface

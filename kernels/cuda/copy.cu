@@ -16,9 +16,17 @@ struct InlineBytes {
   unsigned char b[kInlineCopyBytes];
 };
 
+// The next kernel may launch only once the bytes are written and visible:
+// kernels read their weights before their programmatic wait (the matmul's
+// ring, the fused delta rule's coefficients, AttentionInputs' norm weights
+// and frequencies), and small weights are uploaded here,
+// so an upload must be complete before any later kernel starts.
 __global__ void InlineCopyKernel(InlineBytes src, unsigned char* dst, int n) {
-  PdlBegin();
+  PdlWait();
   for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src.b[i];
+  __threadfence();
+  __syncthreads();
+  PdlLetNextLaunch();
 }
 
 constexpr int kScatterThreads = 256;

@@ -55,8 +55,16 @@
 // step ran it only once it took a session batch of one row: see
 // FusesGatedDeltaRuleNorm.)
 //
-// Launched as a programmatic dependent (common.cuh): the kernel waits for
-// the previous one before it reads anything.
+// Launched as a programmatic dependent (common.cuh). Only the fused kernel
+// with the conv reads anything before its wait for the previous kernel:
+// weights (a_log, dt_bias, the norm's and the conv's), which no kernel of a
+// step writes (uploads end before any later kernel starts: copy.cu), and
+// it prefetches its states into L2 (a hint that reads no value). Everything
+// else is read after the wait. On the H200 the prefetch brought out_proj's
+// release from 6.9 to 6.3 us after in_proj (A/B in one call); loading the
+// states before the wait outright (safe only by an occupancy argument) did
+// no better. Stamps inside the kernel had shown its state and conv-state
+// loads waiting ~2 us for HBM, queued behind out_proj's ring preload.
 #include <cooperative_groups.h>
 
 #include <cstdint>
@@ -110,13 +118,17 @@ struct ConvChannel {
   float w[4];
 };
 
-__device__ __forceinline__ void LoadConvChannel(const Conv1dParams& c, const float* state_in,
-                                                int64_t ch, ConvChannel& cc) {
+__device__ __forceinline__ void LoadConvWeights(const Conv1dParams& c, int64_t ch,
+                                                ConvChannel& cc) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) cc.w[j] = c.weight[ch * 4 + j];
+}
+
+// The channel's state: win[0..3).
+__device__ __forceinline__ void LoadConvState(const float* state_in, int64_t ch,
+                                              ConvChannel& cc) {
 #pragma unroll
   for (int j = 0; j < 3; ++j) cc.win[j] = state_in[ch * 3 + j];
-  cc.win[3] = c.x[ch];  // (token 0: the fused conv runs one token)
 }
 
 __device__ __forceinline__ float ConvOf(const ConvChannel& cc) {
@@ -166,8 +178,8 @@ __device__ __forceinline__ void LoadGate(const GatedRmsNormParams& n, int64_t r,
 template <int W, int V, int kCols, int kDv>
 __device__ __forceinline__ void NormOutputs(const GatedRmsNormParams& n,
                                             const float (&partials)[W][kCols], float* head,
-                                            const float (&zv)[V], int64_t r, int64_t j,
-                                            int warp, int lane) {
+                                            const float (&zv)[V], const float (&wv)[V],
+                                            int64_t r, int64_t j, int warp, int lane) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   float o[V];
@@ -186,7 +198,7 @@ __device__ __forceinline__ void NormOutputs(const GatedRmsNormParams& n,
     float* y = n.y + r * n.y_stride;
 #pragma unroll
     for (int c = 0; c < V; ++c) {
-      y[j + c] = __fmul_rn(__fmul_rn(n.weight[j + c], __fmul_rn(o[c], inv)), Silu(zv[c]));
+      y[j + c] = __fmul_rn(__fmul_rn(wv[c], __fmul_rn(o[c], inv)), Silu(zv[c]));
     }
   }
 }
@@ -230,7 +242,7 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
   // kNorm: no block may write its peer's shared memory before the peer has
   // started; this arrival, waited for before the token loop, orders that.
   if constexpr (kNorm) asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-  PdlBegin();  // every input may be written by the previous kernel
+  PdlLetNextLaunch();
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -242,12 +254,71 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
 #pragma unroll
   for (int c = 0; c < V; ++c) col[c] = kAllCols || j + c < dv;
   const int row0 = warp * R;
+  const unsigned group =  // nv <= 65535 (checked by the launcher)
+      static_cast<unsigned>(p.num_v_heads) / static_cast<unsigned>(p.num_k_heads);
+  const int kh = static_cast<int>(static_cast<unsigned>(h) / group);
+
+  // The coefficients and the norm's weights (kNorm, warp 0: of the lane's
+  // columns). kConv (one token) reads them before the wait: weights are
+  // written only when the model loads, never by a kernel of a step, and the
+  // kernel starts while the previous one drains, so these loads leave the
+  // chain's critical path. The other instances read them where they did
+  // (before the wait, the session-batch rule of 64 rows ran 19% slower on
+  // the H200: 118.9 -> 137.6 us per call with the conv and the norm).
+  float dt_bias, a_log, norm_w[V];
+  auto load_weights = [&] {
+    dt_bias = p.dt_bias[h];
+    a_log = p.a_log[h];
+    if (kNorm && warp == 0) {
+#pragma unroll
+      for (int c = 0; c < V; ++c) norm_w[c] = n.weight[j + c];
+    }
+  };
+  if constexpr (kConv) load_weights();
+  // kConv: the conv of thread i's channels (q/k channel qk_ch of the key
+  // head; below kCols, v channel v_ch of the block's columns).
+  const int64_t qk_ch = kConv ? (threadIdx.x < kQk / 2 ? p.q - cv.y : p.k - cv.y) + kh * dk +
+                                    threadIdx.x % (kQk / 2)
+                              : 0;
+  const bool has_v = kConv && threadIdx.x < kCols;
+  const int64_t v_ch =
+      kConv ? (p.v - cv.y) + h * dv + static_cast<int64_t>(blockIdx.x) * kCols + threadIdx.x : 0;
+  ConvChannel qk_conv, v_conv;
+  if constexpr (kConv) {
+    LoadConvWeights(cv, qk_ch, qk_conv);
+    if (has_v) LoadConvWeights(cv, v_ch, v_conv);
+  }
   const bool batch = p.states != nullptr;
   const int64_t t0 = batch ? static_cast<int64_t>(blockIdx.z) : 0;
+  const int64_t s_off = h * (dk * dv) + row0 * dv + j;
+  if constexpr (kConv) {
+    // The states may be written by an earlier kernel still in flight, so
+    // they are only prefetched into L2 before the wait (PrefetchL2). A
+    // session batch's table is read for the addresses past L1 (ld.cg: the
+    // loads after the wait must not hit a stale line).
+    const float* rs = batch ? reinterpret_cast<const float*>(__ldcg(
+                                  reinterpret_cast<const unsigned long long*>(p.states) + t0))
+                            : p.state_in;
+    // Each thread one 128-byte line of the block's [R·W rows][kCols] slice.
+    const int line = threadIdx.x;  // kCols = 64: two lines per row
+    PrefetchL2(rs + h * (dk * dv) + (line >> 1) * dv + (j - V * lane) + (line & 1) * 32);
+    const float* cs = batch ? reinterpret_cast<const float*>(__ldcg(
+                                  reinterpret_cast<const unsigned long long*>(cv.states) + t0))
+                            : cv.state_in;
+    // The conv windows: 3 floats per channel, the key head's q/k channels
+    // (2·dk) and the block's v channels (kCols), contiguous in each.
+    if (threadIdx.x < 2 * dk * 3 / 32) {
+      const int64_t qk0 = (threadIdx.x < dk * 3 / 32 ? p.q - cv.y : p.k - cv.y) + kh * dk;
+      PrefetchL2(cs + qk0 * 3 + (threadIdx.x % (dk * 3 / 32)) * 32);
+    } else if (threadIdx.x < 2 * dk * 3 / 32 + kCols * 3 / 32) {
+      const int64_t v0 = (p.v - cv.y) + h * dv + static_cast<int64_t>(blockIdx.x) * kCols;
+      PrefetchL2(cs + v0 * 3 + (threadIdx.x - 2 * dk * 3 / 32) * 32);
+    }
+  }
+  PdlWait();  // every other input may be the previous kernel's output
   const int64_t t1 = batch ? t0 + 1 : p.rows;
   const float* state_in = batch ? p.states[t0] : p.state_in;
   float* state_out = batch ? p.states[t0] : p.state_out;
-  const int64_t s_off = h * (dk * dv) + row0 * dv + j;
 
   // This thread's columns of the warp's rows, all loads in flight together.
   float S[R][V];
@@ -273,31 +344,25 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
       }
     }
   }
-  const unsigned group =  // nv <= 65535 (checked by the launcher)
-      static_cast<unsigned>(p.num_v_heads) / static_cast<unsigned>(p.num_k_heads);
-  const int kh = static_cast<int>(static_cast<unsigned>(h) / group);
+  // kConv: the conv state (a session batch's row t0 updates its own in place).
+  float* const conv_state = kConv ? (batch ? cv.states[t0] : cv.state_out) : nullptr;
+  if constexpr (kConv) {
+    const float* conv_state_in = batch ? conv_state : cv.state_in;
+    LoadConvState(conv_state_in, qk_ch, qk_conv);
+    if (has_v) LoadConvState(conv_state_in, v_ch, v_conv);
+  }
   const float* qp = p.q + kh * dk + lane;
   const float* kp = p.k + kh * dk + lane;
   const int64_t v_off = h * dv + j;
   const float* vp = p.v + v_off;
   TokenIn<M, V> cur;
-  // kConv: the conv of thread i's channels; the key head's first block
-  // writes the q/k outputs and (after the cluster barrier) their states.
+  // kConv: the key head's first block writes the q/k outputs and (after
+  // the cluster barrier) their states.
   const bool qk_writer = kConv && blockIdx.x == 0 && static_cast<unsigned>(h) % group == 0;
-  const int64_t qk_ch = kConv ? (threadIdx.x < kQk / 2 ? p.q - cv.y : p.k - cv.y) + kh * dk +
-                                    threadIdx.x % (kQk / 2)
-                              : 0;
-  ConvChannel qk_conv;  // kConv: channel qk_ch's window
-  // kConv: the conv state (a session batch's row t0 updates its own in place).
-  float* const conv_state = kConv ? (batch ? cv.states[t0] : cv.state_out) : nullptr;
   if constexpr (kConv) {
     const int tid = threadIdx.x;
-    const float* conv_state_in = batch ? conv_state : cv.state_in;
-    LoadConvChannel(cv, conv_state_in, qk_ch, qk_conv);
-    const bool has_v = tid < kCols;
-    const int64_t v_ch = (p.v - cv.y) + h * dv + static_cast<int64_t>(blockIdx.x) * kCols + tid;
-    ConvChannel v_conv;
-    if (has_v) LoadConvChannel(cv, conv_state_in, v_ch, v_conv);
+    qk_conv.win[3] = cv.x[qk_ch];  // (token 0: the fused conv runs one token)
+    if (has_v) v_conv.win[3] = cv.x[v_ch];
     cur.a = p.a[h];
     cur.b = p.b[h];
     const float y_qk = ConvOf(qk_conv);
@@ -321,8 +386,8 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
   } else {
     LoadToken<M, V, kAllQk>(p, t0, qp, kp, vp, h, dk, col, lane, cur);
   }
-  const float dt_bias = p.dt_bias[h];
-  const float a_coef = -expf(p.a_log[h]);
+  if constexpr (!kConv) load_weights();
+  const float a_coef = -expf(a_log);
   const float q_scale = 1.0f / sqrtf(static_cast<float>(dk));
 
   float* kn = qk[warp][0];
@@ -437,8 +502,8 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
     for (int c = 0; c < V; ++c) red[1][warp][V * lane + c] = AccSum(acc[c]);
     __syncthreads();
     if constexpr (kNorm) {
-      NormOutputs<W, V, kCols, kDv>(n, red[1], head_o[t & 1], zv, t * p.num_v_heads + h, j,
-                                    warp, lane);
+      NormOutputs<W, V, kCols, kDv>(n, red[1], head_o[t & 1], zv, norm_w,
+                                    t * p.num_v_heads + h, j, warp, lane);
       if constexpr (kConv) {
         // Past NormOutputs' cluster barrier every block of the key head has
         // read its q/k conv state: its first block writes it.

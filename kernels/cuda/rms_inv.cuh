@@ -169,10 +169,14 @@ __device__ __forceinline__ void BlockInvRmsRows(const float* x, int64_t x_stride
 
 // Element i of the normalised vector: (x·inv)·w, w = 1 + weight[i] when
 // plus_one (two roundings, as on the CPU).
+// The same with the weight's value w = weight[i] given (loaded early).
+__device__ __forceinline__ float NormedElemOf(float x, float inv, float w, bool plus_one) {
+  return __fmul_rn(__fmul_rn(x, inv), plus_one ? __fadd_rn(1.0f, w) : w);
+}
+
 __device__ __forceinline__ float NormedElem(float x, float inv, const float* weight, int64_t i,
                                             bool plus_one) {
-  const float w = plus_one ? __fadd_rn(1.0f, weight[i]) : weight[i];
-  return __fmul_rn(__fmul_rn(x, inv), w);
+  return NormedElemOf(x, inv, weight[i], plus_one);
 }
 
 }  // namespace specserve::kernels::cuda
