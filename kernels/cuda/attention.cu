@@ -104,8 +104,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t h0 = static_cast<int64_t>(blockIdx.y) * G;
   const int64_t tl = blockIdx.z;
   const int64_t t = b.row0 + tl;
-  // (one row: with more, the rows' blocks would prefetch together, and a
-  // session batch of 64 rows lost 3% that way on the H200)
+  // (the one-row launch only, the decode step's: a verify's columns would
+  // prefetch their session's rows once per column, and a session batch was
+  // not measured with it apart from another change)
   if (gridDim.z == 1) PrefetchChunk(p, b, c, t, h0);
   PdlWait();
   const int64_t n = Visible(p, t);
