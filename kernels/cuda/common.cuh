@@ -153,10 +153,14 @@ inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Programmatic dependent launch: the backend's kernels are launched with
 // LaunchPdl and start with PdlBegin: the kernel waits until the previous
 // grid has finished and its writes are visible (each kernel waits for its
-// predecessor, so ordering stays transitive), and lets the next kernel
-// launch at once, hiding its launch latency (the tensor-core matmul,
-// matmul_mma.cu, even reads its weights before it waits). The delta rule
-// and attention joined in run m (greedy decode 15.00 -> 14.83 ms on the
+// predecessor before it exits, so ordering stays transitive), and lets the
+// next kernel launch at once, hiding its launch latency. Before its wait a
+// kernel may only read weights, which no kernel of a step writes (uploads
+// end before any later kernel starts: copy.cu), and prefetch (PrefetchL2):
+// the tensor-core matmul fills its weight ring there, and the fused delta
+// rule, AttentionInputs and the one-row attention take their weights or
+// prefetch their states there, off the chain between two matmuls. The delta
+// rule and attention joined in run m (greedy decode 15.00 -> 14.83 ms on the
 // H200); an older delta-rule kernel had run 2x slower this way.
 __device__ __forceinline__ void PdlLetNextLaunch() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
