@@ -299,9 +299,11 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
     const float* rs = batch ? reinterpret_cast<const float*>(__ldcg(
                                   reinterpret_cast<const unsigned long long*>(p.states) + t0))
                             : p.state_in;
-    // Each thread one 128-byte line of the block's [R·W rows][kCols] slice.
-    const int line = threadIdx.x;  // kCols = 64: two lines per row
-    PrefetchL2(rs + h * (dk * dv) + (line >> 1) * dv + (j - V * lane) + (line & 1) * 32);
+    // Each thread one 128-byte line of the block's [R·W rows][kCols] slice
+    // (kCols = 64: two lines per row).
+    const int line = threadIdx.x;
+    const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kCols;
+    PrefetchL2(rs + h * (dk * dv) + (line >> 1) * dv + col0 + (line & 1) * 32);
     const float* cs = batch ? reinterpret_cast<const float*>(__ldcg(
                                   reinterpret_cast<const unsigned long long*>(cv.states) + t0))
                             : cv.state_in;
@@ -565,7 +567,6 @@ bool FusesGatedDeltaRuleNorm(const GatedDeltaRuleNormParams& p) {
   return p.rule.k_head_dim == 128 && p.rule.v_head_dim == 128 && p.rule.rows == 1 &&
          p.rule.num_v_heads <= 65535 && Validate(p).ok();
 }
-
 
 absl::Status LaunchGatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p,
                                         cudaStream_t stream) {

@@ -4,8 +4,8 @@
 The dump holds, per tensor-core matmul launch of one greedy step, int64 in,
 out, tokens, grid, then grid x 6 uint64 stamps per block (the global timer in
 ns, the SM id in the top byte): start, released from the wait, ready (after
-the fused norm), end, and the last unit's multiplications done
-(kernels/cuda/matmul_mma.h).
+the fused norm), end, the last unit's multiplications done, and the ring's
+first weight loads issued (kernels/cuda/matmul_mma.h).
 
 For each shape this prints, over its launches, the blocks grouped by what
 their part holds (kernels/cuda/matmul_mma.cu: PartBegin; a part is one block's
