@@ -78,12 +78,15 @@ if [ "$mode" = prepare ]; then
   done
   mkdir -p .carry/pack
   tar -C "$carry" -cf - $(cd "$carry" && ls) | xz -6 -T2 > .carry/pack/cuda.tar.xz || exit 1
-  # This build's cuda_bench, kept by revision for `ab` (the newest 6).
+  # This build's cuda_bench, kept by revision for `ab` (the newest 6 of those
+  # named by revision; a build kept under another name, e.g. an A/B base
+  # named by hand, stays: prepare once pruned a base before its A/B ran).
   rev="$(git rev-parse --short=8 HEAD)"
   [ -z "$(git status --porcelain --untracked-files=no)" ] || rev="$rev-dirty"
   mkdir -p .carry/ab
   tar -C "$carry" -cf - cuda_bench | xz -6 -T2 > ".carry/ab/$rev.tar.xz" || exit 1
-  ls -t .carry/ab/*.tar.xz | tail -n +7 | xargs -r rm -f
+  ls -t .carry/ab/*.tar.xz | grep -E '/[0-9a-f]{8}(-dirty)?\.tar\.xz$' | tail -n +7 |
+    xargs -r rm -f
   echo "kept .carry/ab/$rev.tar.xz for: tools/cuda_bench.sh ab BASE $rev"
   du -sh "$carry" .carry/pack .carry/ab
   exit 0
