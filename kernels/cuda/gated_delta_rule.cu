@@ -163,9 +163,7 @@ __device__ __forceinline__ float AccSum(const float (&acc)[kAcc]) {
 template <int V>
 __device__ __forceinline__ void LoadGate(const GatedRmsNormParams& n, int64_t r, int64_t j,
                                          float (&zv)[V]) {
-  const float* z = n.z + (n.z_group > 0 ? (r / n.z_group) * n.z_group_stride +
-                                              (r % n.z_group) * n.z_stride
-                                        : r * n.z_stride);
+  const float* z = GateRow(n, r);
 #pragma unroll
   for (int c = 0; c < V; ++c) zv[c] = z[j + c];
 }

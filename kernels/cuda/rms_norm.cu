@@ -7,6 +7,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/rms_inv.cuh"
+#include "kernels/cuda/row_formulas.cuh"
 
 namespace specserve::kernels::cuda {
 namespace {
@@ -53,9 +54,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (r >= p.rows) return;
   const float* x = p.x + r * p.x_stride;
-  const float* z = p.z + (p.z_group > 0 ? (r / p.z_group) * p.z_group_stride +
-                                               (r % p.z_group) * p.z_stride
-                                         : r * p.z_stride);
+  const float* z = GateRow(p, r);
   float* y = p.y + r * p.y_stride;
   const float inv = WarpInvRms(x, p.dim, p.eps, lane);
   for (int64_t i = lane; i < p.dim; i += 32) {

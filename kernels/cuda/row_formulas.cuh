@@ -1,12 +1,13 @@
 // Per-element formulas that an op's own kernel and a fused kernel standing
 // for it must share, so that the fused kernel gives the op's bits by
 // construction (attention_inputs.cu stands for Rope and ScatterRows,
-// gated_delta_rule.cu's fused conv for Conv1d).
+// gated_delta_rule.cu's fused conv and norm for Conv1d and GatedRmsNorm).
 #ifndef SPECSERVE_KERNELS_CUDA_ROW_FORMULAS_CUH_
 #define SPECSERVE_KERNELS_CUDA_ROW_FORMULAS_CUH_
 
 #include <cstdint>
 
+#include "kernels/rms_norm.h"
 #include "kernels/rope.h"
 #include "kernels/scatter_rows.h"
 
@@ -40,6 +41,12 @@ __device__ __forceinline__ float ConvWindowSum(const float (&w)[N], const float 
     if (j < k) acc = __fadd_rn(acc, __fmul_rn(w[j], win[j]));
   }
   return acc;
+}
+
+// Vector r's gate row of a gated norm (kernels/rms_norm.h: z_group).
+__device__ __forceinline__ const float* GateRow(const GatedRmsNormParams& p, int64_t r) {
+  return p.z + (p.z_group > 0 ? (r / p.z_group) * p.z_group_stride + (r % p.z_group) * p.z_stride
+                              : r * p.z_stride);
 }
 
 // Row t's destination of a scatter (kernels/scatter_rows.h).
