@@ -40,11 +40,6 @@ __host__ __device__ inline int NumChunks(int64_t n) {
   return static_cast<int>(c < kMaxChunks ? c : kMaxChunks);
 }
 
-// Visible cache rows of row t, and its caches.
-__device__ __forceinline__ int64_t Visible(const AttentionParams& p, int64_t t) {
-  return p.positions != nullptr ? int64_t{p.positions[t]} + 1 : p.first_position + t + 1;
-}
-
 // The most visible rows any of rows [row0, row0+n) can have.
 int64_t MaxVisible(const AttentionParams& p, int64_t row0, int64_t n) {
   return p.positions != nullptr ? p.max_position + 1 : p.first_position + row0 + n;
@@ -57,35 +52,44 @@ struct Batch {
   float* ml;          // [rows][heads][max_chunks][2]
 };
 
+// Row t's visible rows and caches. Read past L1 (ld.cg), so they may be read
+// before the programmatic wait: a session batch's table (positions, cache
+// pointers) is an upload of the step, written before any kernel after it
+// starts (copy.cu's InlineCopyKernel lets them launch only then, and a
+// larger copy is a plain stream dependency).
+struct RowCaches {
+  int64_t n;  // visible rows
+  const float* k;
+  const float* v;
+};
+__device__ __forceinline__ RowCaches RowCachesOf(const AttentionParams& p, int64_t t) {
+  if (p.positions == nullptr) return {p.first_position + t + 1, p.k_cache, p.v_cache};
+  const auto* ks = reinterpret_cast<const unsigned long long*>(p.k_caches);
+  const auto* vs = reinterpret_cast<const unsigned long long*>(p.v_caches);
+  return {int64_t{__ldcg(p.positions + t)} + 1, reinterpret_cast<const float*>(__ldcg(ks + t)),
+          reinterpret_cast<const float*>(__ldcg(vs + t))};
+}
+
 // Before the wait: the first rows of the block's chunk of keys and values
 // into L2 (PrefetchL2: the rows were written by earlier steps, all but the
-// newest, which the previous kernel writes; a hint reads no value). The
-// position and a session batch's cache pointers are read for the addresses
-// past L1 (ld.cg), and read again after the wait.
+// newest, which the previous kernel writes; a hint reads no value).
 __device__ __forceinline__ void PrefetchChunk(const AttentionParams& p, const Batch& b, int c,
-                                              int64_t t, int64_t h0) {
+                                              const RowCaches& rc, int64_t h0) {
   constexpr int kRows = 64;      // rows prefetched at most
   constexpr int kLineFloats = 32;  // a 128-byte line
-  const bool batch = p.positions != nullptr;
-  const int64_t n = batch ? int64_t{__ldcg(p.positions + t)} + 1 : p.first_position + t + 1;
+  const int64_t n = rc.n;
   const int nc = NumChunks(n);
   if (c >= nc || nc > b.max_chunks) return;
   const int64_t chunk = (n + nc - 1) / nc;
   const int64_t begin = c * chunk;
   const int64_t rows = min(min(begin + chunk, n) - begin, int64_t{kRows});
-  const float* k = batch ? reinterpret_cast<const float*>(__ldcg(
-                               reinterpret_cast<const unsigned long long*>(p.k_caches) + t))
-                         : p.k_cache;
-  const float* v = batch ? reinterpret_cast<const float*>(__ldcg(
-                               reinterpret_cast<const unsigned long long*>(p.v_caches) + t))
-                         : p.v_cache;
   const int64_t kvh = h0 / (p.num_heads / p.num_kv_heads);
   const int lines = static_cast<int>((p.head_dim + kLineFloats - 1) / kLineFloats);
 #pragma unroll 1
   for (int i = threadIdx.x; i < rows * 2 * lines; i += kThreads) {
     const int64_t r = begin + i / (2 * lines);
     const int w = i % (2 * lines);
-    const float* base = (w < lines ? k : v) + r * p.kv_row_stride + kvh * p.head_dim;
+    const float* base = (w < lines ? rc.k : rc.v) + r * p.kv_row_stride + kvh * p.head_dim;
     PrefetchL2(base + (w % lines) * kLineFloats);
   }
 }
@@ -107,9 +111,10 @@ __global__ void __launch_bounds__(kThreads)
   // (the one-row launch only, the decode step's: a verify's columns would
   // prefetch their session's rows once per column, and a session batch was
   // not measured with it apart from another change)
-  if (gridDim.z == 1) PrefetchChunk(p, b, c, t, h0);
+  const RowCaches rc = RowCachesOf(p, t);  // (the table: safe before the wait)
+  if (gridDim.z == 1) PrefetchChunk(p, b, c, rc, h0);
   PdlWait();
-  const int64_t n = Visible(p, t);
+  const int64_t n = rc.n;
   const int nc = NumChunks(n);
   if (c >= nc || nc > b.max_chunks) return;  // whole block
   const int64_t chunk = (n + nc - 1) / nc;
@@ -120,8 +125,8 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x >> 5;
   const int hd = static_cast<int>(p.head_dim);
   const int64_t kvh = h0 / (p.num_heads / p.num_kv_heads);
-  const float* k_cache = p.positions != nullptr ? p.k_caches[t] : p.k_cache;
-  const float* v_cache = p.positions != nullptr ? p.v_caches[t] : p.v_cache;
+  const float* k_cache = rc.k;
+  const float* v_cache = rc.v;
   float qv[G][DPL];
 #pragma unroll
   for (int i = 0; i < G; ++i) {
@@ -143,15 +148,19 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   for (int64_t r = begin + warp * kGroup; r < end; r += kWarps * kGroup) {
-    float kv[kGroup][DPL];  // the group's keys, then its values
+    // The group's keys and values in one round trip (the values were
+    // loaded after the dot products: a round trip more per group).
+    float kv[kGroup][DPL], vv[kGroup][DPL];
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
       const int64_t rr = r + g;
       const float* k = k_cache + rr * p.kv_row_stride + kvh * hd;
+      const float* v = v_cache + rr * p.kv_row_stride + kvh * hd;
 #pragma unroll
       for (int jj = 0; jj < DPL; ++jj) {
         const int e = lane + 32 * jj;
         kv[g][jj] = rr < end && e < hd ? k[e] : 0.0f;
+        vv[g][jj] = rr < end && e < hd ? v[e] : 0.0f;
       }
     }
     float s[G][kGroup];
@@ -173,16 +182,6 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
 #pragma unroll
-    for (int g = 0; g < kGroup; ++g) {
-      const int64_t rr = r + g;
-      const float* v = v_cache + rr * p.kv_row_stride + kvh * hd;
-#pragma unroll
-      for (int jj = 0; jj < DPL; ++jj) {
-        const int e = lane + 32 * jj;
-        kv[g][jj] = rr < end && e < hd ? v[e] : 0.0f;
-      }
-    }
-#pragma unroll
     for (int i = 0; i < G; ++i) {
       float mx = m[i];
 #pragma unroll
@@ -200,7 +199,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
           for (int jj = 0; jj < DPL; ++jj) {
             const int e = lane + 32 * jj;
-            if (e < hd) acc[i][jj] = fmaf(pg, kv[g][jj], acc[i][jj]);
+            if (e < hd) acc[i][jj] = fmaf(pg, vv[g][jj], acc[i][jj]);
           }
         }
       }
@@ -331,11 +330,12 @@ __device__ __forceinline__ void PoisonHead(const AttentionParams& p, int64_t h, 
 
 __global__ void __launch_bounds__(kThreads)
     AttentionCombineKernel(AttentionParams p, Batch b) {
-  PdlBegin();
+  PdlLetNextLaunch();
   const int64_t h = blockIdx.x;
   const int64_t tl = blockIdx.y;
   const int64_t t = b.row0 + tl;
-  const int nc = NumChunks(Visible(p, t));
+  const int nc = NumChunks(RowCachesOf(p, t).n);  // (the table: safe before the wait)
+  PdlWait();
   if (nc > b.max_chunks) {
     PoisonHead(p, h, t);
     return;
