@@ -15,7 +15,8 @@ struct EmbedParams {
   int64_t rows = 0;
   const int32_t* ids = nullptr;  // [rows]
   DType table_dtype = DType::kF32;
-  const void* table = nullptr;  // [vocab][dim]
+  WeightLayout table_layout = WeightLayout::kRowMajor;  // the Weight's
+  const void* table = nullptr;  // [vocab][dim] in table_layout
   int64_t vocab = 0;
   int64_t dim = 0;
   float* out = nullptr;

@@ -13,6 +13,7 @@ MatmulParams DenseMatmul(int64_t rows, const float* x, const Weight& w,
   p.x = x;
   p.x_stride = w.cols;
   p.w_dtype = w.dtype;
+  p.w_layout = w.layout;
   p.w = w.data;
   p.y = y;
   p.y_stride = w.rows;

@@ -29,6 +29,16 @@ const char* DTypeName(DType dtype) {
   return "?";
 }
 
+const char* WeightLayoutName(WeightLayout layout) {
+  switch (layout) {
+    case WeightLayout::kRowMajor:
+      return "row-major";
+    case WeightLayout::kTensorCoreTiles:
+      return "tensor-core tiles";
+  }
+  return "?";
+}
+
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
     Reset();

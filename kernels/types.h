@@ -42,18 +42,32 @@ class Buffer {
   size_t bytes_ = 0;
 };
 
-// A 2-D weight matrix [rows][cols], row-major, in its storage dtype, readable
-// by the backend's ops. `storage` owns the data when the backend made a copy;
-// it is empty when the backend reads the caller's memory in place (the CPU
-// backend with memory-mapped checkpoints: the mapping must outlive the
-// Weight).
+// How a weight's elements lie in memory. kRowMajor: [rows][cols]. The CUDA
+// backend keeps the bf16 matrices its tensor-core matmul reads as
+// kTensorCoreTiles (kernels/cuda/tiled_weight.cuh): each warp's 64-k step of
+// 16 rows is 2 KB in a row, so a block streams one contiguous range.
+// Only the backend that made a weight chooses its layout; ops that read a
+// weight (Matmul, Embed) take the layout with the pointer and refuse one
+// they cannot read.
+enum class WeightLayout { kRowMajor, kTensorCoreTiles };
+const char* WeightLayoutName(WeightLayout layout);
+
+// A 2-D weight matrix [rows][cols] in its storage dtype and `layout`,
+// readable by the backend's ops. `storage` owns the data when the backend
+// made a copy; it is empty when the backend reads the caller's memory in
+// place (the CPU backend with memory-mapped checkpoints: the mapping must
+// outlive the Weight), or when the Weight shares another's data (a tied
+// lm_head).
 struct Weight {
   DType dtype = DType::kF32;
+  WeightLayout layout = WeightLayout::kRowMajor;
   int64_t rows = 0;
   int64_t cols = 0;
   const void* data = nullptr;
   Buffer storage;
 
+  // The matrix's own bytes (what a pass over it reads), not counting a
+  // layout's padding.
   size_t bytes() const {
     return static_cast<size_t>(rows * cols) * DTypeSize(dtype);
   }

@@ -138,14 +138,29 @@ absl::StatusOr<Weight> CpuBackend::UploadWeight(DType dtype, const void* host,
   return w;
 }
 
+namespace {
+
+// The CPU kernels read row-major weights only; a weight in another layout
+// was made by another backend.
+absl::Status RowMajorOnly(WeightLayout layout, const char* op) {
+  if (layout == WeightLayout::kRowMajor) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": the CPU backend reads row-major weights; this one is in ",
+                   WeightLayoutName(layout), " (a weight of another backend)"));
+}
+
+}  // namespace
+
 absl::Status CpuBackend::Embed(const EmbedParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
+  SS_RETURN_IF_ERROR(RowMajorOnly(p.table_layout, "embed"));
   if (recording_.active()) return Record([this, p] { return Embed(p); });
   return cpu::Embed(p);
 }
 
 absl::Status CpuBackend::Matmul(const MatmulParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
+  SS_RETURN_IF_ERROR(RowMajorOnly(p.w_layout, "matmul"));
   if (recording_.active()) return Record([this, p] { return Matmul(p); });
   if (p.norm_weight == nullptr && !p.swiglu) {
     cpu::Matmul(p, pool_.get());

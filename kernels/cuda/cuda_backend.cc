@@ -222,7 +222,30 @@ absl::StatusOr<Weight> CudaBackend::UploadWeight(DType dtype, const void* host, 
       cudaMemcpyAsync(w.storage.data(), host, w.bytes(), cudaMemcpyDefault, stream_.get()),
       "UploadWeight");
   SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "UploadWeight sync");
+  SS_RETURN_IF_ERROR(TileForTensorCores(&w));
   return w;
+}
+
+absl::StatusOr<Weight> CudaBackend::UploadStackedWeight(DType dtype,
+                                                        const std::vector<WeightPart>& parts,
+                                                        int64_t cols) {
+  SS_ASSIGN_OR_RETURN(Weight w, Backend::UploadStackedWeight(dtype, parts, cols));
+  SS_RETURN_IF_ERROR(TileForTensorCores(&w));
+  return w;
+}
+
+absl::Status CudaBackend::TileForTensorCores(Weight* w) {
+  if (matmul_x_splits_ == 0 || w->layout != WeightLayout::kRowMajor ||
+      !TilesForTensorCores(w->dtype, w->cols)) {
+    return absl::OkStatus();
+  }
+  SS_ASSIGN_OR_RETURN(Buffer tiled, Allocate(TiledWeightBytes(w->rows, w->cols)));
+  SS_RETURN_IF_ERROR(LaunchTileWeight(w->data, w->rows, w->cols, tiled.data(), stream_.get()));
+  SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "TileForTensorCores sync");
+  w->storage = std::move(tiled);
+  w->data = w->storage.data();
+  w->layout = WeightLayout::kTensorCoreTiles;
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::Synchronize() {

@@ -79,8 +79,18 @@ class CudaBackend : public Backend {
                           size_t bytes) override;
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;
   absl::Status Zero(void* dst, size_t bytes) override;
+  // bf16 matrices with cols % 8 == 0 come back in the tensor-core tile
+  // layout (TileForTensorCores) when the matmul runs on the tensor cores;
+  // every other weight is row-major.
   absl::StatusOr<Weight> UploadWeight(DType dtype, const void* host,
                                       int64_t rows, int64_t cols) override;
+  absl::StatusOr<Weight> UploadStackedWeight(DType dtype, const std::vector<WeightPart>& parts,
+                                             int64_t cols) override;
+  // Converts a row-major weight of this backend to the layout UploadWeight
+  // gives it (for weights filled on the device, e.g. random benchmark
+  // weights). Keeps `w` as it is when that layout is row-major; the old
+  // storage is freed, and a Weight that shared `w`'s data keeps it.
+  absl::Status TileForTensorCores(Weight* w);
   absl::Status Synchronize() override;
 
   // Recording is stream capture into a CUDA graph (thread-local mode: a

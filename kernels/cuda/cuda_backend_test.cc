@@ -310,6 +310,7 @@ TEST_F(CudaBackendTest, MatmulLoadPathsAgreeAndStridesWork) {
         p.x = xd.g.f32() + misaligned;
         p.x_stride = in + 4;
         p.w_dtype = dtype;
+        p.w_layout = w->layout;
         p.w = w->data;
         Buffer y = GpuZeros(rows * ys);
         p.y = y.f32();
@@ -323,6 +324,7 @@ TEST_F(CudaBackendTest, MatmulLoadPathsAgreeAndStridesWork) {
         // CPU agrees on the strided layout too.
         MatmulParams pc = p;
         pc.x = xd.c.f32() + misaligned;
+        pc.w_layout = WeightLayout::kRowMajor;
         pc.w = wd.c.data();
         auto yc = cpu_->AllocateFloats(rows * ys);
         ASSERT_TRUE(yc.ok());
@@ -892,6 +894,71 @@ TEST_F(CudaBackendTest, SwigluAndEmbed) {
     EXPECT_TRUE(std::isnan(got[os])) << "row of the bad id";
     EXPECT_FALSE(std::isnan(got[0])) << "row of the good id";
   }
+}
+
+// The tensor-core tile layout: which weights get it, the embedding read
+// through it (every row of a table whose last tile and step are partial,
+// against the CPU's row-major read: the index map is right), and the
+// refusals of backends that cannot read it.
+TEST_F(CudaBackendTest, WeightLayouts) {
+  const int vocab = 300, dim = 136;  // 2 tiles + 44 rows; 2 steps + 8 k
+  const std::vector<uint8_t> table = RandomWeights(vocab * dim, DType::kBF16);
+  auto tiled = gpu_->UploadWeight(DType::kBF16, table.data(), vocab, dim);
+  ASSERT_TRUE(tiled.ok()) << tiled.status();
+  EXPECT_EQ(tiled->layout, WeightLayout::kTensorCoreTiles);
+  EXPECT_EQ(tiled->bytes(), size_t{vocab} * dim * 2);  // the matrix's own bytes
+  const std::vector<uint8_t> f32 = RandomWeights(8 * 16, DType::kF32);
+  EXPECT_EQ(gpu_->UploadWeight(DType::kF32, f32.data(), 8, 16)->layout, WeightLayout::kRowMajor);
+  const std::vector<uint8_t> odd = RandomWeights(8 * 12, DType::kBF16);
+  EXPECT_EQ(gpu_->UploadWeight(DType::kBF16, odd.data(), 8, 12)->layout,
+            WeightLayout::kRowMajor);  // (cols % 8 != 0: no tensor-core path)
+
+  std::vector<int32_t> ids(vocab);
+  for (int i = 0; i < vocab; ++i) ids[i] = (i * 37) % vocab;  // every row, out of order
+  Dual id = Up(ids.data(), ids.size() * 4), od = Zeros(vocab * dim);
+  Dual td = Up(table.data(), table.size());
+  std::vector<float> res[2];
+  for (bool g : {false, true}) {
+    EmbedParams p;
+    p.rows = vocab; p.ids = static_cast<const int32_t*>(id.V(g)); p.vocab = vocab; p.dim = dim;
+    p.table_dtype = DType::kBF16;
+    p.table_layout = g ? tiled->layout : WeightLayout::kRowMajor;
+    p.table = g ? tiled->data : td.c.data();
+    p.out = od.F(g); p.out_stride = dim;
+    ASSERT_TRUE(B(g)->Embed(p).ok());
+    res[g] = Down(od, g, vocab * dim);
+  }
+  ExpectBitEqual(res[1].data(), res[0].data(), vocab * dim, "embed from the tiled table");
+
+  // The CPU backend reads row-major weights only.
+  const std::vector<float> x = Random(dim);
+  Dual xd = UpF(x), yd = Zeros(vocab);
+  MatmulParams m = DenseMatmul(1, xd.F(false), *tiled, yd.F(false));
+  EXPECT_EQ(cpu_->Matmul(m).code(), absl::StatusCode::kInvalidArgument);
+  EmbedParams e;
+  e.rows = 1; e.ids = ids.data(); e.table_dtype = DType::kBF16;
+  e.table_layout = WeightLayout::kTensorCoreTiles; e.table = table.data();
+  e.vocab = vocab; e.dim = dim; e.out = od.F(false); e.out_stride = dim;
+  EXPECT_EQ(cpu_->Embed(e).code(), absl::StatusCode::kInvalidArgument);
+  // A CUDA backend without the tensor-core matmul keeps its weights
+  // row-major and refuses tiled ones (they are not in the layout it reads).
+  CudaBackendOptions options;
+  options.matmul_x_splits = 0;
+  auto plain = CreateCudaBackend(options);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto rm = (*plain)->UploadWeight(DType::kBF16, table.data(), vocab, dim);
+  ASSERT_TRUE(rm.ok()) << rm.status();
+  EXPECT_EQ(rm->layout, WeightLayout::kRowMajor);
+  m = DenseMatmul(1, xd.F(true), *tiled, yd.F(true));
+  EXPECT_EQ((*plain)->Matmul(m).code(), absl::StatusCode::kInvalidArgument);
+  // Its row-major matmul agrees with the tiled one within the CUDA-core
+  // kernel's different order.
+  ASSERT_TRUE(gpu_->Matmul(DenseMatmul(1, xd.F(true), *tiled, yd.F(true))).ok());
+  const std::vector<float> want = DownG(yd.g, vocab);
+  Buffer y2 = GpuZeros(vocab);
+  ASSERT_TRUE((*plain)->Matmul(DenseMatmul(1, xd.F(true), *rm, y2.f32())).ok());
+  ASSERT_TRUE((*plain)->Synchronize().ok());
+  ExpectClose(DownG(y2, vocab), want, 1e-4, "row-major vs tiled matmul");
 }
 
 // ---------------------------------------------------------------- Reductions

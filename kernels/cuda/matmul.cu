@@ -22,6 +22,7 @@
 // order, so for T > 8 the re-reads of a weight tile hit L2.
 #include <cstdint>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/matmul_mma.h"
@@ -177,6 +178,11 @@ absl::Status LaunchMatmul(const MatmulParams& p, const MatmulResources& r,
                           cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   const bool mma = r.x_splits != 0 && MmaMatmulApplies(p);
+  if (!mma && p.w_layout != WeightLayout::kRowMajor) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "matmul: a weight in ", WeightLayoutName(p.w_layout),
+        " needs the tensor-core path (bf16, in % 8 == 0, 16-byte aligned, x splits 2 or 3)"));
+  }
   // A fused prologue the chosen kernel cannot fuse (the norm beyond
   // kMaxFusedNormRows rows, or either off the tensor-core path) runs as its
   // own op into scratch, then the plain matmul: the same bits either way.

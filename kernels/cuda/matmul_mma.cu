@@ -27,8 +27,10 @@
 // partial sums are added in piece (k) order by the last block to finish a
 // tile (arrival order does not matter), then added to y when accumulating.
 //
-// K permutation: within a 64-step, lane (g = lane/4, q = lane%4) loads 32
-// contiguous bytes (16 k) of weight rows g and g+8 with two 16-byte loads;
+// Weights come in the tensor-core tile layout (tiled_weight.cuh), so each
+// warp's step is 2 KB of contiguous memory and a part is one contiguous
+// range. K permutation: within a 64-step, lane (g = lane/4, q = lane%4)
+// loads the 16 k at q·16 of weight rows g and g+8 as four 16-byte chunks;
 // instruction j of the step uses k = q·16 + 4j + {0,1,2,3} of them for the
 // fragment slots {2q, 2q+1, 2q+8, 2q+9}. x's fragments use the same
 // mapping, so the sum is over the same products; only the (fixed) order
@@ -88,6 +90,7 @@
 #include "kernels/cuda/mma_instructions.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/rms_inv.cuh"
+#include "kernels/cuda/tiled_weight.cuh"
 
 namespace specserve::kernels::cuda {
 namespace {
@@ -105,6 +108,8 @@ uint64_t* g_trace = nullptr;                     // boundary trace (benchmarks)
 int g_trace_records = 0;
 std::vector<MmaTraceLaunch> g_trace_launches;
 static_assert(kThreads == kRmsBlockThreads, "the fused norm reduces with the whole block");
+static_assert(kWarps == kTiledWarps && kTileOut == kTiledRows && kStepK == kTiledStepK,
+              "a unit's step is one tile step of the weight layout");
 
 struct MmaArgs {
   MatmulParams p;
@@ -171,8 +176,9 @@ __device__ __forceinline__ uint32_t SplitPair(float& a, float& b) {
   return bits;
 }
 
-// A unit (one piece) as one lane sees it: its rows g and g+8 from k =
-// kbeg + q·16.
+// A unit (one piece) as one lane sees it: its chunks of rows g and g+8 from
+// k = kbeg + q·16 (w0: slot 0, row g; w1: slot 2, row g+8; the next 16-byte
+// chunk of each row is 32 chunks on, the next step kTiledStepChunks on).
 struct UnitView {
   bool valid = false;
   int64_t tile = 0;
@@ -205,12 +211,11 @@ __device__ __forceinline__ UnitView ViewUnit(const MmaArgs& a, Cursor c, int war
   v.klen = static_cast<int>(min(p.in, (v.end - tile_begin) * kStepK) - v.kbeg);
   v.nsteps = static_cast<int>(v.end - c.step);
   v.padded = (v.nsteps + RING - 1) / RING * RING;
-  const int64_t o_base = v.tile * kTileOut + warp * kRowsPerWarp;
-  const int64_t r0 = min(o_base + g, p.out - 1);
-  const int64_t r1 = min(o_base + g + 8, p.out - 1);
-  const uint16_t* w = static_cast<const uint16_t*>(p.w) + v.kbeg + q * 16;
-  v.w0 = w + r0 * p.in;
-  v.w1 = w + r1 * p.in;
+  // (c.step counts tile-major over (tile, step), as the layout does; the
+  // rows past `out` in the last tile are read, as padding, and discarded)
+  v.w0 = static_cast<const uint16_t*>(p.w) +
+         ((c.step * kWarps + warp) * 128 + g * 4 + q) * int64_t{8};
+  v.w1 = v.w0 + 64 * 8;
   return v;
 }
 
@@ -425,10 +430,11 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
   auto load_next = [&](int u) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int k = lj * kStepK + h * 8;
-      if (lv.valid && lj < lv.nsteps && k + q * 16 < lv.klen) {
-        ring[u][h] = __ldg(reinterpret_cast<const uint4*>(lv.w0 + k));
-        ring[u][2 + h] = __ldg(reinterpret_cast<const uint4*>(lv.w1 + k));
+      // (k past `in` is zeros in the layout: no bound but the unit's steps)
+      const int off = (lj * kTiledStepChunks + h * 32) * 8;
+      if (lv.valid && lj < lv.nsteps) {
+        ring[u][h] = __ldg(reinterpret_cast<const uint4*>(lv.w0 + off));
+        ring[u][2 + h] = __ldg(reinterpret_cast<const uint4*>(lv.w1 + off));
       } else {
         ring[u][h] = make_uint4(0, 0, 0, 0);
         ring[u][2 + h] = make_uint4(0, 0, 0, 0);
@@ -781,8 +787,8 @@ absl::Status LaunchSplits(const MmaArgs& a, const Workspace& x_frags, cudaStream
 }  // namespace
 
 bool MmaMatmulApplies(const MatmulParams& p) {
-  return p.w_dtype == DType::kBF16 && p.in % 8 == 0 &&
-         reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
+  return p.w_dtype == DType::kBF16 && p.w_layout == WeightLayout::kTensorCoreTiles &&
+         p.in % 8 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
 }
 
 MmaPlan PlanMmaMatmul(int64_t in, int64_t out) {

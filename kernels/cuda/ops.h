@@ -72,6 +72,14 @@ struct MatmulResources {
 // Rows up to which the tensor-core matmul applies a fused norm itself.
 constexpr int64_t kMaxFusedNormRows = 8;
 
+// The tensor-core tile layout of bf16 weights (tiled_weight.cuh): which
+// weights the backend keeps in it, its size, and the conversion from
+// row-major (`dst`: TiledWeightBytes of zeroed memory).
+bool TilesForTensorCores(DType dtype, int64_t cols);
+size_t TiledWeightBytes(int64_t rows, int64_t cols);
+absl::Status LaunchTileWeight(const void* src, int64_t rows, int64_t cols, void* dst,
+                              cudaStream_t stream);
+
 // Weight-streaming GEMV/GEMM for any T (see matmul.cu and matmul_mma.cu
 // for the fixed reduction orders).
 absl::Status LaunchMatmul(const MatmulParams& p, const MatmulResources& r,

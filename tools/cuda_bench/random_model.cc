@@ -111,6 +111,7 @@ absl::StatusOr<kernels::Weight> RandomWeightsBackend::UploadWeight(kernels::DTyp
   w.data = w.storage.data();
   SS_RETURN_IF_ERROR(kernels::cuda::LaunchFillRandom(dtype, w.storage.data(), rows * cols,
                                                      seed_++, scale_, inner_->stream()));
+  SS_RETURN_IF_ERROR(inner_->TileForTensorCores(&w));  // (as CudaBackend::UploadWeight does)
   filled_bytes_ += w.bytes();
   return w;
 }

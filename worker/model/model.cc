@@ -230,6 +230,7 @@ absl::Status Model::EmbedUploaded(int rows) {
   e.rows = rows;
   e.ids = static_cast<const int32_t*>(ws_->ids.data());
   e.table_dtype = weights_.embed.dtype;
+  e.table_layout = weights_.embed.layout;
   e.table = weights_.embed.data;
   e.vocab = config_.vocab_size;
   e.dim = config_.hidden_size;

@@ -137,6 +137,7 @@ absl::Status Model::LoadWeights() {
     SS_RETURN_IF_ERROR(ld.Matrix("lm_head.weight", V, H, &w.lm_head));
   } else {
     w.lm_head.dtype = w.embed.dtype;
+    w.lm_head.layout = w.embed.layout;
     w.lm_head.rows = w.embed.rows;
     w.lm_head.cols = w.embed.cols;
     w.lm_head.data = w.embed.data;  // tied: no second copy
