@@ -1088,6 +1088,41 @@ TEST_P(BackendOpsTest, EmbedRejectsOutOfRangeIds) {
   EXPECT_FALSE(backend_->Embed(p).ok());
 }
 
+// The CPU kernels read row-major weights only: a weight another backend put
+// in its own layout (the CUDA tensor-core tiles) is refused, not misread.
+// (kernels/cuda/cuda_backend_test.cc: WeightLayouts checks the CUDA side.)
+TEST_P(BackendOpsTest, CpuRefusesWeightsInAnotherLayout) {
+  std::vector<float> x(8, 1.0f);
+  std::vector<uint16_t> w(8 * 8, 0x3f80);  // bf16 1.0
+  Buffer xb = Up(x), yb = Up(std::vector<float>(8)), wb = UpRaw(w.data(), w.size() * 2);
+  MatmulParams m;
+  m.rows = 1;
+  m.in = m.out = 8;
+  m.x = xb.f32();
+  m.x_stride = 8;
+  m.w_dtype = DType::kBF16;
+  m.w = wb.data();
+  m.y = yb.f32();
+  m.y_stride = 8;
+  ASSERT_TRUE(backend_->Matmul(m).ok());
+  m.w_layout = WeightLayout::kTensorCoreTiles;
+  const absl::Status s = backend_->Matmul(m);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("row-major"), std::string::npos) << s;
+  const int32_t id = 1;
+  Buffer ib = UpRaw(&id, 4);
+  EmbedParams e;
+  e.rows = 1;
+  e.ids = static_cast<const int32_t*>(ib.data());
+  e.table_dtype = DType::kBF16;
+  e.table_layout = WeightLayout::kTensorCoreTiles;
+  e.table = wb.data();
+  e.vocab = e.dim = 8;
+  e.out = yb.f32();
+  e.out_stride = 8;
+  EXPECT_EQ(backend_->Embed(e).code(), absl::StatusCode::kInvalidArgument);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllBackends, BackendOpsTest,
                          ::testing::Range(0,
                                           static_cast<int>(Backends().size())),
