@@ -1,6 +1,8 @@
 // The CUDA backend: kernels::Backend on one GPU (sm_90a), weights in their
-// storage dtype (bf16/f16/f32) in device memory, fp32 activations, caches
-// and states, fp32 accumulation. Built only with --config=cuda.
+// storage dtype (bf16/f16/f32) in device memory (the bf16 matrices the
+// tensor cores read in their tile layout, kernels/cuda/tiled_weight.cuh),
+// fp32 activations, caches and states, fp32 accumulation. Built only with
+// --config=cuda.
 //
 // Every op is issued on the backend's own non-blocking stream, in call
 // order; ops return after enqueueing (device faults surface at the next
