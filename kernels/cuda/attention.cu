@@ -52,11 +52,9 @@ struct Batch {
   float* ml;          // [rows][heads][max_chunks][2]
 };
 
-// Row t's visible rows and caches. Read past L1 (ld.cg), so they may be read
-// before the programmatic wait: a session batch's table (positions, cache
-// pointers) is an upload of the step, written before any kernel after it
-// starts (copy.cu's InlineCopyKernel lets them launch only then, and a
-// larger copy is a plain stream dependency).
+// Row t's visible rows and caches. The session batch's table (positions,
+// cache pointers) is read past L1, so it may be read before the
+// programmatic wait (TableEntry, common.cuh).
 struct RowCaches {
   int64_t n;  // visible rows
   const float* k;
@@ -64,30 +62,35 @@ struct RowCaches {
 };
 __device__ __forceinline__ RowCaches RowCachesOf(const AttentionParams& p, int64_t t) {
   if (p.positions == nullptr) return {p.first_position + t + 1, p.k_cache, p.v_cache};
-  const auto* ks = reinterpret_cast<const unsigned long long*>(p.k_caches);
-  const auto* vs = reinterpret_cast<const unsigned long long*>(p.v_caches);
-  return {int64_t{__ldcg(p.positions + t)} + 1, reinterpret_cast<const float*>(__ldcg(ks + t)),
-          reinterpret_cast<const float*>(__ldcg(vs + t))};
+  return {int64_t{__ldcg(p.positions + t)} + 1, TableEntry(p.k_caches, t),
+          TableEntry(p.v_caches, t)};
+}
+
+// Chunk c of n visible rows cut into nc chunks of equal length (the last
+// may be shorter): rows [begin, end).
+struct ChunkRange {
+  int64_t begin;
+  int64_t end;
+};
+__device__ __forceinline__ ChunkRange ChunkOf(int64_t n, int nc, int c) {
+  const int64_t chunk = (n + nc - 1) / nc;
+  const int64_t begin = c * chunk;
+  return {begin, begin + chunk < n ? begin + chunk : n};
 }
 
 // Before the wait: the first rows of the block's chunk of keys and values
-// into L2 (PrefetchL2: the rows were written by earlier steps, all but the
-// newest, which the previous kernel writes; a hint reads no value).
-__device__ __forceinline__ void PrefetchChunk(const AttentionParams& p, const Batch& b, int c,
-                                              const RowCaches& rc, int64_t h0) {
+// (KV head kvh) into L2 (PrefetchL2: the rows were written by earlier
+// steps, all but the newest, which the previous kernel writes; a hint reads
+// no value).
+__device__ __forceinline__ void PrefetchChunk(const AttentionParams& p, const RowCaches& rc,
+                                              ChunkRange range, int64_t kvh) {
   constexpr int kRows = 64;      // rows prefetched at most
   constexpr int kLineFloats = 32;  // a 128-byte line
-  const int64_t n = rc.n;
-  const int nc = NumChunks(n);
-  if (c >= nc || nc > b.max_chunks) return;
-  const int64_t chunk = (n + nc - 1) / nc;
-  const int64_t begin = c * chunk;
-  const int64_t rows = min(min(begin + chunk, n) - begin, int64_t{kRows});
-  const int64_t kvh = h0 / (p.num_heads / p.num_kv_heads);
+  const int64_t rows = min(range.end - range.begin, int64_t{kRows});
   const int lines = static_cast<int>((p.head_dim + kLineFloats - 1) / kLineFloats);
 #pragma unroll 1
   for (int i = threadIdx.x; i < rows * 2 * lines; i += kThreads) {
-    const int64_t r = begin + i / (2 * lines);
+    const int64_t r = range.begin + i / (2 * lines);
     const int w = i % (2 * lines);
     const float* base = (w < lines ? rc.k : rc.v) + r * p.kv_row_stride + kvh * p.head_dim;
     PrefetchL2(base + (w % lines) * kLineFloats);
@@ -112,19 +115,17 @@ __global__ void __launch_bounds__(kThreads)
   // prefetch their session's rows once per column, and a session batch was
   // not measured with it apart from another change)
   const RowCaches rc = RowCachesOf(p, t);  // (the table: safe before the wait)
-  if (gridDim.z == 1) PrefetchChunk(p, b, c, rc, h0);
+  const int nc = NumChunks(rc.n);
+  const bool live = c < nc && nc <= b.max_chunks;
+  const auto [begin, end] = ChunkOf(rc.n, nc, c);
+  const int64_t kvh = h0 / (p.num_heads / p.num_kv_heads);
+  if (gridDim.z == 1 && live) PrefetchChunk(p, rc, {begin, end}, kvh);
   PdlWait();
-  const int64_t n = rc.n;
-  const int nc = NumChunks(n);
-  if (c >= nc || nc > b.max_chunks) return;  // whole block
-  const int64_t chunk = (n + nc - 1) / nc;
-  const int64_t begin = c * chunk;
-  const int64_t end = begin + chunk < n ? begin + chunk : n;
+  if (!live) return;  // whole block
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int hd = static_cast<int>(p.head_dim);
-  const int64_t kvh = h0 / (p.num_heads / p.num_kv_heads);
   const float* k_cache = rc.k;
   const float* v_cache = rc.v;
   float qv[G][DPL];

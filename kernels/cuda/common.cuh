@@ -184,6 +184,15 @@ __device__ __forceinline__ void PrefetchL2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
+// Entry i of a session table (the per-row pointers a session batch uploads
+// with its step), read past L1 (ld.cg). It may be read before the
+// programmatic wait: the table is an upload, written before any later
+// kernel starts (copy.cu), and ld.cg leaves no L1 line to go stale.
+template <typename T>
+__device__ __forceinline__ T* TableEntry(T* const* table, int64_t i) {
+  return reinterpret_cast<T*>(__ldcg(reinterpret_cast<const unsigned long long*>(table) + i));
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...) as a programmatic
 // dependent of the previous kernel, in clusters of cluster.x × cluster.y
 // blocks when cluster.x > 0 (grid.x, grid.y multiples); errors surface

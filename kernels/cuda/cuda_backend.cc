@@ -221,8 +221,9 @@ absl::StatusOr<Weight> CudaBackend::UploadWeight(DType dtype, const void* host, 
   SS_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(w.storage.data(), host, w.bytes(), cudaMemcpyDefault, stream_.get()),
       "UploadWeight");
+  SS_RETURN_IF_ERROR(TileForTensorCores(&w));  // (stream-ordered after the copy)
+  // `host` may be freed once this returns.
   SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "UploadWeight sync");
-  SS_RETURN_IF_ERROR(TileForTensorCores(&w));
   return w;
 }
 
@@ -241,7 +242,7 @@ absl::Status CudaBackend::TileForTensorCores(Weight* w) {
   }
   SS_ASSIGN_OR_RETURN(Buffer tiled, Allocate(TiledWeightBytes(w->rows, w->cols)));
   SS_RETURN_IF_ERROR(LaunchTileWeight(w->data, w->rows, w->cols, tiled.data(), stream_.get()));
-  SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "TileForTensorCores sync");
+  // (freeing the row-major storage waits for the device: Free)
   w->storage = std::move(tiled);
   w->data = w->storage.data();
   w->layout = WeightLayout::kTensorCoreTiles;

@@ -90,8 +90,9 @@ class CudaBackend : public Backend {
                                              int64_t cols) override;
   // Converts a row-major weight of this backend to the layout UploadWeight
   // gives it (for weights filled on the device, e.g. random benchmark
-  // weights). Keeps `w` as it is when that layout is row-major; the old
-  // storage is freed, and a Weight that shared `w`'s data keeps it.
+  // weights), in stream order. Keeps `w` as it is when that layout is
+  // row-major; the old storage is freed, and a Weight that shared `w`'s data
+  // keeps it.
   absl::Status TileForTensorCores(Weight* w);
   absl::Status Synchronize() override;
 

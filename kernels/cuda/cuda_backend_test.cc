@@ -740,6 +740,18 @@ TEST_F(CudaBackendTest, GatedDeltaRuleNormedEqualsRuleThenNorm) {
           struct Run {
             Dual state, snaps, table, out, cstate, csnaps, ctable, y;
           };
+          // The rule's or the conv's states by the mode (their params name
+          // the state fields alike).
+          auto set_states = [&](bool g, auto& x, const Dual& state, const Dual& snaps,
+                                const Dual& tab, size_t size) {
+            if (mode == kSessionBatch) {
+              x.states = static_cast<float* const*>(tab.V(g));
+            } else {
+              x.state_in = state.F(g);
+              x.state_out = mode == kInPlace ? state.F(g) : snaps.F(g);
+              x.state_out_stride = mode == kInPlace ? 0 : size;
+            }
+          };
           auto params = [&](bool g, const Run& run) {
             GatedDeltaRuleNormParams p;
             GatedDeltaRuleParams& r = p.rule;
@@ -749,13 +761,7 @@ TEST_F(CudaBackendTest, GatedDeltaRuleNormedEqualsRuleThenNorm) {
             r.q = qkv_base; r.k = qkv_base + sh.nk * sh.dk; r.v = qkv_base + 2 * sh.nk * sh.dk;
             r.qkv_stride = width; r.a = ad.F(g); r.b = bd.F(g); r.ab_stride = abs_;
             r.a_log = ld.F(g); r.dt_bias = dd.F(g);
-            if (mode == kSessionBatch) {
-              r.states = static_cast<float* const*>(run.table.V(g));
-            } else {
-              r.state_in = run.state.F(g);
-              r.state_out = mode == kInPlace ? run.state.F(g) : run.snaps.F(g);
-              r.state_out_stride = mode == kInPlace ? 0 : ssz;
-            }
+            set_states(g, r, run.state, run.snaps, run.table, ssz);
             r.out = run.out.F(g); r.out_stride = vd;
             GatedRmsNormParams& n = p.norm;
             n.rows = rows * sh.nv; n.dim = sh.dv;
@@ -768,13 +774,7 @@ TEST_F(CudaBackendTest, GatedDeltaRuleNormedEqualsRuleThenNorm) {
               c.x = rawd.F(g); c.x_stride = xw;
               c.y = run.y.F(g); c.y_stride = width;
               c.weight = cwd.F(g);
-              if (mode == kSessionBatch) {
-                c.states = static_cast<float* const*>(run.ctable.V(g));
-              } else {
-                c.state_in = run.cstate.F(g);
-                c.state_out = mode == kInPlace ? run.cstate.F(g) : run.csnaps.F(g);
-                c.state_out_stride = mode == kInPlace ? 0 : csz;
-              }
+              set_states(g, c, run.cstate, run.csnaps, run.ctable, csz);
               c.silu = true;
             }
             return p;

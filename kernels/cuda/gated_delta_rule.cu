@@ -289,22 +289,20 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
   const bool batch = p.states != nullptr;
   const int64_t t0 = batch ? static_cast<int64_t>(blockIdx.z) : 0;
   const int64_t s_off = h * (dk * dv) + row0 * dv + j;
+  // A session batch's row t0 updates its own states in place; their
+  // pointers come from the tables (TableEntry: safe before the wait).
+  float* const state_row = batch ? TableEntry(p.states, t0) : nullptr;
+  float* const conv_row = kConv && batch ? TableEntry(cv.states, t0) : nullptr;
   if constexpr (kConv) {
     // The states may be written by an earlier kernel still in flight, so
-    // they are only prefetched into L2 before the wait (PrefetchL2). A
-    // session batch's table is read for the addresses past L1 (ld.cg: the
-    // loads after the wait must not hit a stale line).
-    const float* rs = batch ? reinterpret_cast<const float*>(__ldcg(
-                                  reinterpret_cast<const unsigned long long*>(p.states) + t0))
-                            : p.state_in;
+    // they are only prefetched into L2 before the wait (PrefetchL2).
+    const float* rs = batch ? state_row : p.state_in;
     // Each thread one 128-byte line of the block's [R·W rows][kCols] slice
     // (kCols = 64: two lines per row).
     const int line = threadIdx.x;
     const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kCols;
     PrefetchL2(rs + h * (dk * dv) + (line >> 1) * dv + col0 + (line & 1) * 32);
-    const float* cs = batch ? reinterpret_cast<const float*>(__ldcg(
-                                  reinterpret_cast<const unsigned long long*>(cv.states) + t0))
-                            : cv.state_in;
+    const float* cs = batch ? conv_row : cv.state_in;
     // The conv windows: 3 floats per channel, the key head's q/k channels
     // (2·dk) and the block's v channels (kCols), contiguous in each.
     if (threadIdx.x < 2 * dk * 3 / 32) {
@@ -317,8 +315,8 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
   }
   PdlWait();  // every other input may be the previous kernel's output
   const int64_t t1 = batch ? t0 + 1 : p.rows;
-  const float* state_in = batch ? p.states[t0] : p.state_in;
-  float* state_out = batch ? p.states[t0] : p.state_out;
+  const float* state_in = batch ? state_row : p.state_in;
+  float* state_out = batch ? state_row : p.state_out;
 
   // This thread's columns of the warp's rows, all loads in flight together.
   float S[R][V];
@@ -344,8 +342,8 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
       }
     }
   }
-  // kConv: the conv state (a session batch's row t0 updates its own in place).
-  float* const conv_state = kConv ? (batch ? cv.states[t0] : cv.state_out) : nullptr;
+  // kConv: the conv state written (a session batch's row: in place).
+  float* const conv_state = kConv ? (batch ? conv_row : cv.state_out) : nullptr;
   if constexpr (kConv) {
     const float* conv_state_in = batch ? conv_state : cv.state_in;
     LoadConvState(conv_state_in, qk_ch, qk_conv);

@@ -176,9 +176,8 @@ __device__ __forceinline__ uint32_t SplitPair(float& a, float& b) {
   return bits;
 }
 
-// A unit (one piece) as one lane sees it: its chunks of rows g and g+8 from
-// k = kbeg + q·16 (w0: slot 0, row g; w1: slot 2, row g+8; the next 16-byte
-// chunk of each row is 32 chunks on, the next step kTiledStepChunks on).
+// A unit (one piece) as one lane sees it: its chunks of rows g (w0) and g+8
+// (w1) from k = kbeg + q·16, in the tile layout (tiled_weight.cuh).
 struct UnitView {
   bool valid = false;
   int64_t tile = 0;
@@ -213,9 +212,8 @@ __device__ __forceinline__ UnitView ViewUnit(const MmaArgs& a, Cursor c, int war
   v.padded = (v.nsteps + RING - 1) / RING * RING;
   // (c.step counts tile-major over (tile, step), as the layout does; the
   // rows past `out` in the last tile are read, as padding, and discarded)
-  v.w0 = static_cast<const uint16_t*>(p.w) +
-         ((c.step * kWarps + warp) * 128 + g * 4 + q) * int64_t{8};
-  v.w1 = v.w0 + 64 * 8;
+  v.w0 = static_cast<const uint16_t*>(p.w) + TiledLaneChunk(c.step, warp, g, q) * int64_t{8};
+  v.w1 = v.w0 + kTiledRowPlus8 * 8;
   return v;
 }
 
@@ -431,7 +429,7 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // (k past `in` is zeros in the layout: no bound but the unit's steps)
-      const int off = (lj * kTiledStepChunks + h * 32) * 8;
+      const int off = (lj * kTiledStepChunks + h * kTiledNextK) * 8;
       if (lv.valid && lj < lv.nsteps) {
         ring[u][h] = __ldg(reinterpret_cast<const uint4*>(lv.w0 + off));
         ring[u][2 + h] = __ldg(reinterpret_cast<const uint4*>(lv.w1 + off));

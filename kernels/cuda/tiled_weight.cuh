@@ -40,6 +40,18 @@ __host__ __device__ constexpr int64_t TiledBytes(int64_t rows, int64_t cols) {
   return (rows + kTiledRows - 1) / kTiledRows * TiledSteps(cols) * kTiledStepChunks * 16;
 }
 
+// Chunks from a lane's chunk of row g to its next 8 k (slot + 1), and to
+// the same k of row g + 8 (slot + 2).
+constexpr int kTiledNextK = 32;
+constexpr int kTiledRowPlus8 = 64;
+
+// Slot 0's chunk of lane (g, q) (lane = 4g + q) of `warp` in tile step
+// `tile_step` (tile · tile_steps + step): W[16·warp + g][16·q .. 16·q + 8)
+// of that step.
+__host__ __device__ constexpr int64_t TiledLaneChunk(int64_t tile_step, int warp, int g, int q) {
+  return (tile_step * kTiledWarps + warp) * 128 + g * 4 + q;
+}
+
 // The chunk holding W[row][k .. k+8) (k a multiple of 8).
 __host__ __device__ constexpr int64_t TiledChunk(int64_t tile_steps, int64_t row, int64_t k) {
   const int64_t tile = row / kTiledRows;
@@ -48,8 +60,8 @@ __host__ __device__ constexpr int64_t TiledChunk(int64_t tile_steps, int64_t row
   const int64_t step = k / kTiledStepK;
   const int kk = static_cast<int>(k % kTiledStepK);
   const int q = kk / 16, h = (kk / 8) % 2;
-  return ((tile * tile_steps + step) * kTiledWarps + warp) * 128 + (half * 2 + h) * 32 +
-         (g * 4 + q);
+  return TiledLaneChunk(tile * tile_steps + step, warp, g, q) + half * kTiledRowPlus8 +
+         h * kTiledNextK;
 }
 
 // The element index of W[row][k] in the tile layout.
