@@ -37,8 +37,7 @@
 #       to BASE ($OUT/ab.{txt,json}). The name `pack` is the build in
 #       .carry/pack (carry it and one kept build: the pack and two builds pass
 #       the travelling tree's 64 MiB), so that one call can check a build
-#       (run) and time it against another. CUDA_BENCH_AB_TRACE=1 then prints
-#       each build's boundary trace of the greedy step ($OUT/<build>_trace.txt).
+#       (run) and time it against another.
 #   tools/cuda_bench.sh envab ROUNDS 'BASE_ENV' 'NEW_ENV'  (GPU machine, carry
 #       .carry/pack) the same comparison for one build under two environments
 #       (VAR=value lists): for switches an experiment reads from its
@@ -127,14 +126,6 @@ if [ "$mode" = ab ]; then
   python3 tools/cuda_bench/ab_compare.py "$base" "$new" "$out/ab.json" "${files[@]}" |
     tee "$out/ab.txt"
   status="${PIPESTATUS[0]}"
-  if [ "${CUDA_BENCH_AB_TRACE:-0}" = 1 ]; then
-    for b in "$base" "${news[@]}"; do
-      echo "== $b, boundary trace"
-      timeout 100 "$(bench_of "$b")" --skip_matmul --decode_only --trace_boundaries \
-        > "$out/${b}_trace.txt" 2>&1 || { echo "trace of $b failed"; status=1; continue; }
-      grep -A9 "boundary trace of" "$out/${b}_trace.txt" | head -10
-    done
-  fi
   exit "$status"
 fi
 case "$mode" in run|sanitize|envab) ;; *) echo "usage: $0 [prepare|run|sanitize|ab|envab]" >&2; exit 2 ;; esac

@@ -3,7 +3,7 @@
 # from binaries built here.
 #
 #   tools/cuda_check.sh prepare   (on the build machine, with Bazel)
-#       Builds //kernels/cuda:cuda_backend_test, :matmul_bench,
+#       Builds //kernels/cuda:cuda_backend_test, //tools/cuda_bench:matmul_bench,
 #       //worker/model:cuda_model_test, :exactness_cuda_test, :batch_cuda_test,
 #       :recorded_steps_cuda_test,
 #       //worker/spec:spec_engine_cuda_test, //tools/specgen and
@@ -43,7 +43,7 @@ if [ "$mode" = prepare ]; then
   flags=(--config=cuda --config=static)
   bazel --output_base="$ob" build "${flags[@]}" --symlink_prefix=/ \
       //kernels/cuda:cuda_backend_test //kernels/cuda:sample_rows_test \
-      //kernels/cuda:matmul_bench \
+      //tools/cuda_bench:matmul_bench \
       //worker/model:cuda_model_test //worker/model:exactness_cuda_test \
       //worker/model:batch_cuda_test //worker/model:recorded_steps_cuda_test \
       //worker/spec:spec_engine_cuda_test //tools/specgen \
@@ -52,7 +52,8 @@ if [ "$mode" = prepare ]; then
   mkdir -p "$carry"
   for b in $bins; do
     case $b in
-      cuda_backend_test|sample_rows_test|matmul_bench) src="$bin/kernels/cuda/$b" ;;
+      cuda_backend_test|sample_rows_test) src="$bin/kernels/cuda/$b" ;;
+      matmul_bench) src="$bin/tools/cuda_bench/$b" ;;
       cuda_model_test|exactness_cuda_test|batch_cuda_test|recorded_steps_cuda_test)
         src="$bin/worker/model/$b" ;;
       spec_engine_cuda_test) src="$bin/worker/spec/$b" ;;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -105,6 +106,11 @@ class CudaBackendTest : public ::testing::Test {
     }
     return out;
   }
+
+  void ExpectFusedEqualsUnfused(
+      int in, int rows, int misaligned, int xs,
+      const std::function<void(MatmulParams*, bool gpu)>& fuse,
+      const std::function<absl::Status(const MatmulParams&, float*)>& unfused);
 
   // `rows` query rows at positions first.. over a random cache of
   // first + rows rows (dense heads, scale 1/sqrt(hd)): CPU and CUDA agree
@@ -213,6 +219,39 @@ TEST_F(CudaBackendTest, Matmul) {
   }
 }
 
+// A matmul with an input op fused into it (`fuse` sets the op on its
+// params) gives the bits of that op run alone (`unfused`, into a staging
+// buffer of rows × in) then the plain matmul on the GPU, and is close to the
+// CPU's. x rows are `xs` apart, starting `misaligned` floats into x.
+void CudaBackendTest::ExpectFusedEqualsUnfused(
+    int in, int rows, int misaligned, int xs,
+    const std::function<void(MatmulParams*, bool gpu)>& fuse,
+    const std::function<absl::Status(const MatmulParams&, float*)>& unfused) {
+  const int out = 300;
+  const std::vector<float> x = Random((rows + 1) * xs), y0 = Random(rows * out);
+  const std::vector<uint8_t> wh = RandomWeights(out * in, DType::kBF16);
+  Dual xd = UpF(x), wd = Up(wh.data(), wh.size());
+  const std::string what = absl::StrCat("in=", in, " rows=", rows, " mis=", misaligned);
+  std::vector<float> fused[2];
+  for (bool g : {false, true}) {
+    auto w = B(g)->UploadWeight(DType::kBF16, wd.V(g), out, in);
+    ASSERT_TRUE(w.ok());
+    Dual yd = UpF(y0);
+    MatmulParams p = DenseMatmul(rows, xd.F(g) + misaligned, *w, yd.F(g), true);
+    p.x_stride = xs;
+    fuse(&p, g);
+    ASSERT_TRUE(B(g)->Matmul(p).ok()) << what;
+    fused[g] = Down(yd, g, rows * out);
+    if (!g) continue;
+    Buffer staged = GpuZeros(rows * in);
+    Dual sd = UpF(y0);
+    ASSERT_TRUE(unfused(p, staged.f32()).ok()) << what;
+    ASSERT_TRUE(gpu_->Matmul(DenseMatmul(rows, staged.f32(), *w, sd.g.f32(), true)).ok());
+    ExpectBitEqual(fused[1].data(), DownG(sd.g, rows * out).data(), rows * out, what);
+  }
+  ExpectClose(fused[0], fused[1], 1e-4, what + " cpu vs cuda");
+}
+
 // A fused-norm matmul gives the bits of RmsNorm then the plain matmul on the
 // GPU: fused in the tensor-core kernel up to kMaxFusedNormRows rows (warp and
 // block norm orders: in < and >= 1024), normalised first beyond, with a
@@ -222,30 +261,13 @@ TEST_F(CudaBackendTest, MatmulFusedNormEqualsRmsNormThenMatmul) {
   for (int in : {256, 5120}) {
     for (int rows : {1, 2, 4, 8, 9, 33}) {
       for (int misaligned : {0, 1}) {
-        const int out = 300, xs = in + 4;
-        const std::vector<float> x = Random((rows + 1) * xs), nw = Random(in),
-                                 y0 = Random(rows * out);
-        const std::vector<uint8_t> wh = RandomWeights(out * in, DType::kBF16);
-        Dual xd = UpF(x), nd = UpF(nw), wd = Up(wh.data(), wh.size());
-        const std::string what = absl::StrCat("in=", in, " rows=", rows, " mis=", misaligned);
-        std::vector<float> fused[2];
-        for (bool g : {false, true}) {
-          auto w = B(g)->UploadWeight(DType::kBF16, wd.V(g), out, in);
-          ASSERT_TRUE(w.ok());
-          Dual yd = UpF(y0);
-          MatmulParams p = DenseMatmul(rows, xd.F(g) + misaligned, *w, yd.F(g), true);
-          p.x_stride = xs;
-          p.norm_weight = nd.F(g);
-          ASSERT_TRUE(B(g)->Matmul(p).ok()) << what;
-          fused[g] = Down(yd, g, rows * out);
-          if (!g) continue;
-          Buffer normed = GpuZeros(rows * in);
-          Dual sd = UpF(y0);
-          ASSERT_TRUE(gpu_->RmsNorm(FusedNormOf(p, normed.f32())).ok());
-          ASSERT_TRUE(gpu_->Matmul(DenseMatmul(rows, normed.f32(), *w, sd.g.f32(), true)).ok());
-          ExpectBitEqual(fused[1].data(), DownG(sd.g, rows * out).data(), rows * out, what);
-        }
-        ExpectClose(fused[0], fused[1], 1e-4, what + " cpu vs cuda");
+        Dual nd = UpF(Random(in));
+        ExpectFusedEqualsUnfused(
+            in, rows, misaligned, in + 4,
+            [&](MatmulParams* p, bool g) { p->norm_weight = nd.F(g); },
+            [&](const MatmulParams& p, float* normed) {
+              return gpu_->RmsNorm(FusedNormOf(p, normed));
+            });
       }
     }
   }
@@ -257,29 +279,12 @@ TEST_F(CudaBackendTest, MatmulFusedSwigluEqualsSwigluThenMatmul) {
   for (int in : {256, 17408}) {
     for (int rows : {1, 8, 9, 64}) {
       for (int misaligned : {0, 1}) {
-        const int out = 300, xs = 2 * in + 4;
-        const std::vector<float> x = Random((rows + 1) * xs), y0 = Random(rows * out);
-        const std::vector<uint8_t> wh = RandomWeights(out * in, DType::kBF16);
-        Dual xd = UpF(x), wd = Up(wh.data(), wh.size());
-        const std::string what = absl::StrCat("in=", in, " rows=", rows, " mis=", misaligned);
-        std::vector<float> fused[2];
-        for (bool g : {false, true}) {
-          auto w = B(g)->UploadWeight(DType::kBF16, wd.V(g), out, in);
-          ASSERT_TRUE(w.ok());
-          Dual yd = UpF(y0);
-          MatmulParams p = DenseMatmul(rows, xd.F(g) + misaligned, *w, yd.F(g), true);
-          p.x_stride = xs;
-          p.swiglu = true;
-          ASSERT_TRUE(B(g)->Matmul(p).ok()) << what;
-          fused[g] = Down(yd, g, rows * out);
-          if (!g) continue;
-          Buffer act = GpuZeros(rows * in);
-          Dual sd = UpF(y0);
-          ASSERT_TRUE(gpu_->Swiglu(FusedSwigluOf(p, act.f32())).ok());
-          ASSERT_TRUE(gpu_->Matmul(DenseMatmul(rows, act.f32(), *w, sd.g.f32(), true)).ok());
-          ExpectBitEqual(fused[1].data(), DownG(sd.g, rows * out).data(), rows * out, what);
-        }
-        ExpectClose(fused[0], fused[1], 1e-4, what + " cpu vs cuda");
+        ExpectFusedEqualsUnfused(
+            in, rows, misaligned, 2 * in + 4,
+            [](MatmulParams* p, bool) { p->swiglu = true; },
+            [&](const MatmulParams& p, float* act) {
+              return gpu_->Swiglu(FusedSwigluOf(p, act));
+            });
       }
     }
   }

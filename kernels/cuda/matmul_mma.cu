@@ -62,8 +62,8 @@
 // tools/cuda_bench/mma_order_probe.cu), so the bits do not depend on the
 // path (nor on T). At 64 tokens the x fragments a block copies per step are
 // as many bytes as its weights (16 KiB each); there ncu finds neither DRAM
-// (35%) nor L2 (49%) nor the tensor pipe saturated (tools/cuda_bench/
-// NOTES.md): the kernel waits on its weight loads and its per-tile barrier.
+// (35%) nor L2 (49%) nor the tensor pipe saturated (PERF.md): the kernel
+// waits on its weight loads and its per-tile barrier.
 //
 // Fused norm (MatmulParams.norm_weight, at most kMaxFusedNormRows tokens):
 // after the wait, the block computes each token's 1/rms exactly as RmsNorm
@@ -103,10 +103,6 @@ constexpr int kStepK = 64;                       // k per ring step
 constexpr int kRing = 4;                         // steps in flight
 constexpr int kMaxTokens = 64;                   // tokens per launch
 constexpr int kPlanBlocks = 264;                 // parts: 2 blocks per SM on 132 SMs
-int g_force_parts = 0;                           // bench override (0: plan)
-uint64_t* g_trace = nullptr;                     // boundary trace (benchmarks)
-int g_trace_records = 0;
-std::vector<MmaTraceLaunch> g_trace_launches;
 static_assert(kThreads == kRmsBlockThreads, "the fused norm reduces with the whole block");
 static_assert(kWarps == kTiledWarps && kTileOut == kTiledRows && kStepK == kTiledStepK,
               "a unit's step is one tile step of the weight layout");
@@ -124,26 +120,7 @@ struct MmaArgs {
   // always the last unit of its part, is summed by its own block (it waits
   // for the others' release counts); see the piece sums below.
   bool owner_sums = false;
-  uint64_t* trace = nullptr;  // SetMmaMatmulTraceForBenchmark: this launch's record
 };
-
-// Thread 0's stamp k of the boundary trace (matmul_mma.h), when tracing.
-// Only the TRACE instances stamp (the one-token staged kernel's): the
-// stamps cost the hot loop registers, so the untraced kernels have none.
-template <bool TRACE>
-__device__ __forceinline__ void TraceStamp(uint64_t* trace, int k) {
-  if (TRACE && trace != nullptr && threadIdx.x == 0) {
-    uint64_t ns;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-    uint32_t sm, block;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    // (read here, not hoisted: no register held across the kernel for it)
-    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(block));
-    // (the timer counts from the epoch, past 2^56 ns: its top byte gives way to the SM)
-    trace[block * kMmaTraceStamps + k] =
-        (ns & kMmaTraceTimeMask) | (static_cast<uint64_t>(sm) << kMmaTraceTimeBits);
-  }
-}
 
 // First step of part v (v <= parts).
 __device__ __forceinline__ int64_t PartBegin(const MmaArgs& a, int64_t v) {
@@ -401,7 +378,7 @@ __device__ __forceinline__ void CpAsyncWait() {
 // x tile. 4 for the staged kernels; 2 for the pre-split T > 32 one, which
 // then fits 128 registers and runs 2 blocks per SM. The ring depth only
 // buffers: the order of the mma instructions per output is the same.
-template <int NT, int SPLITS, bool PRESPLIT, int RING, bool TRACE = false>
+template <int NT, int SPLITS, bool PRESPLIT, int RING>
 __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
     MmaMatmulKernel(MmaArgs a, const uint4* __restrict__ xf) {
   // [stages][RING][SPLITS][NT][2 halves][32 lanes]; 2 stages when PRESPLIT.
@@ -413,7 +390,6 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
   __shared__ double sm_part[8][kRmsBlockThreads / 32];
   __shared__ float sm_inv[8];  // fused norm: 1/rms of each token (NT == 1)
   PdlLetNextLaunch();
-  TraceStamp<TRACE>(a.trace, 0);
   const MatmulParams& p = a.p;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -440,10 +416,8 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
     }
     // A unit starts at slot 0 and is padded to whole rings, so it can end
     // only at slot RING − 1: only that copy of this (unrolled) code carries
-    // the advance. That keeps the hot loop a quarter of its size (1,021 ->
-    // 275 instructions between the first and last mma of a tile at one
-    // token; greedy decode 14.78 -> 14.48 ms, B=64 36.1 -> 33.9 ms on the
-    // H200).
+    // the advance. That keeps the hot loop a quarter of the size it has
+    // with the advance in every copy (PERF.md).
     if (!lv.valid) return;
     ++lj;
     if (u == RING - 1 && lj == lv.padded) {
@@ -454,9 +428,7 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
   };
 #pragma unroll
   for (int u = 0; u < RING; ++u) load_next(u);
-  TraceStamp<TRACE>(a.trace, 5);
   PdlWait();  // only the weights were read before this
-  TraceStamp<TRACE>(a.trace, 1);
 
   const bool x_vec = XVectorLoads(p);
   const float* xb = p.x + a.t0 * p.x_stride;
@@ -505,7 +477,6 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
     }
   }
 
-  TraceStamp<TRACE>(a.trace, 2);
   for (Cursor cc = FirstOf(a, blockIdx.x); cc.part < a.parts;) {
     const UnitView cv = ViewUnit<RING>(a, cc, warp, g, q);
     cc = NextUnit(a, cc, cv);
@@ -576,7 +547,6 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
       }
     }
 
-    TraceStamp<TRACE>(a.trace, 4);  // (each unit; the last unit's stays)
     // acc[n] = (row g, tokens 2q, 2q+1), (row g+8, tokens 2q, 2q+1) of N-tile n.
     const int64_t o_base = cv.tile * kTileOut + warp * kRowsPerWarp;
     auto each_output = [&](auto&& fn) {
@@ -692,7 +662,6 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
     }
     if (own == nullptr && tid == 0) a.counters[cv.tile] = 0;
   }
-  TraceStamp<TRACE>(a.trace, 3);
 }
 
 // Blocks of one kernel instance resident on the device at once (cached;
@@ -715,15 +684,6 @@ int64_t ResidentBlocks(size_t smem) {
   return blocks;
 }
 
-// The boundary trace's record for a launch of `grid` blocks (nullptr when
-// off or full).
-uint64_t* NextTraceRecord(const MmaArgs& a, int64_t grid) {
-  const int i = static_cast<int>(g_trace_launches.size());
-  if (g_trace == nullptr || i >= g_trace_records || grid > kMmaTraceMaxBlocks) return nullptr;
-  g_trace_launches.push_back({a.p.in, a.p.out, a.tokens, static_cast<int>(grid)});
-  return g_trace + static_cast<int64_t>(i) * kMmaTraceStamps * kMmaTraceMaxBlocks;
-}
-
 // Pre-split x from this many N-tiles of 8 tokens (T > 16) when the
 // fragments fit `x_frags`; fewer tokens keep the in-block staging (the
 // decode path: one launch, and x is small).
@@ -743,14 +703,6 @@ absl::Status Launch(const MmaArgs& a, const Workspace& x_frags, cudaStream_t str
     MmaArgs owned = a;
     owned.owner_sums = resident >= a.parts;
     const dim3 grid(static_cast<unsigned>(std::min(a.parts, resident)));
-    if constexpr (NT == 1) {
-      owned.trace = NextTraceRecord(owned, grid.x);
-      if (owned.trace != nullptr) {
-        LaunchPdl(MmaMatmulKernel<NT, SPLITS, false, kRing, true>, grid, block, tile_bytes,
-                  stream, owned, static_cast<const uint4*>(nullptr));
-        return LaunchStatus("matmul (tensor core, traced) launch");
-      }
-    }
     LaunchPdl(MmaMatmulKernel<NT, SPLITS, false, kRing>, grid, block, tile_bytes, stream, owned,
               static_cast<const uint4*>(nullptr));
     return LaunchStatus("matmul (tensor core) launch");
@@ -796,7 +748,7 @@ MmaPlan PlanMmaMatmul(int64_t in, int64_t out) {
   // No more parts than steps, so that no part is empty (piece indices count
   // parts).
   plan.parts = std::min(plan.tiles * plan.tile_steps,
-                        int64_t{g_force_parts > 0 ? g_force_parts : kPlanBlocks});
+                        int64_t{kPlanBlocks});
   // Pieces of one tile: a part has at least q >= 1 steps (q = steps /
   // parts), so a tile of n steps meets at most ceil(n/q) + 1 parts (and at
   // most n).
@@ -806,18 +758,6 @@ MmaPlan PlanMmaMatmul(int64_t in, int64_t out) {
 }
 
 int64_t MmaMatmulCounters() { return 16384; }
-
-void SetMmaMatmulPartsForBenchmark(int parts) { g_force_parts = std::max(parts, 0); }
-
-void SetMmaMatmulTraceForBenchmark(uint64_t* buffer, int records) {
-  g_trace = buffer;
-  g_trace_records = buffer != nullptr ? records : 0;
-  g_trace_launches.clear();
-}
-
-void RestartMmaMatmulTrace() { g_trace_launches.clear(); }
-
-const std::vector<MmaTraceLaunch>& MmaMatmulTraceLaunches() { return g_trace_launches; }
 
 absl::Status LaunchMmaMatmul(const MatmulParams& p, int splits, const Workspace& ws,
                              const Workspace& x_frags, int* counters, cudaStream_t stream) {

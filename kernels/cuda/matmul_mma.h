@@ -7,7 +7,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "kernels/matmul.h"
@@ -28,36 +27,6 @@ struct MmaPlan {
   int64_t max_pieces = 0;  // at most this many K pieces per tile
 };
 MmaPlan PlanMmaMatmul(int64_t in, int64_t out);
-
-// Benchmarks only: every plan made after this uses `parts` parts (<= 0:
-// back to the plan's own choice); changes the reduction order of later
-// calls.
-void SetMmaMatmulPartsForBenchmark(int parts);
-
-// Benchmarks only: the boundary trace. While set, each launch of the
-// tensor-core matmul takes the next record of `records` in `buffer` (device
-// memory, kMmaTraceStamps × kMmaTraceMaxBlocks uint64 per record), and its
-// blocks write, by thread 0, the global timer (ns) with the SM id in the top
-// byte at: 0 start, 1 after the wait on the previous kernel, 2 before the
-// first unit (after the fused norm's 1/rms), 3 end, 4 the last unit's
-// multiplications done (before its piece sums), 5 the ring's first weight
-// loads issued (just before the wait). Only the one-token staged
-// kernel is traced (a separate instance: the stamps cost registers). A
-// captured graph keeps its launches' records, so replays overwrite them.
-// nullptr: off.
-constexpr int kMmaTraceStamps = 6;
-constexpr int kMmaTraceTimeBits = 56;  // the timer's low bits; the SM id above them
-constexpr uint64_t kMmaTraceTimeMask = (uint64_t{1} << kMmaTraceTimeBits) - 1;
-constexpr int kMmaTraceMaxBlocks = 528;
-struct MmaTraceLaunch {
-  int64_t in = 0, out = 0;
-  int tokens = 0;
-  int grid = 0;
-};
-void SetMmaMatmulTraceForBenchmark(uint64_t* buffer, int records);
-// Restarts the record count (before each step); the launches since.
-void RestartMmaMatmulTrace();
-const std::vector<MmaTraceLaunch>& MmaMatmulTraceLaunches();
 
 // Ints of zeroed device memory LaunchMmaMatmul needs for its counters.
 int64_t MmaMatmulCounters();

@@ -15,8 +15,7 @@
 //
 // Usage: cuda_bench [--json=FILE] [--default_model=DIR] [--skip_model]
 //                   [--skip_matmul] [--quick_sweep] [--x_splits=2] [--leave_out]
-//                   [--trace_boundaries] [--trace_dump=FILE] [--decode_only]
-//                   [--parts=N]
+//                   [--decode_only]
 //                   [--synthetic_dir=/tmp/specserve_27b]
 #include <cuda_runtime_api.h>
 
@@ -40,7 +39,6 @@
 #include "kernels/cuda/ops.h"
 #include "nlohmann/json.hpp"
 #include "tools/bench_timing/bench_timing.h"
-#include "tools/cuda_bench/boundary_trace.h"
 #include "tools/cuda_bench/random_model.h"
 #include "worker/model/model.h"
 #include "worker/spec/model_executor.h"
@@ -112,8 +110,6 @@ struct Ctx {
   double copy_gbs = 0;
   int model_splits = 2;  // --x_splits: bf16 terms per x in the models' matmuls
   bool leave_out = false;  // --leave_out: LeaveOutSweep after (a)
-  bool trace_boundaries = false;  // --trace_boundaries: TraceBoundaries after (a)
-  std::string trace_dump;         // --trace_dump=PATH: its raw records
   bool decode_only = false;       // --decode_only: the 27B shape's (a) alone
   bool quick_sweep = false;  // --quick_sweep (MatmulSweep)
   json out = json::object();
@@ -137,8 +133,7 @@ void MatmulSweep(Ctx* ctx) {
       // o_proj, q|k|v, lm_head.
       {5120, 17408}, {34816, 5120}, {16480, 5120}, {5120, 6144},
       {14336, 5120}, {248320, 5120}};
-  // --quick_sweep: T = 1, 4, 64 on the tensor-core path only, no plan
-  // variants (kernel experiments).
+  // --quick_sweep: T = 1, 4, 64 on the tensor-core path only.
   const std::vector<int> ts = ctx->quick_sweep ? std::vector<int>{1, 4, 64}
                                                : std::vector<int>{1, 2, 4, 8, 16, 32, 64};
   std::printf("\n== matmul, bf16 weight (floor = weight bytes / copy bandwidth)\n");
@@ -200,43 +195,6 @@ void MatmulSweep(Ctx* ctx) {
     }
   }
   ctx->out["matmul"] = rows;
-  if (ctx->quick_sweep) return;
-
-  // Plan variants: parts forced per call (0 = the plan's choice), mma-x2.
-  std::printf("\n== plan variants, mma-x2 (parts 0 = the plan's own choice; pieces = the most "
-              "K pieces of one tile)\n%-16s %6s %6s %4s %9s %8s\n",
-              "[out][in]", "parts", "pieces", "T", "us", "%floor");
-  auto owner = MakeBackend(2);
-  auto* be = static_cast<CudaBackend*>(owner.get());
-  RandomWeightsBackend rb(be, 0.02f);
-  auto x = be->AllocateFloats(64 * 17408);
-  auto y = be->AllocateFloats(64 * 34816);
-  BENCH_CHECK(x.status());
-  BENCH_CHECK(y.status());
-  BENCH_CHECK(kernels::cuda::LaunchFillRandom(kernels::DType::kF32, x->data(), 64 * 17408, 99,
-                                              1.0f, be->stream()));
-  json jp = json::array();
-  for (auto [out, in] : std::vector<std::pair<int64_t, int64_t>>{{5120, 17408}, {34816, 5120}, {5120, 6144}}) {
-    auto w = rb.UploadWeight(kernels::DType::kBF16, nullptr, out, in);
-    BENCH_CHECK(w.status());
-    const double floor_us = w->bytes() / (ctx->copy_gbs * 1e3);
-    for (int force : {0, 132, 396, 528, 1056}) {
-      kernels::cuda::SetMmaMatmulPartsForBenchmark(force);
-      const auto plan = kernels::cuda::PlanMmaMatmul(in, out);
-      for (int t : {1, 4, 64}) {
-        const auto p = kernels::DenseMatmul(t, x->f32(), *w, y->f32());
-        const double ms = BackToBackMatmulMs(be, p);
-        char shape[32];
-        std::snprintf(shape, sizeof(shape), "[%lld][%lld]", (long long)out, (long long)in);
-        std::printf("%-16s %6lld %6lld %4d %9.1f %7.1f%%\n", shape, (long long)plan.parts,
-                    (long long)plan.max_pieces, t, ms * 1e3, 100 * floor_us / (ms * 1e3));
-        jp.push_back({{"out", out}, {"in", in}, {"parts", plan.parts},
-                      {"max_pieces", plan.max_pieces}, {"T", t}, {"us", ms * 1e3}});
-      }
-    }
-  }
-  kernels::cuda::SetMmaMatmulPartsForBenchmark(0);
-  ctx->out["plan_variants"] = jp;
 }
 
 // ---- 3. the 27B-shape model.
@@ -417,14 +375,6 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
   std::printf("    greedy (no logits copy): %.2f ms = %.1f tok/s; %.1f%% of floor\n", dec_lean,
               1e3 / dec_lean, 100 * floor_ms / dec_lean);
   j["decode_greedy_ms"] = dec_lean;
-  if (ctx->trace_boundaries) {
-    j["decode_boundary_trace"] = TraceBoundaries(
-        [&] {
-          BENCH_CHECK(m->Decode(st->get(), next, &lean));
-          next = lean.argmax[0];
-        },
-        [&] { m->DropRecordedSteps(); }, ctx->copy_gbs, ctx->trace_dump);
-  }
   // The same step op by op (no CUDA graph): the anatomy and timeline below
   // are of this path (events cannot time the inside of a replay).
   m->set_use_graphs(false);
@@ -669,11 +619,8 @@ void EngineBench(Ctx* ctx, const std::string& dir) {
 
 int Main(int argc, char** argv) {
   std::string json_path = "cuda_bench.json", default_model, synth = "/tmp/specserve_27b";
-  std::string trace_dump;
   bool decode_only = false;
-  int parts = 0;  // --parts=N: the matmul plan's part count for the models (0: the plan's)
-  bool skip_model = false, skip_matmul = false, ctx_leave_out = false, ctx_quick = false,
-       ctx_trace = false;
+  bool skip_model = false, skip_matmul = false, ctx_leave_out = false, ctx_quick = false;
   // bf16 terms per activation in the models' matmuls: 2 is the worker's
   // default (CudaBackendOptions), 3 the exact split.
   int model_splits = 2;
@@ -685,11 +632,8 @@ int Main(int argc, char** argv) {
     if (a == "--skip_model") skip_model = true;
     if (a == "--skip_matmul") skip_matmul = true;
     if (a == "--leave_out") ctx_leave_out = true;
-    if (a == "--trace_boundaries") ctx_trace = true;
-    if (a.rfind("--trace_dump=", 0) == 0) trace_dump = a.substr(13);
     if (a == "--quick_sweep") ctx_quick = true;
     if (a == "--decode_only") decode_only = true;
-    if (a.rfind("--parts=", 0) == 0) parts = std::stoi(a.substr(8));
     if (a.rfind("--x_splits=", 0) == 0) model_splits = std::stoi(a.substr(11));
   }
   if (kernels::cuda::CudaDeviceCount() == 0) {
@@ -699,8 +643,6 @@ int Main(int argc, char** argv) {
   Ctx ctx;
   ctx.model_splits = model_splits;
   ctx.leave_out = ctx_leave_out;
-  ctx.trace_boundaries = ctx_trace;
-  ctx.trace_dump = trace_dump;
   ctx.decode_only = decode_only;
   ctx.quick_sweep = ctx_quick;
   ctx.out["model_x_splits"] = model_splits;
@@ -715,9 +657,6 @@ int Main(int argc, char** argv) {
   ctx.out["device"] = prop.name;
   ctx.out["copy_gbs"] = ctx.copy_gbs;
   if (!skip_matmul) MatmulSweep(&ctx);
-  // (after the sweep, which sets and resets its own plan variants)
-  kernels::cuda::SetMmaMatmulPartsForBenchmark(parts);
-  if (parts > 0) ctx.out["model_parts"] = parts;
   if (!default_model.empty()) {
     DefaultModel(&ctx, default_model);
     EngineBench(&ctx, default_model);
