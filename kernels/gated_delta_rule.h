@@ -1,6 +1,6 @@
-// The gated delta rule, per-token recurrent form (MODEL.md "Gated DeltaNet"
-// steps 4–5), fused with its gates. Per token t and value head h (key head
-// h / (nv/nk)):
+// The gated delta rule, per-token recurrent form (docs/MODEL.md "Gated
+// DeltaNet" steps 4–5), fused with its gates. Per token t and value head h
+// (key head h / (nv/nk)):
 //   β = sigmoid(b[h]);  g = −exp(A_log[h])·softplus(a[h] + dt_bias[h])
 //   q̂ = q·rsqrt(Σq²+1e-6)·dk^(−1/2);  k̂ = k·rsqrt(Σk²+1e-6)
 //   S ← exp(g)·S;  u = Sᵀk̂;  S ← S + k̂·(β·(v − u))ᵀ;  o = Sᵀq̂
@@ -47,8 +47,8 @@ struct GatedDeltaRuleParams {
 absl::Status Validate(const GatedDeltaRuleParams& p);
 
 // The linear-attention core of a GDN block: optionally the short conv
-// (MODEL.md step 3) when conv.rows > 0, the rule, then the gated RmsNorm of
-// every output head (MODEL.md step 6) in place over the rule's output:
+// (docs/MODEL.md step 2) when conv.rows > 0, the rule, then the gated RmsNorm
+// of every output head (docs/MODEL.md step 6) in place over the rule's output:
 // norm.x == norm.y == rule.out, one vector per (token, value head),
 // norm.rows == rule.rows · nv, norm.dim == dv, norm.x_stride == dv and
 // rule.out_stride == nv · dv. The conv's outputs are the rule's q, k and v:

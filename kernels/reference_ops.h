@@ -1,6 +1,6 @@
 // Naive double-precision references of every backend op, written straight
-// from the math in MODEL.md with dense layouts, for the op tests. Inputs are
-// the fp32 (or weight-dtype) arrays the ops read; outputs are double.
+// from the math in docs/MODEL.md with dense layouts, for the op tests. Inputs
+// are the fp32 (or weight-dtype) arrays the ops read; outputs are double.
 #ifndef SPECSERVE_KERNELS_REFERENCE_OPS_H_
 #define SPECSERVE_KERNELS_REFERENCE_OPS_H_
 

@@ -1,4 +1,4 @@
-// Bounded admission of Generate requests (RELIABILITY.md row 5): at most
+// Bounded admission of Generate requests (docs/RELIABILITY.md row 5): at most
 // `max_running` requests hold a running slot and at most `max_queued` wait for
 // one, in FIFO order; anything beyond is refused at once with
 // RESOURCE_EXHAUSTED and a retry hint, before the request is tokenized.

@@ -1,6 +1,6 @@
-// Runs one burst on a worker and streams its tokens back (RELIABILITY.md rows
-// 1–4): between events the calling thread checks a watch and cancels the call
-// when the client cancels, the request is aborted, or the worker stops
+// Runs one burst on a worker and streams its tokens back (docs/RELIABILITY.md
+// rows 1–4): between events the calling thread checks a watch and cancels the
+// call when the client cancels, the request is aborted, or the worker stops
 // answering health checks (a hung worker never ends the stream by itself), so
 // no request waits on a dead worker.
 #ifndef SPECSERVE_SCHEDULER_BURST_CLIENT_H_

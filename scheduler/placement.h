@@ -1,6 +1,6 @@
 // Where a session's next turn runs: a pure function over snapshots of the
-// session's residency and the workers' loads (STYLE.md), so the policy is
-// tested with made-up loads and the caller does all the I/O.
+// session's residency and the workers' loads, so the policy is tested with
+// made-up loads and the caller does all the I/O.
 //
 // Rules:
 // - A session resident on a worker (ACTIVE, PARKED, OFFLOADED) stays there

@@ -49,7 +49,7 @@ grpc::Status GenerationService::Generate(
   if (!valid.ok()) return refuse(valid);
   uint32_t inject_nan_at = 0;
   if (ctx_->options.enable_fault_injection) {
-    // Tests only (RELIABILITY.md row 8); see kInjectNanAtMetadata.
+    // Tests only (docs/RELIABILITY.md row 8); see kInjectNanAtMetadata.
     const auto& md = ctx->client_metadata();
     auto it = md.find(kInjectNanAtMetadata);
     if (it != md.end() &&

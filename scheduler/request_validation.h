@@ -1,5 +1,5 @@
 // Validation of public Generate requests, split by what each check needs
-// (DESIGN.md §5, RELIABILITY.md rows 6 and 7):
+// (docs/DESIGN.md §5, docs/RELIABILITY.md rows 6 and 7):
 //
 //   1. ValidateGenerateRequest: everything decidable from the request alone —
 //      run at admission, before tokenizing, so malformed or oversized requests

@@ -32,7 +32,7 @@ struct SchedulerOptions {
   absl::Duration worker_call_timeout = absl::Seconds(60);
   // Sessions idle this long are closed.
   absl::Duration session_idle_ttl = absl::Hours(1);
-  // Tests only (RELIABILITY.md row 8): forward the request metadata
+  // Tests only (docs/RELIABILITY.md row 8): forward the request metadata
   // kInjectNanAtMetadata to the workers as BurstRequest.inject_nan_at. Off by
   // default, so clients of a production scheduler cannot inject faults.
   bool enable_fault_injection = false;

@@ -1,5 +1,5 @@
-// The scheduler's truth about sessions (DESIGN.md §2): residency, the worker
-// holding the caches, the committed token history, capacity, the rewind
+// The scheduler's truth about sessions (docs/DESIGN.md §2): residency, the
+// worker holding the caches, the committed token history, capacity, the rewind
 // position, lifetime telemetry and the spec gate's last decision. Workers hold
 // caches; this table holds what is needed to rebuild them, so a session whose
 // worker dies (LOST) is rebuilt on another worker by a prefill of its history

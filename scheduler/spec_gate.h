@@ -1,5 +1,5 @@
-// The spec gate (DESIGN.md §4): per session, speculative rounds or plain
-// batched decode, as a pure function of explicit inputs (STYLE.md) — the
+// The spec gate (docs/DESIGN.md §4): per session, speculative rounds or plain
+// batched decode, as a pure function of explicit inputs — the
 // session's measured acceptance, its draft depth k, the worker's measured step
 // costs, the worker's current batch size, the current mode and a small
 // hysteresis state the caller keeps on the session (SessionTable does).
@@ -30,7 +30,7 @@
 // Hysteresis. A speculative session is demoted only after `demote_after`
 // consecutive evaluations with gain < 1 − margin; one good evaluation resets
 // the count. A first decision (current mode UNSPECIFIED) needs no streak.
-// Demotion is one-way (DESIGN.md §1): a BATCHED session stays BATCHED.
+// Demotion is one-way (docs/DESIGN.md §1): a BATCHED session stays BATCHED.
 #ifndef SPECSERVE_SCHEDULER_SPEC_GATE_H_
 #define SPECSERVE_SCHEDULER_SPEC_GATE_H_
 

@@ -1,10 +1,10 @@
 // Process lifecycle shared by the scheduler and the worker: health status,
 // reflection, and the SIGTERM drain.
 //
-// Drain contract (RELIABILITY.md row 15): on SIGTERM/SIGINT the process marks
-// every health status NOT_SERVING, services refuse new work with UNAVAILABLE
-// (they poll draining()), in-flight RPCs get up to `grace` to finish, then the
-// server shuts down and the process exits 0.
+// Drain contract (docs/RELIABILITY.md row 15): on SIGTERM/SIGINT the process
+// marks every health status NOT_SERVING, services refuse new work with
+// UNAVAILABLE (they poll draining()), in-flight RPCs get up to `grace` to
+// finish, then the server shuts down and the process exits 0.
 #ifndef SPECSERVE_TELEMETRY_SERVER_LIFECYCLE_H_
 #define SPECSERVE_TELEMETRY_SERVER_LIFECYCLE_H_
 

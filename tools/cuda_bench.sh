@@ -167,7 +167,7 @@ if [ "$mode" = sanitize ]; then
   # cover both x paths, the staged and the pre-split one at 64 rows)
   shared='*MatmulFused*:*MatmulLoadPaths*:*GatedDeltaRule*:*Attention*:*RmsNorm*:*Argmax*:*Conv1d*'
   # Racecheck in two runs, each under its own timeout: the attention tests
-  # alone take ~100 s there (run m: one run of all of them timed out).
+  # alone take ~100 s there (one run of all of them timed out).
   rest='*MatmulFused*:*MatmulLoadPaths*:*GatedDeltaRule*:*RmsNorm*:*Argmax*:*Conv1d*:*AttentionInputs*'
   runs=("memcheck cuda_backend_test *" "memcheck cuda_model_test *"
         "memcheck exactness_cuda_test *" "memcheck recorded_steps_cuda_test *"

@@ -1,5 +1,5 @@
 // The worker's sessions: who is in use, who is idle, and where idle sessions'
-// caches live under memory pressure (DESIGN.md §1 "pool").
+// caches live under memory pressure (docs/DESIGN.md §1 "pool").
 //
 // Every session is in the pool from Admit to Release. A caller takes one with
 // Acquire() (exclusive: a second Acquire gets ABORTED) and gives it back by

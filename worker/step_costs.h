@@ -1,6 +1,6 @@
 // Measures what a decode step and a verify pass cost on this worker, for the
-// scheduler's spec gate (DESIGN.md §4): decode at batch sizes 1..N and verify
-// at 1..C columns, on scratch sessions, at start-up.
+// scheduler's spec gate (docs/DESIGN.md §4): decode at batch sizes 1..N and
+// verify at 1..C columns, on scratch sessions, at start-up.
 #ifndef SPECSERVE_WORKER_STEP_COSTS_H_
 #define SPECSERVE_WORKER_STEP_COSTS_H_
 

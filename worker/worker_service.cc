@@ -43,7 +43,7 @@ grpc::Status Draining() {
 }
 
 // Errors after which a session's caches cannot be trusted: it is dropped,
-// not parked (RELIABILITY.md row 8). Validation errors leave it untouched.
+// not parked (docs/RELIABILITY.md row 8). Validation errors leave it untouched.
 bool LeavesSessionInconsistent(const absl::Status& s) {
   return s.code() == absl::StatusCode::kInternal ||
          s.code() == absl::StatusCode::kUnknown ||

@@ -24,7 +24,7 @@ struct WorkerOptions {
   std::string device = "cpu";  // "cpu" or "cuda:N"
   uint32_t default_capacity = 4096;
   SessionPoolOptions pool;
-  // Honour BurstRequest.inject_nan_at (tests of RELIABILITY.md row 8).
+  // Honour BurstRequest.inject_nan_at (tests of docs/RELIABILITY.md row 8).
   bool enable_fault_injection = false;
   specserve::worker::v1::StepCosts costs;  // measured at start-up
   // LoadModel: called with a checked model directory after the answer is

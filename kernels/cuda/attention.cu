@@ -112,8 +112,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t tl = blockIdx.z;
   const int64_t t = b.row0 + tl;
   // (the one-row launch only, the decode step's: a verify's columns would
-  // prefetch their session's rows once per column, and a session batch was
-  // not measured with it apart from another change)
+  // prefetch their session's rows once per column, and a session batch keeps
+  // the plain path)
   const RowCaches rc = RowCachesOf(p, t);  // (the table: safe before the wait)
   const int nc = NumChunks(rc.n);
   const bool live = c < nc && nc <= b.max_chunks;
@@ -251,11 +251,10 @@ __global__ void __launch_bounds__(kThreads)
 // p.out (⊙ sigmoid(gate)): the chunks merged in chunk order. Called by all
 // kThreads threads of a block (two barriers). Every load that can goes in
 // the first round trip: the chunks' (m, l) pairs, the gate and the first
-// kBatch chunks' partials of each thread's outputs. (Three loops of
-// loop-carried loads took 4.1 us from release to end on the H200 at 4-5
-// chunks; with the pairs and then the partials batched, 2.7 us: run v's and
-// the fourteenth session's stamps, NOTES.) The sums keep the chunk order,
-// so the batching changes no bits. (ld.cg: each partial is read once.)
+// kBatch chunks' partials of each thread's outputs, so the combine waits on
+// memory once per batch instead of once per loop-carried load. The sums keep
+// the chunk order, so the batching changes no bits. (ld.cg: each partial is
+// read once.)
 __device__ __forceinline__ void CombineHead(const AttentionParams& p, const Batch& b, int64_t h,
                                             int64_t tl, int64_t t, int nc) {
   constexpr int kBatch = 16;  // chunk partials in flight per output

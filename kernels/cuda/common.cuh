@@ -159,9 +159,7 @@ inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // end before any later kernel starts: copy.cu), and prefetch (PrefetchL2):
 // the tensor-core matmul fills its weight ring there, and the fused delta
 // rule, AttentionInputs and the one-row attention take their weights or
-// prefetch their states there, off the chain between two matmuls. The delta
-// rule and attention joined in run m (greedy decode 15.00 -> 14.83 ms on the
-// H200); an older delta-rule kernel had run 2x slower this way.
+// prefetch their states there, off the chain between two matmuls.
 __device__ __forceinline__ void PdlLetNextLaunch() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }

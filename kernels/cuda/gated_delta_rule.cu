@@ -50,21 +50,19 @@
 // states are Conv1d's bit for bit. A key head's q/k conv state is read by
 // all 2 × group blocks of its value heads and updated in place, so those
 // blocks form one cluster and the key head's first block writes the state
-// only past the norm's cluster barrier. On the H200 (27B shape) the op
-// takes 9.3 us op by op against 5.1 + 8.4 for the two kernels. (The graphed
-// step ran it only once it took a session batch of one row: see
-// FusesGatedDeltaRuleNorm.)
+// only past the norm's cluster barrier. One fused kernel costs less than the
+// conv and the rule launched apart. (The graphed step runs it as a session
+// batch of one row: see FusesGatedDeltaRuleNorm.)
 //
 // Launched as a programmatic dependent (common.cuh). Only the fused kernel
 // with the conv reads anything before its wait for the previous kernel:
 // weights (a_log, dt_bias, the norm's and the conv's), which no kernel of a
 // step writes (uploads end before any later kernel starts: copy.cu), and
 // it prefetches its states into L2 (a hint that reads no value). Everything
-// else is read after the wait. On the H200 the prefetch brought out_proj's
-// release from 6.9 to 6.3 us after in_proj (A/B in one call); loading the
-// states before the wait outright (safe only by an occupancy argument) did
-// no better. Stamps inside the kernel had shown its state and conv-state
-// loads waiting ~2 us for HBM, queued behind out_proj's ring preload.
+// else is read after the wait. The prefetch is there because the state and
+// conv-state loads otherwise wait for HBM, queued behind out_proj's ring
+// preload; it is a hint, not a load, because loading the states before the
+// wait outright would be safe only by an occupancy argument.
 #include <cooperative_groups.h>
 
 #include <cstdint>
@@ -204,8 +202,8 @@ __device__ __forceinline__ void NormOutputs(const GatedRmsNormParams& n,
 // R rows per warp, W warps (W·R >= dk), V columns per lane; kFull: dk == W·R;
 // kDv: dv when known at compile time (0: p.v_head_dim). The explicit minimum
 // of 1 block per SM lets ptxas use more registers (120 for the hot case, no
-// spills); measured on the H200 that beat the default (96 registers): 4.5
-// vs 4.6 us at one row, 7.8 vs 8.9 us for a 4-token verify.
+// spills), which runs faster than the default (96 registers), most of all
+// for a verify of several tokens.
 // kNorm: the fused gated norm `n` (clusters of 2 along x, 2·32·V == kDv).
 // kConv (with kNorm, one token: one session, or a session batch of one row,
 // whose states come from the tables and update in place): the conv `cv` of
@@ -260,9 +258,9 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
   // columns). kConv (one token) reads them before the wait: weights are
   // written only when the model loads, never by a kernel of a step, and the
   // kernel starts while the previous one drains, so these loads leave the
-  // chain's critical path. The other instances read them where they did
-  // (before the wait, the session-batch rule of 64 rows ran 19% slower on
-  // the H200: 118.9 -> 137.6 us per call with the conv and the norm).
+  // chain's critical path. The other instances read them after the wait:
+  // before it, the session-batch rule of 64 rows (with the conv and the
+  // norm) runs slower.
   float dt_bias, a_log, norm_w[V];
   auto load_weights = [&] {
     dt_bias = p.dt_bias[h];
@@ -548,16 +546,10 @@ void LaunchGeneric(const GatedDeltaRuleParams& p, cudaStream_t stream) {
 // place over the rule's output heads (Validate). One token only, of one
 // session or of a session batch of one row: the latter is the recorded
 // decode step's form at B = 1 (worker/model/decode_step.cc: its cache ops
-// take their states from the session table). Until the fused kernel took
-// the tables, the graphed greedy step never ran it (the conv fusion's and
-// earlier figures were of the op-by-op step); taking them, the graphed
-// greedy step went 13.885 -> 13.752 ms on the H200 (A/B, 3 rounds), out_proj
-// released 9.4 us after the previous matmul instead of 11.7. At one token
-// the saved launch pays a little (op by op, greedy decode of the 27B shape
-// 14.43 -> 14.32 and 14.36 -> 14.33 ms in two A/B calls on the H200), while
-// the cluster barrier and warp 0's norm per token cost more than a launch
-// over several tokens (verify of 4 columns 15.65 -> 15.78 ms, 8 columns
-// 16.97 -> 17.41) and in session batches (B = 64: 33.7 -> 35.2 ms). Both
+// take their states from the session table, so the graphed greedy step runs
+// the fused kernel too). At one token the saved launch pays a little, while
+// over several tokens (verify) and in session batches of several rows the
+// cluster barrier and warp 0's norm per token cost more than a launch. Both
 // ways give the same bits, so the choice is free.
 bool FusesGatedDeltaRuleNorm(const GatedDeltaRuleNormParams& p) {
   return p.rule.k_head_dim == 128 && p.rule.v_head_dim == 128 && p.rule.rows == 1 &&

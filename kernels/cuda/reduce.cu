@@ -46,8 +46,8 @@ __device__ __forceinline__ bool Better(float bv, int64_t bi, float av, int64_t a
 // Argmax: a cluster of kArgmaxSplit blocks per row, block k scanning the
 // k-th slice of the columns (slices of a multiple of 4 columns, so an
 // aligned row stays aligned); each block's winner goes to rank 0's shared
-// memory, which picks among them. One block per [V] row left most of the
-// GPU idle (36 us for a 248320-wide row). Better is a strict order on
+// memory, which picks among them. One block per [V] row would leave most of
+// the GPU idle. Better is a strict order on
 // (value, index), so the winner does not depend on how the row is cut.
 constexpr int kArgmaxSplit = 8;
 

@@ -57,9 +57,8 @@ __device__ __forceinline__ float WarpInvRmsOfLane(const float (&v)[E], int64_t d
 // kRmsBlockThreads), in increasing i, in double: the block variants' order.
 // The loads are issued kRmsLoadBatch at a time before any is used (a
 // 5120-wide row in one round trip, not five; the order of the adds is
-// unchanged). At 20 the one-token matmul keeps 0 spills since its piece
-// sums load eight pieces at a time (ptxas -v; before that change, 20
-// spilled 12 bytes there and the batch was 10).
+// unchanged). At 20 the one-token matmul keeps 0 spills (ptxas -v) because
+// its piece sums load eight pieces at a time.
 constexpr int kRmsLoadBatch = 20;
 template <int ROWS>
 __device__ __forceinline__ void ThreadSumSquaresRows(const float* x, int64_t x_stride,

@@ -1,6 +1,6 @@
 // RmsNorm and GatedRmsNorm (kernels/rms_norm.h): a warp per vector, or a
 // block per vector from kRmsBlockDim on (one warp walking 5120 floats is
-// latency-bound, ~55 us per call on the H200). The reduction order and the
+// latency-bound). The reduction order and the
 // element formula are in rms_inv.cuh (shared with the matmul's fused norm);
 // inv almost always matches the CPU bit for bit.
 #include "kernels/cuda/common.cuh"

@@ -437,10 +437,8 @@ __device__ OrderCut NucleusCut(const SampleRowArgs& a, const float* xr, const do
                                double kept_mass, DrawShared& sh) {
   const int t = threadIdx.x;
   const uint32_t max_key = limit.whole_row ? 0xffffffffu : limit.key;
-  // Without a limit the terms are p itself (the host's p / 1): a double
-  // division per id and pass was the one change to top-p alone's path in a
-  // call where it ran 23-31% slower on the H200
-  // (tools/sampling_bench/results/h200_2026-12-01_topk_top_p.txt).
+  // Without a limit the terms are p itself (the host's p / 1), which spares
+  // top-p alone a double division per id and pass.
   const bool limited = !limit.whole_row;
   auto term = [&](int64_t i) { return limited ? pr[i] / kept_mass : pr[i]; };
   uint32_t prefix = 0;

@@ -18,7 +18,7 @@
 // Rows past the matrix (to a whole tile) and k past cols (to a whole step)
 // are zeros. The matmul loads the same values into the same registers as it
 // would from row-major rows, so the layout changes its speed (DRAM pages
-// and channels: tools/cuda_bench/NOTES.md), not its bits.
+// and channels), not its bits.
 #ifndef SPECSERVE_KERNELS_CUDA_TILED_WEIGHT_CUH_
 #define SPECSERVE_KERNELS_CUDA_TILED_WEIGHT_CUH_
 

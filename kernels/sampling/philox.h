@@ -2,9 +2,9 @@
 //
 // Randomness is a pure function of (seed, stream, counter): no generator state
 // is carried anywhere but the counters a session persists (sctr for sampling
-// events, uctr for acceptance uniforms; DESIGN.md §1). So a session's draws
-// never repeat across bursts, survive park/resume/offload unchanged, and a
-// (seed, session history) is reproducible on any backend.
+// events, uctr for acceptance uniforms; docs/DESIGN.md §1). So a session's
+// draws never repeat across bursts, survive park/resume/offload unchanged, and
+// a (seed, session history) is reproducible on any backend.
 #ifndef SPECSERVE_KERNELS_SAMPLING_PHILOX_H_
 #define SPECSERVE_KERNELS_SAMPLING_PHILOX_H_
 

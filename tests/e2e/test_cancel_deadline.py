@@ -1,4 +1,4 @@
-"""RELIABILITY.md rows 3 and 4: a client cancels at every phase (queued,
+"""docs/RELIABILITY.md rows 3 and 4: a client cancels at every phase (queued,
 prefill, speculative verify rounds, plain decode) or its deadline passes. The
 work stops, the worker's memory and session count return to the idle
 baseline, and the session stays consistent and usable: its next turn is

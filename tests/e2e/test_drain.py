@@ -1,4 +1,4 @@
-"""RELIABILITY.md row 15: graceful drain on SIGTERM. Health turns
+"""docs/RELIABILITY.md row 15: graceful drain on SIGTERM. Health turns
 NOT_SERVING, new work is refused UNAVAILABLE, in-flight requests finish
 within the grace period (exactly, with all their tokens), then the process
 exits 0. A request that cannot finish in the grace period is cut off rather

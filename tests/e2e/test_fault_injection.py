@@ -1,4 +1,4 @@
-"""RELIABILITY.md row 8: NaN logits in one request (fault injection). That
+"""docs/RELIABILITY.md row 8: NaN logits in one request (fault injection). That
 request ends with an error status, concurrent requests are unaffected, and
 its session is not parked with the poisoned caches: it is reported LOST and
 rebuilt from its history on the next turn, exactly.

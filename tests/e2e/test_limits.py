@@ -1,4 +1,4 @@
-"""RELIABILITY.md rows 5, 6 and 7: overload (bounded queue, fast
+"""docs/RELIABILITY.md rows 5, 6 and 7: overload (bounded queue, fast
 RESOURCE_EXHAUSTED before tokenizing, admitted requests complete, memory
 flat); context overflow (INVALID_ARGUMENT / OUT_OF_RANGE / finish
 CONTEXT_FULL, never a row past capacity); bad ids and parameters (a clear

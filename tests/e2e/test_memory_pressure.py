@@ -1,4 +1,4 @@
-"""Sessions under memory pressure (DESIGN.md §1 "pool", §2 residency): a
+"""Sessions under memory pressure (docs/DESIGN.md §1 "pool", §2 residency): a
 worker over its device budget offloads idle sessions to host memory (exact on
 resume: the next turn still comes from the cache, and GetSession says
 OFFLOADED), and one over its host budget drops the least recently used —

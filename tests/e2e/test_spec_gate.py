@@ -1,4 +1,4 @@
-"""A4: the spec gate (DESIGN.md §4). With deterministic step costs from the
+"""A4: the spec gate (docs/DESIGN.md §4). With deterministic step costs from the
 worker (--step_costs: plain decode cheap and nearly flat in the batch size, a
 verify of k+1 columns ~1.05x a decode step), one client's session runs
 speculative rounds (a round costs 1.05 steps and yields ~1 + a·k tokens),

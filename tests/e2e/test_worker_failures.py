@@ -1,4 +1,4 @@
-"""RELIABILITY.md rows 1 and 2: a worker killed (SIGKILL) or hung (SIGSTOP)
+"""docs/RELIABILITY.md rows 1 and 2: a worker killed (SIGKILL) or hung (SIGSTOP)
 mid-stream. The affected stream ends UNAVAILABLE within 2 s, the scheduler
 stays up, new work goes to the other worker, the session (marked LOST) is
 rebuilt from its token history on its next turn and continues exactly as a

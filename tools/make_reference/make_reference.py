@@ -38,7 +38,7 @@ Subcommands
             Qwen3_5DecoderLayer on the same weights, (3) MTP incremental vs one-pass rows.
 
 h_p is always the trunk hidden AFTER the final norm (model.model(...).last_hidden_state,
-what lm_head reads), per /work/shared/docs/MODEL.md. The MTP head itself lives in
+what lm_head reads), per docs/MODEL.md. The MTP head itself lives in
 mtp_reference.py (shared with tools/train_small_model/train.py).
 """
 

@@ -5,7 +5,7 @@ fixture generator (tools/make_reference/make_reference.py) uses it to write the 
 logits the C++ engine is checked against, and the small-model trainer
 (tools/train_small_model/train.py) imports it so the head it trains is exactly the head
 the fixtures describe. transformers ignores `mtp.*` on load, so nothing upstream can be
-the oracle here; the semantics follow /work/shared/docs/MODEL.md ("MTP head"):
+the oracle here; the semantics follow docs/MODEL.md ("MTP head"):
 
   row p takes h_p (trunk hidden AFTER the final norm, what lm_head reads) and t_{p+1}:
     u  = fc(concat[RMSNorm_emb(embed(t_{p+1})), RMSNorm_hid(h_p)])      (embedding first)
@@ -143,7 +143,7 @@ class KVCache:
 
 
 class GatedAttention(nn.Module):
-    """Gated full attention (MODEL.md): q_proj emits [query | gate] interleaved per head."""
+    """Gated full attention (docs/MODEL.md): q_proj emits [query | gate] interleaved per head."""
 
     def __init__(self, c: MtpConfig):
         super().__init__()

@@ -1,7 +1,7 @@
 // The three sublayers of a decoder layer, on `rows` rows of the workspace:
 // each reads the residual stream ws.h through its layer norm (fused into its
 // first matmuls: kernels/matmul.h norm_weight) and adds its output to ws.h
-// (the matmul's fused accumulate). Math: MODEL.md.
+// (the matmul's fused accumulate). Math: docs/MODEL.md.
 // The rows may belong to several sessions (Model::Slice, DecodeBatch):
 // matmuls and norms run once over all rows (row-invariant, so each row is
 // bit-identical to a pass of its session alone); RoPE, attention, conv and

@@ -1,7 +1,7 @@
 // The qwen3_5 text model (dense MLP) with its MTP head, written against the
 // kernels::Backend interface: the contract of the forward. This header lists
 // the config, the weights, a session's caches and every buffer's shape; the
-// math is /work/shared/docs/MODEL.md. CPU and CUDA run this same forward.
+// math is docs/MODEL.md. CPU and CUDA run this same forward.
 //
 // Usage:
 //   SS_ASSIGN_OR_RETURN(auto model, Model::Load(dir, backend));
@@ -18,7 +18,7 @@
 //   SS_ASSIGN_OR_RETURN(auto snap, model->Offload(state.get()));
 //   SS_RETURN_IF_ERROR(model->Restore(state.get(), *snap));
 //
-// Exactness (DESIGN.md §3, §6): every kernel is row-invariant, so
+// Exactness (docs/DESIGN.md §3, §6): every kernel is row-invariant, so
 //  - Verify column j's logits, hidden, recurrent and conv state are
 //    bit-identical to Decode of the same tokens one at a time;
 //  - Prefill (any chunking) is bit-identical to token-by-token Decode;

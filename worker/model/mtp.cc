@@ -1,4 +1,4 @@
-// The MTP head (MODEL.md "MTP head"): row p reads the trunk hidden h_p and
+// The MTP head (docs/MODEL.md "MTP head"): row p reads the trunk hidden h_p and
 // the next token t_{p+1}, runs one full-attention decoder layer over its own
 // KV cache at RoPE position p and predicts t_{p+2} through the shared
 // lm_head.

@@ -1,5 +1,5 @@
 // The text-model configuration of a qwen3_5-family checkpoint, read from
-// config.json (fields at top level or under "text_config"). See MODEL.md.
+// config.json (fields at top level or under "text_config"). See docs/MODEL.md.
 // Every consumer (loader, forward, server info) reads this struct, never JSON.
 #ifndef SPECSERVE_WORKER_MODEL_FILES_MODEL_CONFIG_H_
 #define SPECSERVE_WORKER_MODEL_FILES_MODEL_CONFIG_H_
@@ -39,7 +39,7 @@ struct ModelConfig {
   int mtp_num_hidden_layers = 0;   // 0 = no MTP head
   std::vector<int> eos_token_ids;  // "eos_token_id" (int or list), may be empty
 
-  // Derived sizes (MODEL.md notation).
+  // Derived sizes (docs/MODEL.md notation).
   int key_dim() const { return linear_num_key_heads * linear_key_head_dim; }
   int value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
   int conv_dim() const { return 2 * key_dim() + value_dim(); }

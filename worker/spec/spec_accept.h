@@ -22,7 +22,7 @@ struct RoundOutcome {
   int bonus = 0;     // the token after d_n
 };
 
-// The Philox event counters a session persists (DESIGN.md §1).
+// The Philox event counters a session persists (docs/DESIGN.md §1).
 struct RandomCounters {
   uint32_t sctr = 0;  // sampling events
   uint32_t uctr = 0;  // acceptance uniforms

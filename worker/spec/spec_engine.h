@@ -1,5 +1,6 @@
 // The speculative-session engine: admit, bursts of speculative rounds or plain
-// decode steps, flush, rewind, demotion — over one Model (DESIGN.md §1, §3).
+// decode steps, flush, rewind, demotion — over one Model (docs/DESIGN.md §1,
+// §3).
 //
 // A burst emits tokens through a callback as they are produced; every emitted
 // token is either committed or the carried pending token, so nothing the
@@ -37,7 +38,7 @@ struct BurstParams {
   sampling::SamplingConfig sampling;  // temperature 0 = greedy
   uint64_t seed = 0;
   std::vector<int32_t> stop_ids;  // end the burst at a round boundary
-  // Fault injection (RELIABILITY.md row 8): the logits behind the n-th
+  // Fault injection (docs/RELIABILITY.md row 8): the logits behind the n-th
   // produced token become NaN. 0 = off.
   int inject_nan_at = 0;
 };

@@ -1,8 +1,8 @@
 // One speculative session on a worker: the token truth of its caches, the
 // carried pending token, the Philox counters, the turn checkpoint and the
-// acceptance telemetry (the SpecSession contract, DESIGN.md §1 and
-// ../shared/seed/SpecSession.txt). The round loop lives in spec_engine.h; this
-// type owns the state and states its invariants.
+// acceptance telemetry (the session contract, docs/DESIGN.md §1). The round
+// loop lives in spec_engine.h; this type owns the state and states its
+// invariants.
 //
 // Invariants at every burst boundary (checked by CheckInvariants()):
 //  - committed.size() == caches.length() (every committed token has trunk KV
