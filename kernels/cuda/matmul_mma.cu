@@ -274,8 +274,8 @@ constexpr uint32_t kWgmmaLbo = 128;
 constexpr uint32_t kWgmmaSbo = 256;
 
 // The pre-split kernel multiplies with wgmma at 64 tokens (N = 64), with
-// mma.sync at 32: at 32 tokens the wgmma kernel was the slower one on the
-// H200 (gate|up 135 against 118 us; 162 against 216 us at 64 tokens).
+// mma.sync at 32: at N = 32 a wgmma's setup is not repaid by its larger
+// tile, so mma.sync is the faster of the two there (PERF.md, matmuls).
 template <int NT>
 constexpr bool kPresplitWgmma = NT == 8;
 

@@ -11,26 +11,19 @@
 //  - StateBytes / TrunkCheckpoint::bytes / HostStateSnapshot::bytes account
 //    for every buffer; FreeDraftState releases the draft-only buffers.
 #include <algorithm>
-#include <cstring>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "worker/model/model.h"
-#include "worker/model/test_backend.h"
+#include "worker/model/model_test_fixture.h"
 #include "worker/model/test_data.h"
 
 namespace specserve::model {
 namespace {
 
-bool SameBytes(const float* a, const float* b, size_t n) {
-  return std::memcmp(a, b, n * sizeof(float)) == 0;
-}
-bool SameBytes(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && SameBytes(a.data(), b.data(), a.size());
-}
+using testing::SameBytes;
 
 std::vector<std::string> ModelParams() {
   std::vector<std::string> p = testing::TestModelDirs();
@@ -38,39 +31,10 @@ std::vector<std::string> ModelParams() {
   return p;
 }
 
-class BatchTest : public ::testing::TestWithParam<std::string> {
+class BatchTest : public testing::ModelTest {
  protected:
-  void SetUp() override {
-    std::string why;
-    backend_ = testing::MakeTestBackend(&why);
-    if (backend_ == nullptr) GTEST_SKIP() << why;
-    auto m = Model::Load(testing::RepoPath(GetParam()), backend_.get());
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m);
-    const ModelConfig& c = model_->config();
-    V_ = c.vocab_size;
-    H_ = c.hidden_size;
-    num_linear_ = c.num_hidden_layers - c.num_full_attention_layers();
-  }
-
-  std::vector<int32_t> RandomTokens(int n) {
-    return testing::RandomTokens(n, V_, &rng_);
-  }
-
-  std::unique_ptr<ModelState> NewState(int capacity = 96) {
-    return testing::NewStateOrFail(model_.get(), capacity, 8);
-  }
-
-  // Every linear layer's committed state, concatenated.
-  std::vector<float> LinearStates(const ModelState& s) {
-    std::vector<float> all, rec, conv;
-    for (int i = 0; i < num_linear_; ++i) {
-      EXPECT_TRUE(model_->ReadLinearState(s, i, -1, &rec, &conv).ok());
-      all.insert(all.end(), rec.begin(), rec.end());
-      all.insert(all.end(), conv.begin(), conv.end());
-    }
-    return all;
-  }
+  BatchTest()
+      : ModelTest({.seed = 20240612, .capacity = 96, .verify_columns = 8}) {}
 
   // Decodes `tokens` on a and b, expecting identical outputs.
   void ExpectSameContinuation(ModelState* a, ModelState* b,
@@ -98,11 +62,6 @@ class BatchTest : public ::testing::TestWithParam<std::string> {
                          absl::MakeConstSpan(prompt.data() + 1, n), 0, nullptr)
             .ok());
   }
-
-  std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<Model> model_;
-  int V_ = 0, H_ = 0, num_linear_ = 0;
-  std::mt19937 rng_{20240612};
 };
 
 TEST_P(BatchTest, DecodeBatchEqualsDecodeAlone) {

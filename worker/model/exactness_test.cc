@@ -1,5 +1,5 @@
-// Bit-identity properties of the forward (DESIGN.md §3, §6), on every tiny
-// model in tests/models and a larger synthetic one, with random prompts:
+// Bit-identity properties of the forward (docs/DESIGN.md §3, §6), on every
+// tiny model in tests/models and a larger synthetic one, with random prompts:
 //  - Verify column j == single-token Decode at that position: logits,
 //    hidden, recurrent and conv state, byte for byte, for T = 1..16;
 //  - CommitVerified(j) leaves the state of j+1 decodes, and later decodes
@@ -8,30 +8,23 @@
 //  - results do not depend on the backend's thread count;
 //  - MTP rows run together == run one by one.
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "glog/logging.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "worker/model/test_backend.h"
 #include "worker/model/model.h"
+#include "worker/model/model_test_fixture.h"
 #include "worker/model/test_data.h"
 #include "worker/model_files/test_util.h"
 
 namespace specserve::model {
 namespace {
 
-bool SameBytes(const std::vector<float>& a, const float* b, size_t n) {
-  return a.size() >= n && std::memcmp(a.data(), b, n * sizeof(float)) == 0;
-}
-bool SameBytes(const float* a, const float* b, size_t n) {
-  return std::memcmp(a, b, n * sizeof(float)) == 0;
-}
+using testing::SameBytes;
 
 // A random bf16 model big enough that the thread pool splits matmuls even
 // at T = 1 and attention / the delta rule at T = 16, written on first use.
@@ -51,7 +44,7 @@ constexpr char kSyntheticConfig[] = R"({
   "mtp_num_hidden_layers": 1
 })";
 
-std::string ModelDir(const std::string& param) {
+std::string MakeModelDir(const std::string& param) {
   if (param != kSyntheticModel) return testing::RepoPath(param);
   namespace mf = model_files;
   const std::string dir = mf::testing::FreshDir(kSyntheticModel);
@@ -80,54 +73,24 @@ bool AllFinite(const std::vector<float>& v) {
   return true;
 }
 
-class ExactnessTest : public ::testing::TestWithParam<std::string> {
+class ExactnessTest : public testing::ModelTest {
  protected:
+  ExactnessTest()
+      : ModelTest({.seed = 20240611, .capacity = 256, .verify_columns = 16}) {}
+
   static void SetUpTestSuite() {
     dirs_ = new std::map<std::string, std::string>;
   }
   static void TearDownTestSuite() { delete dirs_; }
 
-  void SetUp() override {
-    std::string why;
-    backend_ = testing::MakeTestBackend(&why);
-    if (backend_ == nullptr) GTEST_SKIP() << why;
-    std::string& dir = (*dirs_)[GetParam()];
-    if (dir.empty()) dir = ModelDir(GetParam());
-    dir_ = dir;
-    auto m = Model::Load(dir_, backend_.get());
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m);
-    const ModelConfig& c = model_->config();
-    V_ = c.vocab_size;
-    H_ = c.hidden_size;
-    num_linear_ = c.num_hidden_layers - c.num_full_attention_layers();
-  }
-
-  std::vector<int32_t> RandomTokens(int n) {
-    return testing::RandomTokens(n, V_, &rng_);
-  }
-
-  std::unique_ptr<ModelState> NewState(int capacity = 256) {
-    return testing::NewStateOrFail(model_.get(), capacity, 16);
-  }
-
-  // Every linear layer's state (column < 0: committed), concatenated.
-  std::vector<float> LinearStates(const ModelState& s, int column) {
-    std::vector<float> all, rec, conv;
-    for (int i = 0; i < num_linear_; ++i) {
-      EXPECT_TRUE(model_->ReadLinearState(s, i, column, &rec, &conv).ok());
-      all.insert(all.end(), rec.begin(), rec.end());
-      all.insert(all.end(), conv.begin(), conv.end());
-    }
-    return all;
+  // Made once per suite and parameter (the synthetic model written then).
+  std::string ModelDir(const std::string& param) override {
+    std::string& dir = (*dirs_)[param];
+    if (dir.empty()) dir = MakeModelDir(param);
+    return dir;
   }
 
   static std::map<std::string, std::string>* dirs_;  // param -> model dir
-  std::string dir_;
-  std::unique_ptr<kernels::Backend> backend_;  // this binary's test backend
-  std::unique_ptr<Model> model_;
-  int V_ = 0, H_ = 0, num_linear_ = 0;
-  std::mt19937 rng_{20240611};
 };
 
 std::map<std::string, std::string>* ExactnessTest::dirs_ = nullptr;

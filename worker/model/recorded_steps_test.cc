@@ -6,7 +6,6 @@
 // per backend (test_backend.h): the CPU backend records closures, the CUDA
 // backend CUDA graphs.
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -14,40 +13,19 @@
 #include "gtest/gtest.h"
 #include "kernels/forwarding_backend.h"
 #include "worker/model/model.h"
-#include "worker/model/test_backend.h"
+#include "worker/model/model_test_fixture.h"
 #include "worker/model/test_data.h"
 
 namespace specserve::model {
 namespace {
 
-class RecordedStepsTest : public ::testing::TestWithParam<std::string> {
+class RecordedStepsTest : public testing::ModelTest {
  protected:
-  void SetUp() override {
-    std::string why;
-    gpu_ = testing::MakeTestBackend(&why);
-    if (gpu_ == nullptr) GTEST_SKIP() << why;
-    ASSERT_TRUE(gpu_->CanRecord()) << testing::TestBackendName() << " cannot record";
-    dir_ = testing::ModelDirOf(GetParam());
-    auto m = Model::Load(dir_, gpu_.get());
-    ASSERT_TRUE(m.ok()) << dir_ << ": " << m.status();
-    model_ = std::move(*m);
-    V_ = model_->config().vocab_size;
-    H_ = model_->config().hidden_size;
-  }
-
-  std::vector<int32_t> RandomTokens(int n) {
-    return testing::RandomTokens(n, V_, &rng_);
-  }
-
-  std::unique_ptr<ModelState> NewState(Model* m, int capacity = 256) {
-    return testing::NewStateOrFail(m, capacity, 8);
-  }
-
-  std::string dir_;
-  std::unique_ptr<kernels::Backend> gpu_;  // the backend under test
-  std::unique_ptr<Model> model_;
-  int V_ = 0, H_ = 0;
-  std::mt19937 rng_{20261130};
+  RecordedStepsTest()
+      : ModelTest({.seed = 20261130,
+                   .capacity = 256,
+                   .verify_columns = 8,
+                   .require_recording = true}) {}
 };
 
 // Recorded steps against the same steps op by op, on the same
@@ -168,7 +146,7 @@ class RecordingFaults : public kernels::ForwardingBackend {
 // session off recordings (one attempt, not one per step) while others still
 // record, and Restore (a resume) lets it try again.
 TEST_P(RecordedStepsTest, FailedRecordingFallsBackPerSession) {
-  RecordingFaults faulty(gpu_.get());
+  RecordingFaults faulty(backend_.get());
   auto m = Model::Load(dir_, &faulty);
   ASSERT_TRUE(m.ok()) << m.status();
   Model& model = **m;
