@@ -18,8 +18,6 @@ specserve::worker::v1::SessionState SessionStateToProto(
   if (s.rewind_pos()) out.set_rewind_pos(*s.rewind_pos());
   out.set_rewind_is_resident(s.rewind_is_resident());
   *out.mutable_telemetry() = s.telem.ToProto();
-  out.set_sctr(s.counters.sctr);
-  out.set_uctr(s.counters.uctr);
   out.set_bytes(bytes);
   return out;
 }

@@ -290,16 +290,16 @@ absl::Status Model::CopyRowsOut(int row0, int n, ForwardResult* out) {
 
 absl::Status Model::SampleRows(absl::Span<const int32_t> rows,
                                absl::Span<const sampling::SamplingConfig> configs,
-                               absl::Span<const float> uniforms, std::vector<int32_t>* tokens,
-                               int to_scratch_row) {
+                               absl::Span<const float> uniforms,
+                               std::vector<int32_t>* tokens) {
   for (int32_t row : rows) {
     if (ws_ == nullptr || row < 0 || row >= lm_head_rows_) {
       return absl::OutOfRangeError(absl::StrCat(
           "logits row ", row, ": the latest pass produced ", lm_head_rows_, " rows"));
     }
   }
-  return SampleRowsOf(ws_ != nullptr ? ws_->logits.f32() : nullptr, rows, configs, uniforms,
-                      tokens, to_scratch_row);
+  return SampleRowsOf(ws_ != nullptr ? ws_->logits.f32() : nullptr, rows,
+                      configs, uniforms, tokens);
 }
 
 absl::StatusOr<int32_t> Model::SampleHostLogits(absl::Span<const float> logits,
@@ -316,76 +316,27 @@ absl::StatusOr<int32_t> Model::SampleHostLogits(absl::Span<const float> logits,
   SS_RETURN_IF_ERROR(
       backend_->CopyToDevice(host_logits_row_.data(), logits.data(), V * sizeof(float)));
   std::vector<int32_t> token;
-  SS_RETURN_IF_ERROR(SampleRowsOf(host_logits_row_.f32(), {0}, {config}, {uniform}, &token,
-                                  /*to_scratch_row=*/-1));
+  SS_RETURN_IF_ERROR(
+      SampleRowsOf(host_logits_row_.f32(), {0}, {config}, {uniform}, &token));
   return token[0];
 }
 
-absl::Status Model::SampleRowsOf(const float* x, absl::Span<const int32_t> rows,
-                                 absl::Span<const sampling::SamplingConfig> configs,
-                                 absl::Span<const float> uniforms, std::vector<int32_t>* tokens,
-                                 int to_scratch_row) {
-  if (configs.size() != rows.size() ||
-      (tokens != nullptr && uniforms.size() != rows.size())) {
-    return absl::InvalidArgumentError("SampleRows: rows, configs and uniforms differ in size");
+absl::Status Model::SampleRowsOf(
+    const float* x, absl::Span<const int32_t> rows,
+    absl::Span<const sampling::SamplingConfig> configs,
+    absl::Span<const float> uniforms, std::vector<int32_t>* tokens) {
+  if (configs.size() != rows.size() || uniforms.size() != rows.size()) {
+    return absl::InvalidArgumentError(
+        "SampleRows: rows, configs and uniforms differ in size");
   }
-  if (tokens == nullptr && to_scratch_row < 0) {
-    return absl::InvalidArgumentError("SampleRows: neither tokens nor scratch rows asked for");
-  }
-  if (tokens != nullptr) tokens->assign(rows.size(), -1);
+  tokens->assign(rows.size(), -1);
   if (rows.empty()) return absl::OkStatus();
   kernels::SampleRowsParams p = kernels::DenseSampleRows(
-      static_cast<int64_t>(rows.size()), x, config_.vocab_size, rows.data(), configs.data());
-  p.uniform = tokens != nullptr ? uniforms.data() : nullptr;
-  p.token = tokens != nullptr ? tokens->data() : nullptr;
-  if (to_scratch_row >= 0) {
-    if (to_scratch_row + static_cast<int>(rows.size()) > sampling_scratch_rows_) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "SampleRows: scratch rows from ", to_scratch_row, " past the ",
-          sampling_scratch_rows_, " reserved"));
-    }
-    p.probs = sampling_scratch_.f32() + static_cast<int64_t>(to_scratch_row) * p.cols;
-    p.probs_stride = p.cols;
-  }
+      static_cast<int64_t>(rows.size()), x, config_.vocab_size, rows.data(),
+      configs.data());
+  p.uniform = uniforms.data();
+  p.token = tokens->data();
   return backend_->SampleRows(p);
-}
-
-absl::Status Model::ReserveSamplingScratch(int rows) {
-  if (rows <= sampling_scratch_rows_) return absl::OkStatus();
-  SS_ASSIGN_OR_RETURN(sampling_scratch_, backend_->AllocateFloats(
-                                             static_cast<size_t>(rows) * config_.vocab_size));
-  sampling_scratch_rows_ = rows;
-  return absl::OkStatus();
-}
-
-absl::Status Model::AcceptFromScratch(absl::Span<const int32_t> drafts, uint64_t seed,
-                                      uint32_t uctr, uint32_t sctr, int* accepted,
-                                      int* bonus) const {
-  const int k = static_cast<int>(drafts.size());
-  if (2 * k + 1 > sampling_scratch_rows_) {
-    return absl::OutOfRangeError(absl::StrCat("sampling scratch: ", k, " drafts need ",
-                                              2 * k + 1, " rows, ", sampling_scratch_rows_,
-                                              " reserved"));
-  }
-  const int64_t V = config_.vocab_size;
-  int32_t n = -1, token = -1;
-  kernels::AcceptRoundParams p;
-  p.cols = V;
-  p.k = k;
-  p.drafts = drafts.data();
-  p.q = sampling_scratch_.f32();
-  p.q_stride = V;
-  p.p = sampling_scratch_.f32() + k * V;
-  p.p_stride = V;
-  p.seed = seed;
-  p.uctr = uctr;
-  p.sctr = sctr;
-  p.accepted = &n;
-  p.bonus = &token;
-  SS_RETURN_IF_ERROR(backend_->AcceptRound(p));
-  *accepted = n;
-  *bonus = token;
-  return absl::OkStatus();
 }
 
 absl::Status Model::CopyLogitsRow(int row, std::vector<float>* logits) const {

@@ -360,30 +360,16 @@ class Model {
   // at uniforms[i] (sampled, not greedy), on the backend
   // (kernels/sample_rows.h: the host filters' tokens, only the tokens copied
   // back). OUT_OF_RANGE as above; FAILED_PRECONDITION for non-finite logits.
-  // With to_scratch_row >= 0, row i's filtered distribution is also kept in
-  // backend memory, in sampling scratch row to_scratch_row + i (rows
-  // ReserveSamplingScratch made; they live until overwritten), and `tokens`
-  // may be null (no draw; `uniforms` is then unused).
   absl::Status SampleRows(absl::Span<const int32_t> rows,
                           absl::Span<const sampling::SamplingConfig> configs,
-                          absl::Span<const float> uniforms, std::vector<int32_t>* tokens,
-                          int to_scratch_row = -1);
-  // A speculative round's accept step (kernels/sample_rows.h AcceptRound)
-  // over the sampling scratch: draft i's q in row i, verify column j's p in
-  // row k + j (k = drafts.size()), with the session's counters before the
-  // round. OUT_OF_RANGE when the scratch holds fewer than 2k + 1 rows.
-  absl::Status AcceptFromScratch(absl::Span<const int32_t> drafts, uint64_t seed,
-                                 uint32_t uctr, uint32_t sctr, int* accepted,
-                                 int* bonus) const;
+                          absl::Span<const float> uniforms,
+                          std::vector<int32_t>* tokens);
   // The token drawn from a row of logits held on the host (a session's
   // stored last logits: the workspace's may belong to another session by
   // now), on the backend like SampleRows: the row is copied there first.
   absl::StatusOr<int32_t> SampleHostLogits(absl::Span<const float> logits,
                                            const sampling::SamplingConfig& config,
                                            float uniform);
-  // At least `rows` scratch rows of [V] floats; growing drops their contents
-  // (call it before a round writes any).
-  absl::Status ReserveSamplingScratch(int rows);
 
   // ---- Recorded steps (a backend that CanRecord: CUDA graphs on the GPU,
   // op closures on the CPU).
@@ -598,11 +584,9 @@ class Model {
   // SampleRows over rows of x ([.][V] floats in backend memory).
   absl::Status SampleRowsOf(const float* x, absl::Span<const int32_t> rows,
                             absl::Span<const sampling::SamplingConfig> configs,
-                            absl::Span<const float> uniforms, std::vector<int32_t>* tokens,
-                            int to_scratch_row);
+                            absl::Span<const float> uniforms,
+                            std::vector<int32_t>* tokens);
 
-  kernels::Buffer sampling_scratch_;  // [sampling_scratch_rows_][V] floats
-  int sampling_scratch_rows_ = 0;
   kernels::Buffer host_logits_row_;   // [V] floats (SampleHostLogits)
   // Decode and draft recordings hold only workspace addresses (valid for
   // the model's lifetime); a key's first use runs op by op (lazy

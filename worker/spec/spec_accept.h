@@ -1,18 +1,28 @@
 // The accept step of one speculative round: given k drafted tokens and the
-// trunk's verify over k+1 columns, how many drafts are accepted and which
-// token is the bonus. The greedy form, and the counters of the sampled one.
+// trunk's target token at each of the k+1 verify columns, how many drafts are
+// accepted and which token is the bonus. One rule serves greedy and sampled
+// decoding; they differ only in how a column's target token is chosen.
 //
 // Column j of the verify holds the trunk's prediction for the token after
 // [committed..., d_1..d_j]; draft d_{i} (1-based) is checked against column
 // i-1. The emitted tokens of a round are d_1..d_n followed by the bonus.
+//
+// Sampled decoding keys every draw by the token's position: the token at
+// history index `pos` is drawn from the trunk's filtered distribution at the
+// uniform PositionUniform(seed, pos), whether a plain step, a verify column or
+// the first token of a burst draws it, and a draft for that position is drawn
+// from the head's distribution at the same uniform. Accepting a draft only
+// where it equals the trunk's own draw makes every emitted token exactly the
+// token plain sampling draws there (so its distribution is plain sampling's),
+// and the draws depend on nothing but (seed, position, the logits there):
+// not on how bursts split, on k, on demotion, or on a rebuild elsewhere.
+// Coupling the draft to the same uniform is what makes d == target likely
+// when the head's distribution is close to the trunk's.
 #ifndef SPECSERVE_WORKER_SPEC_SPEC_ACCEPT_H_
 #define SPECSERVE_WORKER_SPEC_SPEC_ACCEPT_H_
 
 #include <cstdint>
-#include <vector>
 
-#include "absl/functional/function_ref.h"
-#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
 namespace specserve::spec {
@@ -22,35 +32,14 @@ struct RoundOutcome {
   int bonus = 0;     // the token after d_n
 };
 
-// The Philox event counters a session persists (docs/DESIGN.md §1).
-struct RandomCounters {
-  uint32_t sctr = 0;  // sampling events
-  uint32_t uctr = 0;  // acceptance uniforms
-};
+// n = longest prefix with d_i == target[i-1]; bonus = target[n]. target has
+// k+1 entries: each column's argmax (greedy) or draw (sampled).
+RoundOutcome AcceptRound(absl::Span<const int> drafts,
+                         absl::Span<const int> target);
 
-// Greedy: n = longest prefix with d_i == target_argmax[i-1];
-// bonus = target_argmax[n]. target_argmax has k+1 entries.
-RoundOutcome AcceptGreedy(absl::Span<const int> drafts,
-                          absl::Span<const int> target_argmax);
-
-// One sampling event, wherever its draw runs (host, backend): `draw` gets
-// the event's uniform (Philox stream kSample at sctr), and sctr moves only
-// once the draw has succeeded.
-absl::StatusOr<int32_t> SampleEvent(uint64_t seed, RandomCounters* counters,
-                                    absl::FunctionRef<absl::StatusOr<int32_t>(float u)> draw);
-
-// A sampling event drawn from `probs` on the host.
-int DrawToken(const std::vector<float>& probs, uint64_t seed,
-              RandomCounters* counters);
-
-// Sampled rounds run their accept step on the backend (kernels/sample_rows.h
-// AcceptRound: accept d_i when u·q(d_i) < p(d_i), one uctr per test; on the
-// first rejection draw the bonus from normalize(max(0, p − q)), after a full
-// accept from p_k, one sctr either way; the output is distributed as plain
-// sampling from p). These are the session's counters after a round that
-// accepted n of k drafts: uctr moves by the tests made (n + 1 after a
-// rejection, k after a full accept), sctr by one.
-void AdvanceSampledCounters(int k, int n, RandomCounters* counters);
+// The uniform that draws the token at history index `pos` (0-based over the
+// session's committed tokens followed by the pending one) for `seed`.
+float PositionUniform(uint64_t seed, int64_t pos);
 
 }  // namespace specserve::spec
 

@@ -186,16 +186,16 @@ absl::StatusOr<int32_t> SpecEngine::Choose(SpecSession* s, const BurstCtx& b,
   const int V = model_->config().vocab_size;
   if (b.Injects(1) || !AllFinite(logits, V)) return NonFinite(s->id());
   if (p.sampling.greedy()) return ArgmaxFirst(logits, V);
-  // Drawn on the backend (the stored row is copied back).
-  return SampleEvent(p.seed, &s->counters, [&](float u) -> absl::StatusOr<int32_t> {
-    int32_t token = -1;
-    SS_RETURN_IF_ERROR(executor_->Exclusive([&]() -> absl::Status {
-      SS_ASSIGN_OR_RETURN(token, model_->SampleHostLogits(absl::MakeConstSpan(logits, V),
-                                                          p.sampling, u));
-      return absl::OkStatus();
-    }));
-    return token;
-  });
+  // Drawn on the backend (the stored row is copied there): the token at
+  // index committed_len (nothing is pending).
+  const float u = PositionUniform(p.seed, s->committed_len());
+  int32_t token = -1;
+  SS_RETURN_IF_ERROR(executor_->Exclusive([&]() -> absl::Status {
+    SS_ASSIGN_OR_RETURN(token, model_->SampleHostLogits(
+                                   absl::MakeConstSpan(logits, V), p.sampling, u));
+    return absl::OkStatus();
+  }));
+  return token;
 }
 
 absl::Status SpecEngine::PlainStep(SpecSession* s, const BurstCtx& b,
@@ -215,12 +215,11 @@ absl::Status SpecEngine::PlainStep(SpecSession* s, const BurstCtx& b,
     SS_RETURN_IF_ERROR(step());
     *next_token = r.argmax[0];
   } else {
-    SS_ASSIGN_OR_RETURN(*next_token,
-                        SampleEvent(p.seed, &s->counters, [&](float u) -> absl::StatusOr<int32_t> {
-                          r.draw = model::ForwardResult::Draw{p.sampling, u};
-                          SS_RETURN_IF_ERROR(step());
-                          return r.drawn;
-                        }));
+    // The pending token is at index committed_len; the drawn one follows it.
+    r.draw = model::ForwardResult::Draw{
+        p.sampling, PositionUniform(p.seed, s->committed_len() + 1)};
+    SS_RETURN_IF_ERROR(step());
+    *next_token = r.drawn;
   }
   s->pending_tok = *next_token;
   return absl::OkStatus();
@@ -236,11 +235,9 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
 
   // Draft k tokens: step 1 reads (h_{L−1}, x) at position L−1; step j+1 the
   // head's own output hidden and d_j.
-  // A sampled round keeps its distributions in backend memory: draft i's q
-  // in sampling scratch row i, drawn there; the k+1 verify columns' p
-  // filtered into rows k..2k for the accept step (Model::AcceptFromScratch).
+  // Sampled: draft d_{i+1}, the token at index L+1+i, is drawn from the
+  // head's distribution at that position's uniform (spec_accept.h).
   std::vector<int32_t> drafts;
-  if (!greedy) SS_RETURN_IF_ERROR(model_->ReserveSamplingScratch(2 * k + 1));
   std::vector<float> h = s->last_hidden();
   int32_t tok = x;
   for (int i = 0; i < k; ++i) {
@@ -251,14 +248,10 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
     if (greedy) {
       tok = d.argmax[0];
     } else {
-      // Drawn on the backend; q_i stays there.
-      SS_ASSIGN_OR_RETURN(
-          tok, SampleEvent(p.seed, &s->counters, [&](float u) -> absl::StatusOr<int32_t> {
-            std::vector<int32_t> drawn;
-            SS_RETURN_IF_ERROR(
-                model_->SampleRows({0}, {p.sampling}, {u}, &drawn, /*to_scratch_row=*/i));
-            return drawn[0];
-          }));
+      std::vector<int32_t> drawn;
+      SS_RETURN_IF_ERROR(model_->SampleRows(
+          {0}, {p.sampling}, {PositionUniform(p.seed, L + 1 + i)}, &drawn));
+      tok = drawn[0];
     }
     drafts.push_back(tok);
     h = std::move(d.hidden);
@@ -280,25 +273,23 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
 
   RoundOutcome out;
   if (greedy) {
-    out = AcceptGreedy(drafts, v.argmax);
+    out = AcceptRound(drafts, v.argmax);
   } else {
-    // The verify's logits are still in the model's workspace: all its
-    // columns are filtered there in one call (one pass however many), then
-    // the accept step runs on the backend and only (n, bonus) come back.
-    std::vector<int32_t> rows(k + 1);
-    for (int j = 0; j <= k; ++j) rows[j] = j;
-    const std::vector<sampling::SamplingConfig> configs(k + 1, p.sampling);
-    absl::Status st = model_->SampleRows(rows, configs, {}, /*tokens=*/nullptr,
-                                         /*to_scratch_row=*/k);
-    if (st.ok()) {
-      st = model_->AcceptFromScratch(drafts, p.seed, s->counters.uctr, s->counters.sctr,
-                                     &out.accepted, &out.bonus);
+    // The verify's logits are still in the model's workspace: column j's
+    // draw is the token at index L+1+j, all k+1 in one call (row-invariant).
+    std::vector<int32_t> rows(k + 1), target;
+    std::vector<float> uniforms(k + 1);
+    for (int j = 0; j <= k; ++j) {
+      rows[j] = j;
+      uniforms[j] = PositionUniform(p.seed, L + 1 + j);
     }
+    const std::vector<sampling::SamplingConfig> configs(k + 1, p.sampling);
+    absl::Status st = model_->SampleRows(rows, configs, uniforms, &target);
     if (!st.ok()) {
       model_->DiscardVerified(s->caches());
       return st;
     }
-    AdvanceSampledCounters(k, out.accepted, &s->counters);
+    out = AcceptRound(drafts, target);
   }
   const int n = out.accepted;
   SS_RETURN_IF_ERROR(model_->CommitVerified(s->caches(), n));

@@ -260,6 +260,64 @@ TEST_P(SpecEngineTest, SampledSameSeedSameOutput) {
   EXPECT_EQ(runs[0], runs[1]);
 }
 
+// Sampled output is a function of (seed, history): speculative with any k,
+// any burst lengths, a demotion to plain decode midway, or a rebuild from the
+// history on a fresh session give the tokens of one plain sampled run.
+TEST_P(SpecEngineTest, SampledOutputIgnoresSplitsDemotionAndRebuild) {
+  ModelExecutor executor(model_.get());
+  SpecEngine engine(&executor);
+  std::mt19937 rng(57);
+  constexpr int kNew = 24;
+  for (int trial = 0; trial < 6; ++trial) {
+    const std::vector<int32_t> prompt = RandomTokens(&rng, 3 + trial, vocab_);
+    BurstParams p;
+    p.sampling = {trial % 2 ? 1.0f : 0.7f, trial % 3 == 2 ? 20 : 0,
+                  trial % 3 == 1 ? 0.9f : 1.0f, 0.0f};
+    p.seed = 4242 + trial;
+    // The reference: plain sampled decoding in one burst.
+    std::vector<int32_t> want;
+    {
+      auto s = engine.Admit("ref", 128, prompt).value();
+      BurstParams q = p;
+      q.k = 0;
+      q.max_new = kNew;
+      Collected got;
+      ASSERT_TRUE(engine.RunBurst(s.get(), q, got.fn()).ok());
+      want = got.tokens;
+      want.resize(kNew);
+    }
+    for (int schedule = 0; schedule < 4; ++schedule) {
+      auto s = engine.Admit("s", 128, prompt).value();
+      std::vector<int32_t> history = prompt;
+      Collected got;
+      bool rebuilt = false;
+      const int k = 1 + (trial + schedule) % 4;
+      while (static_cast<int>(got.tokens.size()) < kNew) {
+        BurstParams q = p;
+        q.k = k;
+        q.max_new = std::uniform_int_distribution<int>(1, 7)(rng);
+        const size_t before = got.tokens.size();
+        ASSERT_TRUE(engine.RunBurst(s.get(), q, got.fn()).ok());
+        history.insert(history.end(), got.tokens.begin() + before,
+                       got.tokens.end());
+        if (schedule == 1 && got.tokens.size() >= kNew / 3 &&
+            s->mode() == DecodeMode::kSpeculative) {
+          ASSERT_TRUE(engine.Demote(s.get()).ok());
+        }
+        if (schedule == 2 && !rebuilt && got.tokens.size() >= kNew / 2) {
+          rebuilt = true;
+          // Rebuilt from the history the client was sent, as after a lost
+          // worker: a fresh session prefilled with it.
+          s = engine.Admit("rebuilt", 128, history).value();
+        }
+      }
+      got.tokens.resize(kNew);
+      EXPECT_EQ(got.tokens, want) << "trial " << trial << " schedule "
+                                  << schedule << " k " << k;
+    }
+  }
+}
+
 // Chi-square critical value at significance 0.01 (Wilson–Hilferty).
 double ChiSquareCritical01(int dof) {
   const double z = 2.3263478740408408;

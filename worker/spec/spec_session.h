@@ -1,6 +1,5 @@
 // One speculative session on a worker: the token truth of its caches, the
-// carried pending token, the Philox counters, the turn checkpoint and the
-// acceptance telemetry (the session contract, docs/DESIGN.md §1). The round
+// carried pending token, the turn checkpoint and the acceptance telemetry (the session contract, docs/DESIGN.md §1). The round
 // loop lives in spec_engine.h; this type owns the state and states its
 // invariants.
 //
@@ -51,8 +50,8 @@ class SpecSession {
   // Greedy argmax after committed.back(); absent before the first turn and
   // while a pending token is carried.
   std::optional<int32_t> next_pred;
-  // Philox counters of sampled decoding; 0 at admit, never reset.
-  RandomCounters counters;
+  // (Sampled decoding keeps no random state here: each token's uniform is
+  // a function of (seed, its position), spec_accept.h.)
   // Bonus of the last round: emitted, not yet in the caches.
   std::optional<int32_t> pending_tok;
   SpecTelemetry telem;
