@@ -16,7 +16,8 @@ absl::Status Validate(const AttentionInputsParams& p) {
 }
 
 AttentionInputsParams AttentionInputsOf(const FusedQkvRows& r) {
-  const int64_t hd = r.head_dim, kv = r.kv_heads * hd, W = 2 * r.heads * hd + 2 * kv;
+  const int64_t hd = r.head_dim, kv = r.kv_heads * hd,
+                W = 2 * r.heads * hd + 2 * kv;
   float* const k = r.x + 2 * r.heads * hd;
   AttentionInputsParams p;
   RmsNormParams& qn = p.q_norm;

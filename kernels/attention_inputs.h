@@ -38,7 +38,7 @@ struct FusedQkvRows {
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
   int64_t rotary_dim = 0;
-  float* x = nullptr;  // row 0 of the block of rows
+  float* x = nullptr;             // row 0 of the block of rows
   const float* q_norm = nullptr;  // [head_dim]
   const float* k_norm = nullptr;  // [head_dim]
   float eps = 1e-6f;

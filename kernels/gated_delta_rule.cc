@@ -31,21 +31,27 @@ absl::Status Validate(const GatedDeltaRuleNormParams& p) {
   if (absl::Status s = Validate(p.norm); !s.ok()) return s;
   const GatedDeltaRuleParams& r = p.rule;
   const GatedRmsNormParams& n = p.norm;
-  SS_KERNEL_CHECK(n.x == r.out && n.y == r.out,
-                  "gated_delta_rule_normed: the norm runs in place over the rule's output");
+  SS_KERNEL_CHECK(
+      n.x == r.out && n.y == r.out,
+      "gated_delta_rule_normed: the norm runs in place over the rule's output");
   SS_KERNEL_CHECK(n.rows == r.rows * r.num_v_heads && n.dim == r.v_head_dim &&
-                      n.x_stride == r.v_head_dim && r.out_stride == r.num_v_heads * r.v_head_dim,
-                  "gated_delta_rule_normed: the norm's vectors are not the rule's output heads");
+                      n.x_stride == r.v_head_dim &&
+                      r.out_stride == r.num_v_heads * r.v_head_dim,
+                  "gated_delta_rule_normed: the norm's vectors are not the "
+                  "rule's output heads");
   const Conv1dParams& c = p.conv;
   if (c.rows == 0) return absl::OkStatus();
   if (absl::Status s = Validate(c); !s.ok()) return s;
   const int64_t key_dim = r.num_k_heads * r.k_head_dim;
-  SS_KERNEL_CHECK(c.rows == r.rows && c.silu && c.y == r.q && r.k == r.q + key_dim &&
-                      r.v == r.q + 2 * key_dim && c.y_stride == r.qkv_stride &&
+  SS_KERNEL_CHECK(c.rows == r.rows && c.silu && c.y == r.q &&
+                      r.k == r.q + key_dim && r.v == r.q + 2 * key_dim &&
+                      c.y_stride == r.qkv_stride &&
                       c.channels == 2 * key_dim + r.num_v_heads * r.v_head_dim,
-                  "gated_delta_rule_normed: the conv's outputs are not the rule's q, k and v");
+                  "gated_delta_rule_normed: the conv's outputs are not the "
+                  "rule's q, k and v");
   SS_KERNEL_CHECK((c.states != nullptr) == (r.states != nullptr),
-                  "gated_delta_rule_normed: a session batch needs both the conv and the rule "
+                  "gated_delta_rule_normed: a session batch needs both the "
+                  "conv and the rule "
                   "states");
   return absl::OkStatus();
 }

@@ -24,8 +24,9 @@ struct MatmulParams {
   const float* x = nullptr;
   int64_t x_stride = 0;  // elements between rows of x (>= in)
   DType w_dtype = DType::kF32;
-  WeightLayout w_layout = WeightLayout::kRowMajor;  // the Weight's (kernels/types.h)
-  const void* w = nullptr;  // [>= out][in] in w_layout
+  WeightLayout w_layout =
+      WeightLayout::kRowMajor;  // the Weight's (kernels/types.h)
+  const void* w = nullptr;      // [>= out][in] in w_layout
   float* y = nullptr;
   int64_t y_stride = 0;  // elements between rows of y (>= out)
   // true: y += x·Wᵀ (the residual add, fused); false: y = x·Wᵀ.

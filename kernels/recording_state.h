@@ -46,7 +46,8 @@ class RecordingState {
 
  private:
   absl::Status Error(const std::string& what) const {
-    return absl::FailedPreconditionError(absl::StrCat(backend_, " backend: ", what));
+    return absl::FailedPreconditionError(
+        absl::StrCat(backend_, " backend: ", what));
   }
 
   const std::string backend_;

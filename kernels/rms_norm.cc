@@ -10,7 +10,7 @@ absl::Status Validate(const RmsNormParams& p) {
   SS_KERNEL_CHECK(p.x_stride >= p.dim && p.y_stride >= p.dim,
                   "rms_norm: stride < dim");
   SS_KERNEL_CHECK(p.x != p.y || (p.x_stride == p.y_stride &&
-                                  p.x_group_stride == p.y_group_stride),
+                                 p.x_group_stride == p.y_group_stride),
                   "rms_norm: in place needs equal strides");
   SS_KERNEL_CHECK(p.group >= 0 && (p.group == 0 ||
                                    (p.x_group_stride >= p.group * p.x_stride &&
@@ -28,9 +28,10 @@ absl::Status Validate(const GatedRmsNormParams& p) {
       "gated_rms_norm: stride < dim");
   SS_KERNEL_CHECK(p.x != p.y || p.x_stride == p.y_stride,
                   "gated_rms_norm: in place needs equal strides");
-  SS_KERNEL_CHECK(p.z_group >= 0 && (p.z_group == 0 ||
-                                     p.z_group_stride >= p.z_group * p.z_stride),
-                  "gated_rms_norm: z group stride < group · z_stride");
+  SS_KERNEL_CHECK(
+      p.z_group >= 0 &&
+          (p.z_group == 0 || p.z_group_stride >= p.z_group * p.z_stride),
+      "gated_rms_norm: z group stride < group · z_stride");
   return absl::OkStatus();
 }
 

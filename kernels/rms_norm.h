@@ -33,8 +33,10 @@ struct RmsNormParams {
 };
 
 // Offset of vector r in a (possibly grouped) layout, in elements.
-inline int64_t GroupedRow(int64_t r, int64_t stride, int64_t group, int64_t group_stride) {
-  return group > 0 ? (r / group) * group_stride + (r % group) * stride : r * stride;
+inline int64_t GroupedRow(int64_t r, int64_t stride, int64_t group,
+                          int64_t group_stride) {
+  return group > 0 ? (r / group) * group_stride + (r % group) * stride
+                   : r * stride;
 }
 
 struct GatedRmsNormParams {

@@ -6,9 +6,10 @@ namespace specserve::kernels {
 
 absl::Status Validate(const ScatterRowsParams& p) {
   SS_KERNEL_CHECK(p.rows >= 1 && p.cols >= 1, "scatter_rows: empty shape");
-  SS_KERNEL_CHECK(p.src && ((p.dst && p.dst_rows && !p.dst_base) ||
-                            (!p.dst && !p.dst_rows && p.dst_base)),
-                  "scatter_rows: null pointer (give dst and dst_rows, or dst_base)");
+  SS_KERNEL_CHECK(
+      p.src && ((p.dst && p.dst_rows && !p.dst_base) ||
+                (!p.dst && !p.dst_rows && p.dst_base)),
+      "scatter_rows: null pointer (give dst and dst_rows, or dst_base)");
   SS_KERNEL_CHECK(p.dst_first_row >= 0, "scatter_rows: negative first row");
   SS_KERNEL_CHECK(p.src_stride >= p.cols && p.dst_row_stride >= p.cols,
                   "scatter_rows: stride < cols");

@@ -34,8 +34,8 @@ void GatedRmsNorm(const GatedRmsNormParams& p) {
   for (int64_t r = 0; r < p.rows; ++r) {
     const float* x = p.x + r * p.x_stride;
     const float* z = p.z + (p.z_group > 0 ? (r / p.z_group) * p.z_group_stride +
-                                                 (r % p.z_group) * p.z_stride
-                                           : r * p.z_stride);
+                                                (r % p.z_group) * p.z_stride
+                                          : r * p.z_stride);
     float* y = p.y + r * p.y_stride;
     const float inv = InvRms(x, p.dim, p.eps);
     for (int64_t i = 0; i < p.dim; ++i) {

@@ -5,10 +5,11 @@
 //     arithmetic is the same whatever G. Row t sees n = first_position
 //     + t + 1 cache rows, cut into nc = min(64, ceil(n/16)) chunks of
 //     ceil(n/nc) rows (16 rows: one key group per warp, so a short context
-//     costs one load round trip instead of one per 16 keys). The block's 4 warps take groups of 4 consecutive keys
-//     in turn (warp w: groups w, w+4, ...), each keeping an online softmax
-//     (running max m, sum l, acc[head_dim]); the 4 warp states are merged in
-//     warp order and (m, l, acc) of the chunk goes to the workspace.
+//     costs one load round trip instead of one per 16 keys). The block's 4
+//     warps take groups of 4 consecutive keys in turn (warp w: groups w, w+4,
+//     ...), each keeping an online softmax (running max m, sum l,
+//     acc[head_dim]); the 4 warp states are merged in warp order and (m, l,
+//     acc) of the chunk goes to the workspace.
 //  2. combine: block (h, t) merges the chunks in chunk order and writes
 //     acc/l (⊙ sigmoid(gate)).
 // Everything (the chunking, the key groups, every merge) depends only on n
@@ -29,7 +30,7 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kGroup = 4;          // keys per warp step
+constexpr int kGroup = 4;  // keys per warp step
 constexpr int kMaxChunks = 64;
 constexpr int kMinChunkRows = 16;
 constexpr int kMaxHeadDim = 256;
@@ -42,14 +43,15 @@ __host__ __device__ inline int NumChunks(int64_t n) {
 
 // The most visible rows any of rows [row0, row0+n) can have.
 int64_t MaxVisible(const AttentionParams& p, int64_t row0, int64_t n) {
-  return p.positions != nullptr ? p.max_position + 1 : p.first_position + row0 + n;
+  return p.positions != nullptr ? p.max_position + 1
+                                : p.first_position + row0 + n;
 }
 
 struct Batch {
-  int64_t row0;       // first query row of this launch
-  int max_chunks;     // chunk slots per (row, head) in the workspace
-  float* acc;         // [rows][heads][max_chunks][head_dim]
-  float* ml;          // [rows][heads][max_chunks][2]
+  int64_t row0;    // first query row of this launch
+  int max_chunks;  // chunk slots per (row, head) in the workspace
+  float* acc;      // [rows][heads][max_chunks][head_dim]
+  float* ml;       // [rows][heads][max_chunks][2]
 };
 
 // Row t's visible rows and caches. The session batch's table (positions,
@@ -60,8 +62,10 @@ struct RowCaches {
   const float* k;
   const float* v;
 };
-__device__ __forceinline__ RowCaches RowCachesOf(const AttentionParams& p, int64_t t) {
-  if (p.positions == nullptr) return {p.first_position + t + 1, p.k_cache, p.v_cache};
+__device__ __forceinline__ RowCaches RowCachesOf(const AttentionParams& p,
+                                                 int64_t t) {
+  if (p.positions == nullptr)
+    return {p.first_position + t + 1, p.k_cache, p.v_cache};
   return {int64_t{__ldcg(p.positions + t)} + 1, TableEntry(p.k_caches, t),
           TableEntry(p.v_caches, t)};
 }
@@ -82,17 +86,20 @@ __device__ __forceinline__ ChunkRange ChunkOf(int64_t n, int nc, int c) {
 // (KV head kvh) into L2 (PrefetchL2: the rows were written by earlier
 // steps, all but the newest, which the previous kernel writes; a hint reads
 // no value).
-__device__ __forceinline__ void PrefetchChunk(const AttentionParams& p, const RowCaches& rc,
+__device__ __forceinline__ void PrefetchChunk(const AttentionParams& p,
+                                              const RowCaches& rc,
                                               ChunkRange range, int64_t kvh) {
-  constexpr int kRows = 64;      // rows prefetched at most
+  constexpr int kRows = 64;        // rows prefetched at most
   constexpr int kLineFloats = 32;  // a 128-byte line
   const int64_t rows = min(range.end - range.begin, int64_t{kRows});
-  const int lines = static_cast<int>((p.head_dim + kLineFloats - 1) / kLineFloats);
+  const int lines =
+      static_cast<int>((p.head_dim + kLineFloats - 1) / kLineFloats);
 #pragma unroll 1
   for (int i = threadIdx.x; i < rows * 2 * lines; i += kThreads) {
     const int64_t r = range.begin + i / (2 * lines);
     const int w = i % (2 * lines);
-    const float* base = (w < lines ? rc.k : rc.v) + r * p.kv_row_stride + kvh * p.head_dim;
+    const float* base =
+        (w < lines ? rc.k : rc.v) + r * p.kv_row_stride + kvh * p.head_dim;
     PrefetchL2(base + (w % lines) * kLineFloats);
   }
 }
@@ -255,7 +262,8 @@ __global__ void __launch_bounds__(kThreads)
 // memory once per batch instead of once per loop-carried load. The sums keep
 // the chunk order, so the batching changes no bits. (ld.cg: each partial is
 // read once.)
-__device__ __forceinline__ void CombineHead(const AttentionParams& p, const Batch& b, int64_t h,
+__device__ __forceinline__ void CombineHead(const AttentionParams& p,
+                                            const Batch& b, int64_t h,
                                             int64_t tl, int64_t t, int nc) {
   constexpr int kBatch = 16;  // chunk partials in flight per output
   constexpr int kE = 2;       // outputs per thread (head_dim 256 in one pass)
@@ -264,8 +272,9 @@ __device__ __forceinline__ void CombineHead(const AttentionParams& p, const Batc
   const int hd = static_cast<int>(p.head_dim);
   const int64_t slot0 = (tl * p.num_heads + h) * b.max_chunks;
   const float* acc = b.acc + slot0 * hd;
-  const float* gate =
-      p.gate != nullptr ? p.gate + t * p.gate_row_stride + h * p.gate_head_stride : nullptr;
+  const float* gate = p.gate != nullptr ? p.gate + t * p.gate_row_stride +
+                                              h * p.gate_head_stride
+                                        : nullptr;
   float v[kE][kBatch], g[kE];
   auto load_batch = [&](int c0) {
 #pragma unroll
@@ -273,7 +282,8 @@ __device__ __forceinline__ void CombineHead(const AttentionParams& p, const Batc
       const int e = threadIdx.x + k * kThreads;
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
-        v[k][i] = e < hd && c0 + i < nc ? __ldcg(acc + (c0 + i) * hd + e) : 0.0f;
+        v[k][i] =
+            e < hd && c0 + i < nc ? __ldcg(acc + (c0 + i) * hd + e) : 0.0f;
       }
     }
   };
@@ -322,9 +332,11 @@ __device__ __forceinline__ void CombineHead(const AttentionParams& p, const Batc
 
 // A batch position past max_position has more chunks than the launch has
 // slots: its output is NaN (the caller's error, made visible).
-__device__ __forceinline__ void PoisonHead(const AttentionParams& p, int64_t h, int64_t t) {
+__device__ __forceinline__ void PoisonHead(const AttentionParams& p, int64_t h,
+                                           int64_t t) {
   for (int64_t e = threadIdx.x; e < p.head_dim; e += kThreads) {
-    p.out[t * p.out_row_stride + h * p.head_dim + e] = __int_as_float(0x7fc00000);
+    p.out[t * p.out_row_stride + h * p.head_dim + e] =
+        __int_as_float(0x7fc00000);
   }
 }
 
@@ -334,7 +346,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t h = blockIdx.x;
   const int64_t tl = blockIdx.y;
   const int64_t t = b.row0 + tl;
-  const int nc = NumChunks(RowCachesOf(p, t).n);  // (the table: safe before the wait)
+  const int nc =
+      NumChunks(RowCachesOf(p, t).n);  // (the table: safe before the wait)
   PdlWait();
   if (nc > b.max_chunks) {
     PoisonHead(p, h, t);
@@ -356,11 +369,13 @@ int HeadsPerBlock(const AttentionParams& p, int64_t slots) {
 }
 
 template <int DPL>
-absl::Status RunBatches(const AttentionParams& p, const Workspace& ws, cudaStream_t stream) {
+absl::Status RunBatches(const AttentionParams& p, const Workspace& ws,
+                        cudaStream_t stream) {
   const size_t per_row = AttentionWorkspaceBytesPerRow(p);
   const int64_t fit = static_cast<int64_t>(ws.bytes / per_row);
   if (fit < 1) {
-    return absl::ResourceExhaustedError("attention: workspace too small for one row");
+    return absl::ResourceExhaustedError(
+        "attention: workspace too small for one row");
   }
   const int64_t batch_rows = std::min<int64_t>(fit, kMaxBatchRows);
   for (int64_t row0 = 0; row0 < p.rows; row0 += batch_rows) {
@@ -376,16 +391,26 @@ absl::Status RunBatches(const AttentionParams& p, const Workspace& ws, cudaStrea
     const dim3 block(kThreads);
     auto partial = AttentionPartialKernel<DPL, 1>;
     switch (g) {
-      case 6: partial = AttentionPartialKernel<DPL, 6>; break;
-      case 3: partial = AttentionPartialKernel<DPL, 3>; break;
-      case 2: partial = AttentionPartialKernel<DPL, 2>; break;
-      default: break;
+      case 6:
+        partial = AttentionPartialKernel<DPL, 6>;
+        break;
+      case 3:
+        partial = AttentionPartialKernel<DPL, 3>;
+        break;
+      case 2:
+        partial = AttentionPartialKernel<DPL, 2>;
+        break;
+      default:
+        break;
     }
     LaunchPdl(partial, grid, block, 0, stream, p, b);
-    if (absl::Status s = LaunchStatus("attention partial launch"); !s.ok()) return s;
-    const dim3 cgrid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(rows_here));
+    if (absl::Status s = LaunchStatus("attention partial launch"); !s.ok())
+      return s;
+    const dim3 cgrid(static_cast<unsigned>(p.num_heads),
+                     static_cast<unsigned>(rows_here));
     LaunchPdl(AttentionCombineKernel, cgrid, block, 0, stream, p, b);
-    if (absl::Status s = LaunchStatus("attention combine launch"); !s.ok()) return s;
+    if (absl::Status s = LaunchStatus("attention combine launch"); !s.ok())
+      return s;
   }
   return absl::OkStatus();
 }
@@ -394,7 +419,8 @@ absl::Status RunBatches(const AttentionParams& p, const Workspace& ws, cudaStrea
 
 size_t AttentionWorkspaceBytesPerRow(const AttentionParams& p) {
   const int64_t chunks = NumChunks(MaxVisible(p, 0, p.rows));
-  return static_cast<size_t>(p.num_heads * chunks * (p.head_dim + 2)) * sizeof(float);
+  return static_cast<size_t>(p.num_heads * chunks * (p.head_dim + 2)) *
+         sizeof(float);
 }
 
 absl::Status LaunchAttention(const AttentionParams& p, const Workspace& ws,

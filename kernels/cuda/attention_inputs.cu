@@ -38,10 +38,12 @@ constexpr int kLaneElems = 8;  // the register path: head_dim <= 32 · kLaneElem
 // The arithmetic per element and the order of the squares' sum are the same
 // on both paths.
 template <int E, int HS>
-__global__ void __launch_bounds__(kWarps * 32) AttentionInputsKernel(AttentionInputsParams p) {
+__global__ void __launch_bounds__(kWarps * 32)
+    AttentionInputsKernel(AttentionInputsParams p) {
   PdlLetNextLaunch();
   const int lane = threadIdx.x & 31;
-  const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int64_t task =
+      static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   const int64_t qh = p.q_rope.heads, kh = p.k_rope.heads;
   const int64_t t = task / (qh + kh);
   const bool live = t < p.q_rope.rows;
@@ -71,7 +73,8 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionInputsKernel(AttentionIn
   float* cache = nullptr;
   if (is_k) cache = ScatterRowDst(p.k_scatter, t) + h * dim;
   const float pos = half > 0 ? RopePosition(r, t) : 0.0f;
-  const float* v = is_k ? p.v_scatter.src + t * p.v_scatter.src_stride + h * dim : nullptr;
+  const float* v =
+      is_k ? p.v_scatter.src + t * p.v_scatter.src_stride + h * dim : nullptr;
   float* vrow = is_k ? ScatterRowDst(p.v_scatter, t) + h * dim : nullptr;
 
   if constexpr (E > 0) {
@@ -111,7 +114,8 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionInputsKernel(AttentionIn
     for (int64_t i = lane; i < dim; i += 32) {
       if (i < half) {
         const float x1 = NormedElem(x[i], inv, n.weight, i, n.plus_one);
-        const float x2 = NormedElem(x[i + half], inv, n.weight, i + half, n.plus_one);
+        const float x2 =
+            NormedElem(x[i + half], inv, n.weight, i + half, n.plus_one);
         float y1, y2;
         RopeRotate(x1, x2, pos, r.inv_freq[i], &y1, &y2);
         x[i] = y1;
@@ -137,7 +141,8 @@ bool NormMatchesRope(const RmsNormParams& n, const RopeParams& r) {
   return n.y == n.x && n.x == r.x && n.y_stride == n.x_stride &&
          n.y_group_stride == n.x_group_stride && n.group == r.heads &&
          n.x_stride == r.head_stride && n.x_group_stride == r.row_stride &&
-         n.rows == r.rows * r.heads && n.dim == r.head_dim && n.dim < kRmsBlockDim;
+         n.rows == r.rows * r.heads && n.dim == r.head_dim &&
+         n.dim < kRmsBlockDim;
 }
 
 }  // namespace
@@ -156,25 +161,45 @@ bool FusesAttentionInputs(const AttentionInputsParams& p) {
          vs.rows == k.rows && vs.cols == ks.cols;
 }
 
-absl::Status LaunchAttentionInputs(const AttentionInputsParams& p, cudaStream_t stream) {
+absl::Status LaunchAttentionInputs(const AttentionInputsParams& p,
+                                   cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (!FusesAttentionInputs(p)) {
-    return absl::InvalidArgumentError("attention_inputs: the six ops do not fuse");
+    return absl::InvalidArgumentError(
+        "attention_inputs: the six ops do not fuse");
   }
   const int64_t tasks = p.q_rope.rows * (p.q_rope.heads + p.k_rope.heads);
   const int64_t blocks = CeilDiv(tasks, kWarps);
-  if (blocks > 0x7fffffff) return absl::InvalidArgumentError("attention_inputs: too many rows");
+  if (blocks > 0x7fffffff)
+    return absl::InvalidArgumentError("attention_inputs: too many rows");
   const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
   const int64_t half = p.q_rope.rotary_dim / 2;
   const bool regs = std::max(p.q_norm.dim, p.k_norm.dim) <= 32 * kLaneElems &&
                     p.k_rope.rotary_dim / 2 == half && half % 32 == 0;
   switch (regs ? half / 32 : -1) {
-    case 0: LaunchPdl(AttentionInputsKernel<kLaneElems, 0>, grid, block, 0, stream, p); break;
-    case 1: LaunchPdl(AttentionInputsKernel<kLaneElems, 1>, grid, block, 0, stream, p); break;
-    case 2: LaunchPdl(AttentionInputsKernel<kLaneElems, 2>, grid, block, 0, stream, p); break;
-    case 3: LaunchPdl(AttentionInputsKernel<kLaneElems, 3>, grid, block, 0, stream, p); break;
-    case 4: LaunchPdl(AttentionInputsKernel<kLaneElems, 4>, grid, block, 0, stream, p); break;
-    default: LaunchPdl(AttentionInputsKernel<0, 0>, grid, block, 0, stream, p); break;
+    case 0:
+      LaunchPdl(AttentionInputsKernel<kLaneElems, 0>, grid, block, 0, stream,
+                p);
+      break;
+    case 1:
+      LaunchPdl(AttentionInputsKernel<kLaneElems, 1>, grid, block, 0, stream,
+                p);
+      break;
+    case 2:
+      LaunchPdl(AttentionInputsKernel<kLaneElems, 2>, grid, block, 0, stream,
+                p);
+      break;
+    case 3:
+      LaunchPdl(AttentionInputsKernel<kLaneElems, 3>, grid, block, 0, stream,
+                p);
+      break;
+    case 4:
+      LaunchPdl(AttentionInputsKernel<kLaneElems, 4>, grid, block, 0, stream,
+                p);
+      break;
+    default:
+      LaunchPdl(AttentionInputsKernel<0, 0>, grid, block, 0, stream, p);
+      break;
   }
   return LaunchStatus("attention_inputs launch");
 }

@@ -58,7 +58,8 @@ template <DType D>
 __device__ __forceinline__ Raw8<D> LoadRaw8(const void* base, int64_t i) {
   Raw8<D> r;
   if constexpr (D == DType::kF32) {
-    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const float*>(base) + i);
+    const uint4* p =
+        reinterpret_cast<const uint4*>(static_cast<const float*>(base) + i);
     r.v[0] = __ldg(p);
     r.v[1] = __ldg(p + 1);
   } else {
@@ -116,19 +117,22 @@ __device__ __forceinline__ float Softplus(float x) {
 
 __device__ __forceinline__ float WarpSum(float v) {
 #pragma unroll
-  for (int m = 16; m > 0; m >>= 1) v = __fadd_rn(v, __shfl_xor_sync(kFullMask, v, m));
+  for (int m = 16; m > 0; m >>= 1)
+    v = __fadd_rn(v, __shfl_xor_sync(kFullMask, v, m));
   return v;
 }
 
 __device__ __forceinline__ double WarpSumD(double v) {
 #pragma unroll
-  for (int m = 16; m > 0; m >>= 1) v = __dadd_rn(v, __shfl_xor_sync(kFullMask, v, m));
+  for (int m = 16; m > 0; m >>= 1)
+    v = __dadd_rn(v, __shfl_xor_sync(kFullMask, v, m));
   return v;
 }
 
 __device__ __forceinline__ float WarpMax(float v) {
 #pragma unroll
-  for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, m));
+  for (int m = 16; m > 0; m >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(kFullMask, v, m));
   return v;
 }
 
@@ -188,7 +192,8 @@ __device__ __forceinline__ void PrefetchL2(const void* p) {
 // kernel starts (copy.cu), and ld.cg leaves no L1 line to go stale.
 template <typename T>
 __device__ __forceinline__ T* TableEntry(T* const* table, int64_t i) {
-  return reinterpret_cast<T*>(__ldcg(reinterpret_cast<const unsigned long long*>(table) + i));
+  return reinterpret_cast<T*>(
+      __ldcg(reinterpret_cast<const unsigned long long*>(table) + i));
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) as a programmatic
@@ -196,8 +201,9 @@ __device__ __forceinline__ T* TableEntry(T* const* table, int64_t i) {
 // blocks when cluster.x > 0 (grid.x, grid.y multiples); errors surface
 // through cudaGetLastError (LaunchStatus) like a <<<>>> launch.
 template <typename... Params, typename... Args>
-void LaunchPdlCluster(void (*kernel)(Params...), dim3 grid, dim3 block, dim3 cluster,
-                      size_t smem, cudaStream_t stream, Args&&... args) {
+void LaunchPdlCluster(void (*kernel)(Params...), dim3 grid, dim3 block,
+                      dim3 cluster, size_t smem, cudaStream_t stream,
+                      Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;

@@ -64,7 +64,8 @@ __global__ void __launch_bounds__(kThreads) Conv1dKernel(Conv1dParams p) {
 absl::Status LaunchConv1d(const Conv1dParams& p, cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (p.states != nullptr && p.rows > 65535) {
-    return absl::UnimplementedError("conv1d: session batch of more than 65535 rows");
+    return absl::UnimplementedError(
+        "conv1d: session batch of more than 65535 rows");
   }
   const dim3 blocks(static_cast<unsigned>(CeilDiv(p.channels, kThreads)),
                     p.states != nullptr ? static_cast<unsigned>(p.rows) : 1u);

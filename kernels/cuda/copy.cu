@@ -32,10 +32,12 @@ __global__ void InlineCopyKernel(InlineBytes src, unsigned char* dst, int n) {
 constexpr int kScatterThreads = 256;
 
 // Block (column tile, row t) copies its slice of row t.
-__global__ void __launch_bounds__(kScatterThreads) ScatterRowsKernel(ScatterRowsParams p) {
+__global__ void __launch_bounds__(kScatterThreads)
+    ScatterRowsKernel(ScatterRowsParams p) {
   PdlBegin();
   const int64_t t = blockIdx.y;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kScatterThreads + threadIdx.x;
+  const int64_t c =
+      static_cast<int64_t>(blockIdx.x) * kScatterThreads + threadIdx.x;
   if (c >= p.cols) return;
   float* row = ScatterRowDst(p, t);
   row[c] = p.src[t * p.src_stride + c];
@@ -43,7 +45,8 @@ __global__ void __launch_bounds__(kScatterThreads) ScatterRowsKernel(ScatterRows
 
 }  // namespace
 
-absl::Status LaunchScatterRows(const ScatterRowsParams& p, cudaStream_t stream) {
+absl::Status LaunchScatterRows(const ScatterRowsParams& p,
+                               cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (p.rows > 65535) {
     return absl::UnimplementedError("scatter_rows: more than 65535 rows");
@@ -61,8 +64,8 @@ absl::Status LaunchInlineCopy(void* dst, const void* host_src, size_t bytes,
   }
   InlineBytes src;
   std::memcpy(src.b, host_src, bytes);
-  LaunchPdl(InlineCopyKernel, 1, 128, 0, stream, src, static_cast<unsigned char*>(dst),
-            static_cast<int>(bytes));
+  LaunchPdl(InlineCopyKernel, 1, 128, 0, stream, src,
+            static_cast<unsigned char*>(dst), static_cast<int>(bytes));
   return LaunchStatus("inline copy launch");
 }
 

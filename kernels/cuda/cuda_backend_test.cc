@@ -4,6 +4,8 @@
 // exactness contract on the GPU: an op over T rows is bit-identical (memcmp)
 // to the same rows issued one at a time. Every test skips when no CUDA
 // device is visible.
+#include "kernels/cuda/cuda_backend.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -18,7 +20,6 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/session_batch_check.h"
 
@@ -62,7 +63,8 @@ class CudaBackendTest : public ::testing::Test {
   Dual UpF(const std::vector<float>& v) { return Up(v.data(), v.size() * 4); }
   Dual Zeros(size_t n) { return UpF(std::vector<float>(n, 0.0f)); }
 
-  std::vector<float> Down(const Dual& d, bool gpu, size_t n, size_t offset = 0) {
+  std::vector<float> Down(const Dual& d, bool gpu, size_t n,
+                          size_t offset = 0) {
     std::vector<float> v(n);
     EXPECT_TRUE(B(gpu)->CopyToHost(v.data(), d.F(gpu) + offset, n * 4).ok());
     return v;
@@ -98,7 +100,8 @@ class CudaBackendTest : public ::testing::Test {
         if (dtype == DType::kBF16) {
           h = static_cast<uint16_t>(bits >> 16);
         } else {  // f16 with exponent in [-8, 0]
-          h = static_cast<uint16_t>(((bits >> 31) << 15) | ((15 - (bits & 7)) << 10) |
+          h = static_cast<uint16_t>(((bits >> 31) << 15) |
+                                    ((15 - (bits & 7)) << 10) |
                                     ((bits >> 3) & 0x3ff));
         }
         std::memcpy(&out[i * 2], &h, 2);
@@ -115,8 +118,9 @@ class CudaBackendTest : public ::testing::Test {
   // `rows` query rows at positions first.. over a random cache of
   // first + rows rows (dense heads, scale 1/sqrt(hd)): CPU and CUDA agree
   // within `tol`, and each row alone on the GPU has the batch's bits.
-  void ExpectAttentionMatchesCpuAndRowsAlone(int rows, int nh, int nkv, int hd, int first,
-                                             double tol, const std::string& what);
+  void ExpectAttentionMatchesCpuAndRowsAlone(int rows, int nh, int nkv, int hd,
+                                             int first, double tol,
+                                             const std::string& what);
 
   std::unique_ptr<Backend> gpu_;
   std::unique_ptr<Backend> cpu_;
@@ -124,8 +128,8 @@ class CudaBackendTest : public ::testing::Test {
 };
 
 // max |gpu − cpu| <= tol · max(1, max |cpu|); no NaN on either side.
-void ExpectClose(const std::vector<float>& cpu, const std::vector<float>& gpu, double tol,
-                 const std::string& what) {
+void ExpectClose(const std::vector<float>& cpu, const std::vector<float>& gpu,
+                 double tol, const std::string& what) {
   ASSERT_EQ(cpu.size(), gpu.size()) << what;
   double scale = 1.0, worst = 0.0;
   size_t worst_i = 0;
@@ -136,28 +140,40 @@ void ExpectClose(const std::vector<float>& cpu, const std::vector<float>& gpu, d
     const double d = std::fabs(double(gpu[i]) - double(cpu[i]));
     if (d > worst) worst = d, worst_i = i;
   }
-  EXPECT_LE(worst, tol * scale) << what << " worst at " << worst_i << ": cpu " << cpu[worst_i]
-                                << " gpu " << gpu[worst_i];
+  EXPECT_LE(worst, tol * scale) << what << " worst at " << worst_i << ": cpu "
+                                << cpu[worst_i] << " gpu " << gpu[worst_i];
 }
 
-void ExpectBitEqual(const float* a, const float* b, size_t n, const std::string& what) {
+void ExpectBitEqual(const float* a, const float* b, size_t n,
+                    const std::string& what) {
   EXPECT_EQ(0, std::memcmp(a, b, n * 4)) << what;
 }
 
-void CudaBackendTest::ExpectAttentionMatchesCpuAndRowsAlone(int rows, int nh, int nkv, int hd,
-                                                            int first, double tol,
-                                                            const std::string& what) {
+void CudaBackendTest::ExpectAttentionMatchesCpuAndRowsAlone(
+    int rows, int nh, int nkv, int hd, int first, double tol,
+    const std::string& what) {
   const int cap = first + rows;
-  const std::vector<float> q = Random(rows * nh * hd, -2, 2), k = Random(cap * nkv * hd, -2, 2),
+  const std::vector<float> q = Random(rows * nh * hd, -2, 2),
+                           k = Random(cap * nkv * hd, -2, 2),
                            v = Random(cap * nkv * hd);
   Dual qd = UpF(q), kd = UpF(k), vd = UpF(v), od = Zeros(rows * nh * hd);
   auto params = [&](bool g, int64_t r0, int64_t nrows, float* out) {
     AttentionParams p;
-    p.rows = nrows; p.num_heads = nh; p.num_kv_heads = nkv; p.head_dim = hd;
-    p.q = qd.F(g) + r0 * nh * hd; p.q_row_stride = nh * hd; p.q_head_stride = hd;
-    p.k_cache = kd.F(g); p.v_cache = vd.F(g); p.kv_row_stride = nkv * hd;
-    p.capacity = cap; p.first_position = first + r0;
-    p.out = out; p.out_row_stride = nh * hd; p.scale = 1.0f / std::sqrt(float(hd));
+    p.rows = nrows;
+    p.num_heads = nh;
+    p.num_kv_heads = nkv;
+    p.head_dim = hd;
+    p.q = qd.F(g) + r0 * nh * hd;
+    p.q_row_stride = nh * hd;
+    p.q_head_stride = hd;
+    p.k_cache = kd.F(g);
+    p.v_cache = vd.F(g);
+    p.kv_row_stride = nkv * hd;
+    p.capacity = cap;
+    p.first_position = first + r0;
+    p.out = out;
+    p.out_row_stride = nh * hd;
+    p.scale = 1.0f / std::sqrt(float(hd));
     return p;
   };
   std::vector<float> res[2];
@@ -169,8 +185,8 @@ void CudaBackendTest::ExpectAttentionMatchesCpuAndRowsAlone(int rows, int nh, in
   Buffer one = GpuZeros(nh * hd);
   for (int t = 0; t < rows; ++t) {
     ASSERT_TRUE(gpu_->Attention(params(true, t, 1, one.f32())).ok()) << what;
-    ExpectBitEqual(DownG(one, nh * hd).data(), res[1].data() + t * nh * hd, nh * hd,
-                   what + " row " + std::to_string(t));
+    ExpectBitEqual(DownG(one, nh * hd).data(), res[1].data() + t * nh * hd,
+                   nh * hd, what + " row " + std::to_string(t));
   }
 }
 
@@ -184,8 +200,9 @@ TEST_F(CudaBackendTest, Matmul) {
       for (int in : {1, 3, 7, 8, 17, 40, 129, 256, 264, 1000}) {
         for (int out : {1, 3, 7, 17, 33, 100}) {
           const bool acc = (rows + in + out) % 2 == 0;
-          const std::string what = absl::StrCat(DTypeName(dtype), " rows=", rows, " in=", in,
-                                                " out=", out, " acc=", acc);
+          const std::string what =
+              absl::StrCat(DTypeName(dtype), " rows=", rows, " in=", in,
+                           " out=", out, " acc=", acc);
           const std::vector<float> x = Random(rows * in);
           const std::vector<float> y0 = Random(rows * out);
           const std::vector<uint8_t> wh = RandomWeights(out * in, dtype);
@@ -194,7 +211,9 @@ TEST_F(CudaBackendTest, Matmul) {
           for (bool g : {false, true}) {
             auto w = B(g)->UploadWeight(dtype, wd.V(g), out, in);
             ASSERT_TRUE(w.ok()) << w.status();
-            ASSERT_TRUE(B(g)->Matmul(DenseMatmul(rows, xd.F(g), *w, yd.F(g), acc)).ok()) << what;
+            ASSERT_TRUE(
+                B(g)->Matmul(DenseMatmul(rows, xd.F(g), *w, yd.F(g), acc)).ok())
+                << what;
             res[g] = Down(yd, g, rows * out);
           }
           ExpectClose(res[0], res[1], 2e-5 * std::max(1, in / 8), what);
@@ -205,12 +224,15 @@ TEST_F(CudaBackendTest, Matmul) {
             Buffer one = GpuZeros(out);
             for (int t = 0; t < rows; ++t) {
               if (acc) {
-                ASSERT_TRUE(gpu_->CopyToDevice(one.data(), y0.data() + t * out, out * 4).ok());
+                ASSERT_TRUE(
+                    gpu_->CopyToDevice(one.data(), y0.data() + t * out, out * 4)
+                        .ok());
               }
-              ASSERT_TRUE(
-                  gpu_->Matmul(DenseMatmul(1, xd.g.f32() + t * in, *w, one.f32(), acc)).ok());
-              ExpectBitEqual(DownG(one, out).data(), res[1].data() + t * out, out,
-                             what + " row " + std::to_string(t));
+              ASSERT_TRUE(gpu_->Matmul(DenseMatmul(1, xd.g.f32() + t * in, *w,
+                                                   one.f32(), acc))
+                              .ok());
+              ExpectBitEqual(DownG(one, out).data(), res[1].data() + t * out,
+                             out, what + " row " + std::to_string(t));
             }
           }
         }
@@ -231,7 +253,8 @@ void CudaBackendTest::ExpectFusedEqualsUnfused(
   const std::vector<float> x = Random((rows + 1) * xs), y0 = Random(rows * out);
   const std::vector<uint8_t> wh = RandomWeights(out * in, DType::kBF16);
   Dual xd = UpF(x), wd = Up(wh.data(), wh.size());
-  const std::string what = absl::StrCat("in=", in, " rows=", rows, " mis=", misaligned);
+  const std::string what =
+      absl::StrCat("in=", in, " rows=", rows, " mis=", misaligned);
   std::vector<float> fused[2];
   for (bool g : {false, true}) {
     auto w = B(g)->UploadWeight(DType::kBF16, wd.V(g), out, in);
@@ -246,8 +269,11 @@ void CudaBackendTest::ExpectFusedEqualsUnfused(
     Buffer staged = GpuZeros(rows * in);
     Dual sd = UpF(y0);
     ASSERT_TRUE(unfused(p, staged.f32()).ok()) << what;
-    ASSERT_TRUE(gpu_->Matmul(DenseMatmul(rows, staged.f32(), *w, sd.g.f32(), true)).ok());
-    ExpectBitEqual(fused[1].data(), DownG(sd.g, rows * out).data(), rows * out, what);
+    ASSERT_TRUE(
+        gpu_->Matmul(DenseMatmul(rows, staged.f32(), *w, sd.g.f32(), true))
+            .ok());
+    ExpectBitEqual(fused[1].data(), DownG(sd.g, rows * out).data(), rows * out,
+                   what);
   }
   ExpectClose(fused[0], fused[1], 1e-4, what + " cpu vs cuda");
 }
@@ -337,10 +363,12 @@ TEST_F(CudaBackendTest, MatmulLoadPathsAgreeAndStridesWork) {
         ASSERT_TRUE(cpu_->Matmul(pc).ok());
         std::vector<float> c(rows * ys);
         std::memcpy(c.data(), yc->data(), c.size() * 4);
-        ExpectClose(c, all, 2e-5 * in / 8, absl::StrCat("strided ", DTypeName(dtype)));
+        ExpectClose(c, all, 2e-5 * in / 8,
+                    absl::StrCat("strided ", DTypeName(dtype)));
       }
-      ExpectBitEqual(res[0].data(), res[1].data(), res[0].size(),
-                     absl::StrCat(DTypeName(dtype), " rows=", rows, " vec vs scalar"));
+      ExpectBitEqual(
+          res[0].data(), res[1].data(), res[0].size(),
+          absl::StrCat(DTypeName(dtype), " rows=", rows, " vec vs scalar"));
     }
   }
 }
@@ -351,28 +379,40 @@ TEST_F(CudaBackendTest, RmsNormAndGatedRmsNorm) {
   for (int rows : kRows) {
     for (int dim : {1, 3, 7, 17, 128, 1000, 5120}) {
       const int xs = dim + 3;
-      const std::vector<float> x = Random(rows * xs, -3, 3), z = Random(rows * xs, -4, 4),
-                               w = Random(dim);
+      const std::vector<float> x = Random(rows * xs, -3, 3),
+                               z = Random(rows * xs, -4, 4), w = Random(dim);
       Dual xd = UpF(x), zd = UpF(z), wd = UpF(w), yd = Zeros(rows * xs);
       for (bool gated : {false, true}) {
         for (bool plus_one : {true, false}) {
           if (gated && !plus_one) continue;
-          const std::string what = absl::StrCat(gated ? "gated" : "rms", " rows=", rows,
-                                                " dim=", dim, " plus_one=", plus_one);
+          const std::string what =
+              absl::StrCat(gated ? "gated" : "rms", " rows=", rows,
+                           " dim=", dim, " plus_one=", plus_one);
           auto run = [&](bool g, int64_t r0, int64_t nrows, float* y) {
             if (gated) {
               GatedRmsNormParams p;
-              p.rows = nrows; p.dim = dim;
-              p.x = xd.F(g) + r0 * xs; p.x_stride = xs;
-              p.z = zd.F(g) + r0 * xs; p.z_stride = xs;
-              p.y = y; p.y_stride = xs; p.weight = wd.F(g); p.eps = 1e-6f;
+              p.rows = nrows;
+              p.dim = dim;
+              p.x = xd.F(g) + r0 * xs;
+              p.x_stride = xs;
+              p.z = zd.F(g) + r0 * xs;
+              p.z_stride = xs;
+              p.y = y;
+              p.y_stride = xs;
+              p.weight = wd.F(g);
+              p.eps = 1e-6f;
               return B(g)->GatedRmsNorm(p);
             }
             RmsNormParams p;
-            p.rows = nrows; p.dim = dim;
-            p.x = xd.F(g) + r0 * xs; p.x_stride = xs;
-            p.y = y; p.y_stride = xs; p.weight = wd.F(g);
-            p.plus_one = plus_one; p.eps = 1e-6f;
+            p.rows = nrows;
+            p.dim = dim;
+            p.x = xd.F(g) + r0 * xs;
+            p.x_stride = xs;
+            p.y = y;
+            p.y_stride = xs;
+            p.weight = wd.F(g);
+            p.plus_one = plus_one;
+            p.eps = 1e-6f;
             return B(g)->RmsNorm(p);
           };
           std::vector<float> res[2];
@@ -391,16 +431,21 @@ TEST_F(CudaBackendTest, RmsNormAndGatedRmsNorm) {
       }
       // In place equals out of place.
       RmsNormParams p;
-      p.rows = rows; p.dim = dim; p.x = xd.g.f32(); p.x_stride = xs;
-      p.y = yd.g.f32(); p.y_stride = xs; p.weight = wd.g.f32();
+      p.rows = rows;
+      p.dim = dim;
+      p.x = xd.g.f32();
+      p.x_stride = xs;
+      p.y = yd.g.f32();
+      p.y_stride = xs;
+      p.weight = wd.g.f32();
       ASSERT_TRUE(gpu_->RmsNorm(p).ok());
       p.y = xd.g.f32();
       ASSERT_TRUE(gpu_->RmsNorm(p).ok());
       const std::vector<float> in_place = Down(xd, true, rows * xs),
                                out_of_place = Down(yd, true, rows * xs);
       for (int t = 0; t < rows; ++t) {
-        ExpectBitEqual(in_place.data() + t * xs, out_of_place.data() + t * xs, dim,
-                       absl::StrCat("in place dim=", dim, " row ", t));
+        ExpectBitEqual(in_place.data() + t * xs, out_of_place.data() + t * xs,
+                       dim, absl::StrCat("in place dim=", dim, " row ", t));
       }
     }
   }
@@ -415,17 +460,24 @@ TEST_F(CudaBackendTest, Rope) {
         for (int rot : {2, hd / 2 - (hd / 2) % 2, hd}) {
           if (rot <= 0) continue;
           for (int first : {5, 1000, 70000}) {
-            const std::string what = absl::StrCat("rope rows=", rows, " heads=", heads,
-                                                  " hd=", hd, " rot=", rot, " first=", first);
+            const std::string what =
+                absl::StrCat("rope rows=", rows, " heads=", heads, " hd=", hd,
+                             " rot=", rot, " first=", first);
             const int hs = hd + 2, rs = heads * hs + 1;
             const std::vector<float> x = Random(rows * rs);
             const std::vector<float> inv = RopeInvFreq(10000000.0, rot);
             Dual xd = UpF(x), fd = UpF(inv);
             auto params = [&](bool g, float* base, int64_t r0, int64_t nrows) {
               RopeParams p;
-              p.rows = nrows; p.heads = heads; p.head_dim = hd; p.rotary_dim = rot;
-              p.x = base; p.row_stride = rs; p.head_stride = hs;
-              p.first_position = first + r0; p.inv_freq = fd.F(g);
+              p.rows = nrows;
+              p.heads = heads;
+              p.head_dim = hd;
+              p.rotary_dim = rot;
+              p.x = base;
+              p.row_stride = rs;
+              p.head_stride = hs;
+              p.first_position = first + r0;
+              p.inv_freq = fd.F(g);
               return p;
             };
             std::vector<float> res[2];
@@ -436,10 +488,11 @@ TEST_F(CudaBackendTest, Rope) {
             ExpectClose(res[0], res[1], 1e-5, what);
             Dual fresh = UpF(x);
             for (int t = 0; t < rows; ++t) {
-              ASSERT_TRUE(gpu_->Rope(params(true, fresh.g.f32() + t * rs, t, 1)).ok());
+              ASSERT_TRUE(
+                  gpu_->Rope(params(true, fresh.g.f32() + t * rs, t, 1)).ok());
             }
-            ExpectBitEqual(Down(fresh, true, rows * rs).data(), res[1].data(), rows * rs,
-                           what + " rows alone");
+            ExpectBitEqual(Down(fresh, true, rows * rs).data(), res[1].data(),
+                           rows * rs, what + " rows alone");
           }
         }
       }
@@ -453,19 +506,25 @@ TEST_F(CudaBackendTest, Rope) {
 // batch (a cache and a position per row), partial and full rotary dims.
 TEST_F(CudaBackendTest, AttentionInputsFusedEqualsTheSixOps) {
   for (int rows : kRows) {
-    for (auto [nh, nkv, hd] : {std::tuple{24, 4, 256}, std::tuple{6, 2, 64},
-                               std::tuple{3, 3, 18}}) {
+    for (auto [nh, nkv, hd] :
+         {std::tuple{24, 4, 256}, std::tuple{6, 2, 64}, std::tuple{3, 3, 18}}) {
       for (int rot : {0, hd / 4 - (hd / 4) % 2, hd}) {
         for (bool batch : {false, true}) {
-          const std::string what = absl::StrCat("rows=", rows, " nh=", nh, " nkv=", nkv,
-                                                " hd=", hd, " rot=", rot, " batch=", batch);
-          const int kv_dim = nkv * hd, W = nh * 2 * hd + 2 * kv_dim, cap = 40 + rows;
-          const std::vector<float> qkv = Random(static_cast<size_t>(rows) * W, -3, 3);
-          const std::vector<float> qw = Random(hd, -0.5f, 0.5f), kw = Random(hd, -0.5f, 0.5f);
-          const std::vector<float> inv = RopeInvFreq(10000000.0, std::max(rot, 2));
+          const std::string what =
+              absl::StrCat("rows=", rows, " nh=", nh, " nkv=", nkv, " hd=", hd,
+                           " rot=", rot, " batch=", batch);
+          const int kv_dim = nkv * hd, W = nh * 2 * hd + 2 * kv_dim,
+                    cap = 40 + rows;
+          const std::vector<float> qkv =
+              Random(static_cast<size_t>(rows) * W, -3, 3);
+          const std::vector<float> qw = Random(hd, -0.5f, 0.5f),
+                                   kw = Random(hd, -0.5f, 0.5f);
+          const std::vector<float> inv =
+              RopeInvFreq(10000000.0, std::max(rot, 2));
           Dual qwd = UpF(qw), kwd = UpF(kw), fd = UpF(inv);
           std::vector<int32_t> pos(rows);
-          for (int t = 0; t < rows; ++t) pos[t] = batch ? (7 * t + 3) % cap : 5 + t;
+          for (int t = 0; t < rows; ++t)
+            pos[t] = batch ? (7 * t + 3) % cap : 5 + t;
           Dual posd = Up(pos.data(), rows * 4);
           std::vector<float> out[2][3];  // [fused][qkv, k caches, v caches]
           for (bool fused : {false, true}) {
@@ -493,7 +552,8 @@ TEST_F(CudaBackendTest, AttentionInputsFusedEqualsTheSixOps) {
             r.inv_freq = fd.F(true);
             AttentionInputsParams p = AttentionInputsOf(r);
             if (batch) {
-              p.q_rope.positions = p.k_rope.positions = static_cast<int32_t*>(posd.V(true));
+              p.q_rope.positions = p.k_rope.positions =
+                  static_cast<int32_t*>(posd.V(true));
               p.k_scatter.dst_rows = p.v_scatter.dst_rows = p.q_rope.positions;
               p.k_scatter.dst = static_cast<float* const*>(kpd.V(true));
               p.v_scatter.dst = static_cast<float* const*>(vpd.V(true));
@@ -504,20 +564,27 @@ TEST_F(CudaBackendTest, AttentionInputsFusedEqualsTheSixOps) {
               p.k_scatter.dst_first_row = p.v_scatter.dst_first_row = pos[0];
             }
             ASSERT_TRUE(FusesAttentionInputs(p)) << what;
-            const absl::Status s =
-                fused ? gpu_->AttentionInputs(p) : gpu_->Backend::AttentionInputs(p);
+            const absl::Status s = fused ? gpu_->AttentionInputs(p)
+                                         : gpu_->Backend::AttentionInputs(p);
             ASSERT_TRUE(s.ok()) << what << ": " << s;
             out[fused][0] = Down(x, true, qkv.size());
-            out[fused][1] = Down(kc, true, static_cast<size_t>(caches) * cap * kv_dim);
-            out[fused][2] = Down(vc, true, static_cast<size_t>(caches) * cap * kv_dim);
+            out[fused][1] =
+                Down(kc, true, static_cast<size_t>(caches) * cap * kv_dim);
+            out[fused][2] =
+                Down(vc, true, static_cast<size_t>(caches) * cap * kv_dim);
           }
           for (int b = 0; b < 3; ++b) {
             ASSERT_EQ(out[0][b].size(), out[1][b].size());
             ExpectBitEqual(out[0][b].data(), out[1][b].data(), out[0][b].size(),
-                           what + (b == 0 ? " q|k|v" : b == 1 ? " k cache" : " v cache"));
+                           what + (b == 0   ? " q|k|v"
+                                   : b == 1 ? " k cache"
+                                            : " v cache"));
           }
-          // The rows were really normalised and written (not left as they were).
-          EXPECT_NE(0, std::memcmp(out[1][0].data(), qkv.data(), qkv.size() * 4)) << what;
+          // The rows were really normalised and written (not left as they
+          // were).
+          EXPECT_NE(0,
+                    std::memcmp(out[1][0].data(), qkv.data(), qkv.size() * 4))
+              << what;
         }
       }
     }
@@ -527,36 +594,54 @@ TEST_F(CudaBackendTest, AttentionInputsFusedEqualsTheSixOps) {
 // ---------------------------------------------------------------- Attention
 
 TEST_F(CudaBackendTest, Attention) {
-  struct Heads { int nh, nkv; };
+  struct Heads {
+    int nh, nkv;
+  };
   for (int rows : kRows) {
     for (Heads hh : {Heads{1, 1}, Heads{4, 2}, Heads{3, 1}, Heads{8, 2}}) {
       for (int hd : {1, 7, 17, 64, 100, 256}) {
         for (int first : {0, 5, 250, 700}) {
           for (bool gated : {false, true}) {
-            const std::string what =
-                absl::StrCat("attention rows=", rows, " nh=", hh.nh, " nkv=", hh.nkv,
-                             " hd=", hd, " first=", first, " gated=", gated);
+            const std::string what = absl::StrCat(
+                "attention rows=", rows, " nh=", hh.nh, " nkv=", hh.nkv,
+                " hd=", hd, " first=", first, " gated=", gated);
             const int cap = first + rows + 3;
-            const int qs = hh.nh * hd + 5, kvs = hh.nkv * hd + 1, os = hh.nh * hd + 2;
-            const std::vector<float> q = Random(rows * qs, -2, 2), gt = Random(rows * qs, -3, 3),
-                                     k = Random(cap * kvs, -2, 2), v = Random(cap * kvs);
-            Dual qd = UpF(q), gd = UpF(gt), kd = UpF(k), vd = UpF(v), od = Zeros(rows * os);
+            const int qs = hh.nh * hd + 5, kvs = hh.nkv * hd + 1,
+                      os = hh.nh * hd + 2;
+            const std::vector<float> q = Random(rows * qs, -2, 2),
+                                     gt = Random(rows * qs, -3, 3),
+                                     k = Random(cap * kvs, -2, 2),
+                                     v = Random(cap * kvs);
+            Dual qd = UpF(q), gd = UpF(gt), kd = UpF(k), vd = UpF(v),
+                 od = Zeros(rows * os);
             auto params = [&](bool g, int64_t r0, int64_t nrows, float* out) {
               AttentionParams p;
-              p.rows = nrows; p.num_heads = hh.nh; p.num_kv_heads = hh.nkv; p.head_dim = hd;
-              p.q = qd.F(g) + r0 * qs; p.q_row_stride = qs; p.q_head_stride = hd;
+              p.rows = nrows;
+              p.num_heads = hh.nh;
+              p.num_kv_heads = hh.nkv;
+              p.head_dim = hd;
+              p.q = qd.F(g) + r0 * qs;
+              p.q_row_stride = qs;
+              p.q_head_stride = hd;
               if (gated) {
-                p.gate = gd.F(g) + r0 * qs; p.gate_row_stride = qs; p.gate_head_stride = hd;
+                p.gate = gd.F(g) + r0 * qs;
+                p.gate_row_stride = qs;
+                p.gate_head_stride = hd;
               }
-              p.k_cache = kd.F(g); p.v_cache = vd.F(g); p.kv_row_stride = kvs;
-              p.capacity = cap; p.first_position = first + r0;
-              p.out = out; p.out_row_stride = os;
+              p.k_cache = kd.F(g);
+              p.v_cache = vd.F(g);
+              p.kv_row_stride = kvs;
+              p.capacity = cap;
+              p.first_position = first + r0;
+              p.out = out;
+              p.out_row_stride = os;
               p.scale = 1.0f / std::sqrt(float(hd));
               return p;
             };
             std::vector<float> res[2];
             for (bool g : {false, true}) {
-              ASSERT_TRUE(B(g)->Attention(params(g, 0, rows, od.F(g))).ok()) << what;
+              ASSERT_TRUE(B(g)->Attention(params(g, 0, rows, od.F(g))).ok())
+                  << what;
               res[g] = Down(od, g, rows * os);
             }
             // fp32 sums over up to ~700 keys in different orders.
@@ -564,8 +649,9 @@ TEST_F(CudaBackendTest, Attention) {
             Buffer one = GpuZeros(os);
             for (int t = 0; t < rows; ++t) {
               ASSERT_TRUE(gpu_->Attention(params(true, t, 1, one.f32())).ok());
-              ExpectBitEqual(DownG(one, hh.nh * hd).data(), res[1].data() + t * os,
-                             hh.nh * hd, what + " row " + std::to_string(t));
+              ExpectBitEqual(DownG(one, hh.nh * hd).data(),
+                             res[1].data() + t * os, hh.nh * hd,
+                             what + " row " + std::to_string(t));
             }
           }
         }
@@ -577,16 +663,20 @@ TEST_F(CudaBackendTest, Attention) {
 // Past 64·256 visible rows the chunk count saturates and chunks grow.
 TEST_F(CudaBackendTest, AttentionLongContext) {
   // 17000-term fp32 sums: the CPU's sequential order drifts by ~√n ulps.
-  ExpectAttentionMatchesCpuAndRowsAlone(3, 2, 1, 64, 17000, 1e-4, "long attention");
+  ExpectAttentionMatchesCpuAndRowsAlone(3, 2, 1, 64, 17000, 1e-4,
+                                        "long attention");
 }
 
 // A launch with many rows gives a block several query heads of one KV head
 // (HeadsPerBlock: 6 here); a row alone gets one or three. Same bits, and the
 // CPU agrees.
 TEST_F(CudaBackendTest, AttentionHeadsPerBlockDoNotChangeBits) {
-  ExpectAttentionMatchesCpuAndRowsAlone(100, 24, 4, 256, 40, 1e-4, "hd=256 first=40");
-  ExpectAttentionMatchesCpuAndRowsAlone(100, 24, 4, 64, 3000, 1e-4, "hd=64 first=3000");
-  ExpectAttentionMatchesCpuAndRowsAlone(100, 24, 4, 100, 300, 1e-4, "hd=100 first=300");
+  ExpectAttentionMatchesCpuAndRowsAlone(100, 24, 4, 256, 40, 1e-4,
+                                        "hd=256 first=40");
+  ExpectAttentionMatchesCpuAndRowsAlone(100, 24, 4, 64, 3000, 1e-4,
+                                        "hd=64 first=3000");
+  ExpectAttentionMatchesCpuAndRowsAlone(100, 24, 4, 100, 300, 1e-4,
+                                        "hd=100 first=300");
 }
 
 TEST_F(CudaBackendTest, SessionBatchMatchesSessionsAlone) {
@@ -597,10 +687,20 @@ TEST_F(CudaBackendTest, SessionBatchMatchesSessionsAlone) {
 TEST_F(CudaBackendTest, AttentionRejectsRowsPastCapacity) {
   Buffer b = GpuZeros(64);
   AttentionParams p;
-  p.rows = 2; p.num_heads = 1; p.num_kv_heads = 1; p.head_dim = 4;
-  p.q = b.f32(); p.q_row_stride = 4; p.q_head_stride = 4;
-  p.k_cache = b.f32(); p.v_cache = b.f32(); p.kv_row_stride = 4;
-  p.capacity = 4; p.first_position = 3; p.out = b.f32(); p.out_row_stride = 4;
+  p.rows = 2;
+  p.num_heads = 1;
+  p.num_kv_heads = 1;
+  p.head_dim = 4;
+  p.q = b.f32();
+  p.q_row_stride = 4;
+  p.q_head_stride = 4;
+  p.k_cache = b.f32();
+  p.v_cache = b.f32();
+  p.kv_row_stride = 4;
+  p.capacity = 4;
+  p.first_position = 3;
+  p.out = b.f32();
+  p.out_row_stride = 4;
   EXPECT_EQ(gpu_->Attention(p).code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -613,16 +713,24 @@ TEST_F(CudaBackendTest, Conv1dSnapshotsAndDecode) {
         const std::string what =
             absl::StrCat("conv1d rows=", rows, " C=", channels, " K=", kernel);
         const int s = kernel - 1, ssz = channels * s, xs = channels + 1;
-        const std::vector<float> x = Random(rows * xs, -2, 2), w = Random(channels * kernel),
+        const std::vector<float> x = Random(rows * xs, -2, 2),
+                                 w = Random(channels * kernel),
                                  st = Random(ssz);
         Dual xd = UpF(x), wd = UpF(w), sd = UpF(st), yd = Zeros(rows * xs),
              snaps = Zeros(rows * ssz);
         auto params = [&](bool g) {
           Conv1dParams p;
-          p.rows = rows; p.channels = channels; p.kernel = kernel;
-          p.x = xd.F(g); p.x_stride = xs; p.y = yd.F(g); p.y_stride = xs;
-          p.weight = wd.F(g); p.state_in = sd.F(g);
-          p.state_out = snaps.F(g); p.state_out_stride = ssz;
+          p.rows = rows;
+          p.channels = channels;
+          p.kernel = kernel;
+          p.x = xd.F(g);
+          p.x_stride = xs;
+          p.y = yd.F(g);
+          p.y_stride = xs;
+          p.weight = wd.F(g);
+          p.state_in = sd.F(g);
+          p.state_out = snaps.F(g);
+          p.state_out_stride = ssz;
           return p;
         };
         std::vector<float> y[2], states[2];
@@ -643,10 +751,10 @@ TEST_F(CudaBackendTest, Conv1dSnapshotsAndDecode) {
           p.state_out = sd.g.f32();
           p.state_out_stride = 0;
           ASSERT_TRUE(gpu_->Conv1d(p).ok());
-          ExpectBitEqual(DownG(y1, channels).data(), y[1].data() + t * xs, channels,
-                         what + " decode y " + std::to_string(t));
-          ExpectBitEqual(Down(sd, true, ssz).data(), states[1].data() + t * ssz, ssz,
-                         what + " decode state " + std::to_string(t));
+          ExpectBitEqual(DownG(y1, channels).data(), y[1].data() + t * xs,
+                         channels, what + " decode y " + std::to_string(t));
+          ExpectBitEqual(Down(sd, true, ssz).data(), states[1].data() + t * ssz,
+                         ssz, what + " decode state " + std::to_string(t));
         }
       }
     }
@@ -656,29 +764,48 @@ TEST_F(CudaBackendTest, Conv1dSnapshotsAndDecode) {
 // ---------------------------------------------------------------- GDN
 
 TEST_F(CudaBackendTest, GatedDeltaRuleSnapshotsAndDecode) {
-  struct Shape { int nk, nv, dk, dv; };
+  struct Shape {
+    int nk, nv, dk, dv;
+  };
   for (int rows : kRows) {
     for (Shape sh : {Shape{1, 1, 1, 1}, Shape{1, 3, 7, 3}, Shape{2, 4, 17, 7},
-                     Shape{3, 3, 3, 17}, Shape{2, 4, 128, 128}, Shape{1, 2, 256, 40},
-                     Shape{2, 2, 64, 33}}) {
-      const std::string what = absl::StrCat("gdn rows=", rows, " nk=", sh.nk, " nv=", sh.nv,
-                                            " dk=", sh.dk, " dv=", sh.dv);
+                     Shape{3, 3, 3, 17}, Shape{2, 4, 128, 128},
+                     Shape{1, 2, 256, 40}, Shape{2, 2, 64, 33}}) {
+      const std::string what =
+          absl::StrCat("gdn rows=", rows, " nk=", sh.nk, " nv=", sh.nv,
+                       " dk=", sh.dk, " dv=", sh.dv);
       const int width = 2 * sh.nk * sh.dk + sh.nv * sh.dv + 3;
-      const int ssz = sh.nv * sh.dk * sh.dv, os = sh.nv * sh.dv + 1, abs_ = sh.nv + 2;
-      const std::vector<float> qkv = Random(rows * width), a = Random(rows * abs_, -3, 3),
-                               b = Random(rows * abs_, -3, 3), a_log = Random(sh.nv, -1, 1),
-                               dt = Random(sh.nv), st = Random(ssz, -0.5, 0.5);
-      Dual qd = UpF(qkv), ad = UpF(a), bd = UpF(b), ld = UpF(a_log), dd = UpF(dt), sd = UpF(st),
-           od = Zeros(rows * os), snaps = Zeros(size_t(rows) * ssz);
+      const int ssz = sh.nv * sh.dk * sh.dv, os = sh.nv * sh.dv + 1,
+                abs_ = sh.nv + 2;
+      const std::vector<float> qkv = Random(rows * width),
+                               a = Random(rows * abs_, -3, 3),
+                               b = Random(rows * abs_, -3, 3),
+                               a_log = Random(sh.nv, -1, 1), dt = Random(sh.nv),
+                               st = Random(ssz, -0.5, 0.5);
+      Dual qd = UpF(qkv), ad = UpF(a), bd = UpF(b), ld = UpF(a_log),
+           dd = UpF(dt), sd = UpF(st), od = Zeros(rows * os),
+           snaps = Zeros(size_t(rows) * ssz);
       auto params = [&](bool g) {
         GatedDeltaRuleParams p;
-        p.rows = rows; p.num_k_heads = sh.nk; p.num_v_heads = sh.nv;
-        p.k_head_dim = sh.dk; p.v_head_dim = sh.dv;
-        p.q = qd.F(g); p.k = qd.F(g) + sh.nk * sh.dk; p.v = qd.F(g) + 2 * sh.nk * sh.dk;
-        p.qkv_stride = width; p.a = ad.F(g); p.b = bd.F(g); p.ab_stride = abs_;
-        p.a_log = ld.F(g); p.dt_bias = dd.F(g); p.state_in = sd.F(g);
-        p.state_out = snaps.F(g); p.state_out_stride = ssz;
-        p.out = od.F(g); p.out_stride = os;
+        p.rows = rows;
+        p.num_k_heads = sh.nk;
+        p.num_v_heads = sh.nv;
+        p.k_head_dim = sh.dk;
+        p.v_head_dim = sh.dv;
+        p.q = qd.F(g);
+        p.k = qd.F(g) + sh.nk * sh.dk;
+        p.v = qd.F(g) + 2 * sh.nk * sh.dk;
+        p.qkv_stride = width;
+        p.a = ad.F(g);
+        p.b = bd.F(g);
+        p.ab_stride = abs_;
+        p.a_log = ld.F(g);
+        p.dt_bias = dd.F(g);
+        p.state_in = sd.F(g);
+        p.state_out = snaps.F(g);
+        p.state_out_stride = ssz;
+        p.out = od.F(g);
+        p.out_stride = os;
         return p;
       };
       std::vector<float> out[2], states[2];
@@ -694,15 +821,20 @@ TEST_F(CudaBackendTest, GatedDeltaRuleSnapshotsAndDecode) {
       for (int t = 0; t < rows; ++t) {
         GatedDeltaRuleParams p = params(true);
         p.rows = 1;
-        p.q += t * width; p.k += t * width; p.v += t * width;
-        p.a += t * abs_; p.b += t * abs_;
+        p.q += t * width;
+        p.k += t * width;
+        p.v += t * width;
+        p.a += t * abs_;
+        p.b += t * abs_;
         p.state_out = sd.g.f32();
         p.state_out_stride = 0;
         p.out = o1.f32();
         ASSERT_TRUE(gpu_->GatedDeltaRule(p).ok());
-        ExpectBitEqual(DownG(o1, sh.nv * sh.dv).data(), out[1].data() + t * os, sh.nv * sh.dv,
+        ExpectBitEqual(DownG(o1, sh.nv * sh.dv).data(), out[1].data() + t * os,
+                       sh.nv * sh.dv,
                        what + " decode out " + std::to_string(t));
-        ExpectBitEqual(Down(sd, true, ssz).data(), states[1].data() + size_t(t) * ssz, ssz,
+        ExpectBitEqual(Down(sd, true, ssz).data(),
+                       states[1].data() + size_t(t) * ssz, ssz,
                        what + " decode state " + std::to_string(t));
       }
     }
@@ -718,37 +850,49 @@ TEST_F(CudaBackendTest, GatedDeltaRuleSnapshotsAndDecode) {
 // snapshots (verify), in place (decode) and on per-session states (a
 // session batch); and against the CPU within tolerance.
 TEST_F(CudaBackendTest, GatedDeltaRuleNormedEqualsRuleThenNorm) {
-  struct Shape { int nk, nv, dk, dv; };
+  struct Shape {
+    int nk, nv, dk, dv;
+  };
   enum Mode { kSnapshots, kInPlace, kSessionBatch };
   for (int rows : kRows) {
-    for (Shape sh : {Shape{2, 6, 128, 128}, Shape{1, 2, 128, 128}, Shape{2, 8, 128, 128},
-                     Shape{2, 4, 64, 33}}) {
+    for (Shape sh : {Shape{2, 6, 128, 128}, Shape{1, 2, 128, 128},
+                     Shape{2, 8, 128, 128}, Shape{2, 4, 64, 33}}) {
       for (Mode mode : {kSnapshots, kInPlace, kSessionBatch}) {
         for (bool conv : {false, true}) {
-          const std::string what = absl::StrCat("gdn+norm rows=", rows, " nk=", sh.nk, " nv=",
-                                                sh.nv, " dk=", sh.dk, " dv=", sh.dv,
-                                                " mode=", mode, " conv=", conv);
+          const std::string what = absl::StrCat(
+              "gdn+norm rows=", rows, " nk=", sh.nk, " nv=", sh.nv,
+              " dk=", sh.dk, " dv=", sh.dv, " mode=", mode, " conv=", conv);
           const int vd = sh.nv * sh.dv, width = 2 * sh.nk * sh.dk + vd + 5;
-          const int C = 2 * sh.nk * sh.dk + vd, xw = C + 7;  // conv channels; raw row width
-          const int P = vd + sh.nv + 3;  // z row: nv heads of dv, then other columns
+          const int C = 2 * sh.nk * sh.dk + vd,
+                    xw = C + 7;  // conv channels; raw row width
+          const int P =
+              vd + sh.nv + 3;  // z row: nv heads of dv, then other columns
           const int ssz = sh.nv * sh.dk * sh.dv, csz = C * 3, abs_ = sh.nv + 2;
           const int slots = mode == kInPlace ? 1 : rows;  // states or snapshots
-          const std::vector<float> qkv = Random(rows * width), a = Random(rows * abs_, -3, 3),
-                                   b = Random(rows * abs_, -3, 3), a_log = Random(sh.nv, -1, 1),
-                                   dt = Random(sh.nv), z = Random(rows * P, -4, 4),
-                                   w = Random(sh.dv), st = Random(size_t(slots) * ssz, -0.5, 0.5),
-                                   raw = Random(rows * xw, -2, 2), cw = Random(C * 4, -1, 1),
+          const std::vector<float> qkv = Random(rows * width),
+                                   a = Random(rows * abs_, -3, 3),
+                                   b = Random(rows * abs_, -3, 3),
+                                   a_log = Random(sh.nv, -1, 1),
+                                   dt = Random(sh.nv),
+                                   z = Random(rows * P, -4, 4),
+                                   w = Random(sh.dv),
+                                   st = Random(size_t(slots) * ssz, -0.5, 0.5),
+                                   raw = Random(rows * xw, -2, 2),
+                                   cw = Random(C * 4, -1, 1),
                                    cst = Random(size_t(slots) * csz, -2, 2);
-          Dual qd = UpF(qkv), ad = UpF(a), bd = UpF(b), ld = UpF(a_log), dd = UpF(dt),
-               zd = UpF(z), wd = UpF(w), rawd = UpF(raw), cwd = UpF(cw);
-          // Per run: fresh states, snapshots, per-session tables, conv outputs and output.
+          Dual qd = UpF(qkv), ad = UpF(a), bd = UpF(b), ld = UpF(a_log),
+               dd = UpF(dt), zd = UpF(z), wd = UpF(w), rawd = UpF(raw),
+               cwd = UpF(cw);
+          // Per run: fresh states, snapshots, per-session tables, conv outputs
+          // and output.
           struct Run {
             Dual state, snaps, table, out, cstate, csnaps, ctable, y;
           };
           // The rule's or the conv's states by the mode (their params name
           // the state fields alike).
-          auto set_states = [&](bool g, auto& x, const Dual& state, const Dual& snaps,
-                                const Dual& tab, size_t size) {
+          auto set_states = [&](bool g, auto& x, const Dual& state,
+                                const Dual& snaps, const Dual& tab,
+                                size_t size) {
             if (mode == kSessionBatch) {
               x.states = static_cast<float* const*>(tab.V(g));
             } else {
@@ -761,49 +905,77 @@ TEST_F(CudaBackendTest, GatedDeltaRuleNormedEqualsRuleThenNorm) {
             GatedDeltaRuleNormParams p;
             GatedDeltaRuleParams& r = p.rule;
             const float* qkv_base = conv ? run.y.F(g) : qd.F(g);
-            r.rows = rows; r.num_k_heads = sh.nk; r.num_v_heads = sh.nv;
-            r.k_head_dim = sh.dk; r.v_head_dim = sh.dv;
-            r.q = qkv_base; r.k = qkv_base + sh.nk * sh.dk; r.v = qkv_base + 2 * sh.nk * sh.dk;
-            r.qkv_stride = width; r.a = ad.F(g); r.b = bd.F(g); r.ab_stride = abs_;
-            r.a_log = ld.F(g); r.dt_bias = dd.F(g);
+            r.rows = rows;
+            r.num_k_heads = sh.nk;
+            r.num_v_heads = sh.nv;
+            r.k_head_dim = sh.dk;
+            r.v_head_dim = sh.dv;
+            r.q = qkv_base;
+            r.k = qkv_base + sh.nk * sh.dk;
+            r.v = qkv_base + 2 * sh.nk * sh.dk;
+            r.qkv_stride = width;
+            r.a = ad.F(g);
+            r.b = bd.F(g);
+            r.ab_stride = abs_;
+            r.a_log = ld.F(g);
+            r.dt_bias = dd.F(g);
             set_states(g, r, run.state, run.snaps, run.table, ssz);
-            r.out = run.out.F(g); r.out_stride = vd;
+            r.out = run.out.F(g);
+            r.out_stride = vd;
             GatedRmsNormParams& n = p.norm;
-            n.rows = rows * sh.nv; n.dim = sh.dv;
-            n.x = n.y = r.out; n.x_stride = n.y_stride = sh.dv;
-            n.z = zd.F(g); n.z_stride = sh.dv; n.z_group = sh.nv; n.z_group_stride = P;
-            n.weight = wd.F(g); n.eps = 1e-6f;
+            n.rows = rows * sh.nv;
+            n.dim = sh.dv;
+            n.x = n.y = r.out;
+            n.x_stride = n.y_stride = sh.dv;
+            n.z = zd.F(g);
+            n.z_stride = sh.dv;
+            n.z_group = sh.nv;
+            n.z_group_stride = P;
+            n.weight = wd.F(g);
+            n.eps = 1e-6f;
             if (conv) {
               Conv1dParams& c = p.conv;
-              c.rows = rows; c.channels = C; c.kernel = 4;
-              c.x = rawd.F(g); c.x_stride = xw;
-              c.y = run.y.F(g); c.y_stride = width;
+              c.rows = rows;
+              c.channels = C;
+              c.kernel = 4;
+              c.x = rawd.F(g);
+              c.x_stride = xw;
+              c.y = run.y.F(g);
+              c.y_stride = width;
               c.weight = cwd.F(g);
               set_states(g, c, run.cstate, run.csnaps, run.ctable, csz);
               c.silu = true;
             }
             return p;
           };
-          // A device table of the rows' state pointers, each `size` floats apart.
+          // A device table of the rows' state pointers, each `size` floats
+          // apart.
           auto table = [&](const Dual& states, size_t size) {
             std::vector<float*> ptrs[2];
             for (bool g : {false, true}) {
-              for (int i = 0; i < rows; ++i) ptrs[g].push_back(states.F(g) + size_t(i) * size);
+              for (int i = 0; i < rows; ++i)
+                ptrs[g].push_back(states.F(g) + size_t(i) * size);
             }
             Dual t = Up(ptrs[0].data(), rows * sizeof(float*));
-            EXPECT_TRUE(gpu_->CopyToDevice(t.g.data(), ptrs[1].data(), rows * sizeof(float*)).ok());
+            EXPECT_TRUE(gpu_->CopyToDevice(t.g.data(), ptrs[1].data(),
+                                           rows * sizeof(float*))
+                            .ok());
             return t;
           };
           auto fresh = [&]() {
-            Run r{UpF(st), Zeros(size_t(rows) * ssz), Dual{}, Zeros(size_t(rows) * vd),
-                  UpF(cst), Zeros(size_t(rows) * csz), Dual{}, Zeros(size_t(rows) * width)};
+            Run r{UpF(st),  Zeros(size_t(rows) * ssz),
+                  Dual{},   Zeros(size_t(rows) * vd),
+                  UpF(cst), Zeros(size_t(rows) * csz),
+                  Dual{},   Zeros(size_t(rows) * width)};
             r.table = table(r.state, ssz);
             r.ctable = table(r.cstate, csz);
             return r;
           };
           auto results = [&](bool g, const Run& r) {
             std::vector<float> v = Down(r.out, g, size_t(rows) * vd);
-            auto add = [&](const std::vector<float>& s) { v.insert(v.end(), s.begin(), s.end()); };
+            auto add = [&](const std::vector<float>& s) {
+              v.insert(v.end(), s.begin(), s.end());
+            };
             add(mode == kSnapshots ? Down(r.snaps, g, size_t(rows) * ssz)
                                    : Down(r.state, g, size_t(slots) * ssz));
             if (conv) {
@@ -814,16 +986,20 @@ TEST_F(CudaBackendTest, GatedDeltaRuleNormedEqualsRuleThenNorm) {
             return v;
           };
           Run fused = fresh(), apart = fresh(), cpu = fresh();
-          ASSERT_TRUE(gpu_->GatedDeltaRuleNormed(params(true, fused)).ok()) << what;
+          ASSERT_TRUE(gpu_->GatedDeltaRuleNormed(params(true, fused)).ok())
+              << what;
           const GatedDeltaRuleNormParams pa = params(true, apart);
           if (conv) {
             ASSERT_TRUE(gpu_->Conv1d(pa.conv).ok()) << what;
           }
           ASSERT_TRUE(gpu_->GatedDeltaRule(pa.rule).ok()) << what;
           ASSERT_TRUE(gpu_->GatedRmsNorm(pa.norm).ok()) << what;
-          const std::vector<float> f = results(true, fused), s = results(true, apart);
-          ExpectBitEqual(f.data(), s.data(), f.size(), what + " fused vs in turn");
-          ASSERT_TRUE(cpu_->GatedDeltaRuleNormed(params(false, cpu)).ok()) << what;
+          const std::vector<float> f = results(true, fused),
+                                   s = results(true, apart);
+          ExpectBitEqual(f.data(), s.data(), f.size(),
+                         what + " fused vs in turn");
+          ASSERT_TRUE(cpu_->GatedDeltaRuleNormed(params(false, cpu)).ok())
+              << what;
           ExpectClose(results(false, cpu), f, 1e-4, what + " cpu vs gpu");
         }
       }
@@ -836,14 +1012,29 @@ TEST_F(CudaBackendTest, GatedDeltaRuleNormedRejectsANormElsewhere) {
   GatedDeltaRuleParams& r = p.rule;
   Buffer buf = GpuZeros(1 << 16);
   float* f = buf.f32();
-  r.rows = 1; r.num_k_heads = 1; r.num_v_heads = 1; r.k_head_dim = 128; r.v_head_dim = 128;
-  r.q = r.k = r.v = f; r.qkv_stride = 384; r.a = r.b = f; r.ab_stride = 1;
-  r.a_log = r.dt_bias = f; r.state_in = r.state_out = f + 4096;
-  r.out = f + 1024; r.out_stride = 128;
+  r.rows = 1;
+  r.num_k_heads = 1;
+  r.num_v_heads = 1;
+  r.k_head_dim = 128;
+  r.v_head_dim = 128;
+  r.q = r.k = r.v = f;
+  r.qkv_stride = 384;
+  r.a = r.b = f;
+  r.ab_stride = 1;
+  r.a_log = r.dt_bias = f;
+  r.state_in = r.state_out = f + 4096;
+  r.out = f + 1024;
+  r.out_stride = 128;
   GatedRmsNormParams& n = p.norm;
-  n.rows = 1; n.dim = 128; n.x = n.y = f + 2048;  // not the rule's output
-  n.x_stride = n.y_stride = 128; n.z = f; n.z_stride = 128; n.weight = f;
-  EXPECT_EQ(gpu_->GatedDeltaRuleNormed(p).code(), absl::StatusCode::kInvalidArgument);
+  n.rows = 1;
+  n.dim = 128;
+  n.x = n.y = f + 2048;  // not the rule's output
+  n.x_stride = n.y_stride = 128;
+  n.z = f;
+  n.z_stride = 128;
+  n.weight = f;
+  EXPECT_EQ(gpu_->GatedDeltaRuleNormed(p).code(),
+            absl::StatusCode::kInvalidArgument);
   n.x = n.y = r.out;
   EXPECT_TRUE(gpu_->GatedDeltaRuleNormed(p).ok());
 }
@@ -854,17 +1045,25 @@ TEST_F(CudaBackendTest, SwigluAndEmbed) {
   for (int rows : kRows) {
     for (int dim : {1, 3, 7, 17, 1000}) {
       const int st = dim + 1;
-      const std::vector<float> gt = Random(rows * st, -6, 6), up = Random(rows * st);
+      const std::vector<float> gt = Random(rows * st, -6, 6),
+                               up = Random(rows * st);
       Dual gd = UpF(gt), ud = UpF(up), od = Zeros(rows * st);
       std::vector<float> res[2];
       for (bool g : {false, true}) {
         SwigluParams p;
-        p.rows = rows; p.dim = dim; p.gate = gd.F(g); p.gate_stride = st;
-        p.up = ud.F(g); p.up_stride = st; p.out = od.F(g); p.out_stride = st;
+        p.rows = rows;
+        p.dim = dim;
+        p.gate = gd.F(g);
+        p.gate_stride = st;
+        p.up = ud.F(g);
+        p.up_stride = st;
+        p.out = od.F(g);
+        p.out_stride = st;
         ASSERT_TRUE(B(g)->Swiglu(p).ok());
         res[g] = Down(od, g, rows * st);
       }
-      ExpectClose(res[0], res[1], 1e-6, absl::StrCat("swiglu rows=", rows, " dim=", dim));
+      ExpectClose(res[0], res[1], 1e-6,
+                  absl::StrCat("swiglu rows=", rows, " dim=", dim));
     }
   }
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
@@ -872,13 +1071,19 @@ TEST_F(CudaBackendTest, SwigluAndEmbed) {
     const std::vector<uint8_t> table = RandomWeights(vocab * dim, dtype);
     const std::vector<int32_t> ids = {3, 0, 28, 3, 17};
     const int rows = ids.size(), os = dim + 3;
-    Dual td = Up(table.data(), table.size()), id = Up(ids.data(), ids.size() * 4),
-         od = Zeros(rows * os);
+    Dual td = Up(table.data(), table.size()),
+         id = Up(ids.data(), ids.size() * 4), od = Zeros(rows * os);
     std::vector<float> res[2];
     for (bool g : {false, true}) {
       EmbedParams p;
-      p.rows = rows; p.ids = static_cast<const int32_t*>(id.V(g)); p.table_dtype = dtype;
-      p.table = td.V(g); p.vocab = vocab; p.dim = dim; p.out = od.F(g); p.out_stride = os;
+      p.rows = rows;
+      p.ids = static_cast<const int32_t*>(id.V(g));
+      p.table_dtype = dtype;
+      p.table = td.V(g);
+      p.vocab = vocab;
+      p.dim = dim;
+      p.out = od.F(g);
+      p.out_stride = os;
       ASSERT_TRUE(B(g)->Embed(p).ok());
       res[g] = Down(od, g, rows * os);
     }
@@ -887,8 +1092,14 @@ TEST_F(CudaBackendTest, SwigluAndEmbed) {
     const int32_t bad[2] = {1, vocab};
     Dual bd = Up(bad, sizeof(bad));
     EmbedParams p;
-    p.rows = 2; p.ids = static_cast<const int32_t*>(bd.g.data()); p.table_dtype = dtype;
-    p.table = td.g.data(); p.vocab = vocab; p.dim = dim; p.out = od.g.f32(); p.out_stride = os;
+    p.rows = 2;
+    p.ids = static_cast<const int32_t*>(bd.g.data());
+    p.table_dtype = dtype;
+    p.table = td.g.data();
+    p.vocab = vocab;
+    p.dim = dim;
+    p.out = od.g.f32();
+    p.out_stride = os;
     // Out-of-range ids are reported at the next synchronization (the ids
     // are read on the device, with no host round trip per call); the row
     // is NaN, and the error is reported once.
@@ -913,27 +1124,34 @@ TEST_F(CudaBackendTest, WeightLayouts) {
   EXPECT_EQ(tiled->layout, WeightLayout::kTensorCoreTiles);
   EXPECT_EQ(tiled->bytes(), size_t{vocab} * dim * 2);  // the matrix's own bytes
   const std::vector<uint8_t> f32 = RandomWeights(8 * 16, DType::kF32);
-  EXPECT_EQ(gpu_->UploadWeight(DType::kF32, f32.data(), 8, 16)->layout, WeightLayout::kRowMajor);
+  EXPECT_EQ(gpu_->UploadWeight(DType::kF32, f32.data(), 8, 16)->layout,
+            WeightLayout::kRowMajor);
   const std::vector<uint8_t> odd = RandomWeights(8 * 12, DType::kBF16);
   EXPECT_EQ(gpu_->UploadWeight(DType::kBF16, odd.data(), 8, 12)->layout,
             WeightLayout::kRowMajor);  // (cols % 8 != 0: no tensor-core path)
 
   std::vector<int32_t> ids(vocab);
-  for (int i = 0; i < vocab; ++i) ids[i] = (i * 37) % vocab;  // every row, out of order
+  for (int i = 0; i < vocab; ++i)
+    ids[i] = (i * 37) % vocab;  // every row, out of order
   Dual id = Up(ids.data(), ids.size() * 4), od = Zeros(vocab * dim);
   Dual td = Up(table.data(), table.size());
   std::vector<float> res[2];
   for (bool g : {false, true}) {
     EmbedParams p;
-    p.rows = vocab; p.ids = static_cast<const int32_t*>(id.V(g)); p.vocab = vocab; p.dim = dim;
+    p.rows = vocab;
+    p.ids = static_cast<const int32_t*>(id.V(g));
+    p.vocab = vocab;
+    p.dim = dim;
     p.table_dtype = DType::kBF16;
     p.table_layout = g ? tiled->layout : WeightLayout::kRowMajor;
     p.table = g ? tiled->data : td.c.data();
-    p.out = od.F(g); p.out_stride = dim;
+    p.out = od.F(g);
+    p.out_stride = dim;
     ASSERT_TRUE(B(g)->Embed(p).ok());
     res[g] = Down(od, g, vocab * dim);
   }
-  ExpectBitEqual(res[1].data(), res[0].data(), vocab * dim, "embed from the tiled table");
+  ExpectBitEqual(res[1].data(), res[0].data(), vocab * dim,
+                 "embed from the tiled table");
 
   // The CPU backend reads row-major weights only.
   const std::vector<float> x = Random(dim);
@@ -941,9 +1159,15 @@ TEST_F(CudaBackendTest, WeightLayouts) {
   MatmulParams m = DenseMatmul(1, xd.F(false), *tiled, yd.F(false));
   EXPECT_EQ(cpu_->Matmul(m).code(), absl::StatusCode::kInvalidArgument);
   EmbedParams e;
-  e.rows = 1; e.ids = ids.data(); e.table_dtype = DType::kBF16;
-  e.table_layout = WeightLayout::kTensorCoreTiles; e.table = table.data();
-  e.vocab = vocab; e.dim = dim; e.out = od.F(false); e.out_stride = dim;
+  e.rows = 1;
+  e.ids = ids.data();
+  e.table_dtype = DType::kBF16;
+  e.table_layout = WeightLayout::kTensorCoreTiles;
+  e.table = table.data();
+  e.vocab = vocab;
+  e.dim = dim;
+  e.out = od.F(false);
+  e.out_stride = dim;
   EXPECT_EQ(cpu_->Embed(e).code(), absl::StatusCode::kInvalidArgument);
   // A CUDA backend without the tensor-core matmul keeps its weights
   // row-major and refuses tiled ones (they are not in the layout it reads).
@@ -958,7 +1182,8 @@ TEST_F(CudaBackendTest, WeightLayouts) {
   EXPECT_EQ((*plain)->Matmul(m).code(), absl::StatusCode::kInvalidArgument);
   // Its row-major matmul agrees with the tiled one within the CUDA-core
   // kernel's different order.
-  ASSERT_TRUE(gpu_->Matmul(DenseMatmul(1, xd.F(true), *tiled, yd.F(true))).ok());
+  ASSERT_TRUE(
+      gpu_->Matmul(DenseMatmul(1, xd.F(true), *tiled, yd.F(true))).ok());
   const std::vector<float> want = DownG(yd.g, vocab);
   Buffer y2 = GpuZeros(vocab);
   ASSERT_TRUE((*plain)->Matmul(DenseMatmul(1, xd.F(true), *rm, y2.f32())).ok());
@@ -985,19 +1210,31 @@ TEST_F(CudaBackendTest, ArgmaxLogSumExpSoftmax) {
       std::vector<int32_t> am[2];
       for (bool g : {false, true}) {
         ArgmaxParams ap;
-        ap.rows = rows; ap.cols = cols; ap.x = xd.F(g); ap.x_stride = xs;
+        ap.rows = rows;
+        ap.cols = cols;
+        ap.x = xd.F(g);
+        ap.x_stride = xs;
         ap.out = static_cast<int32_t*>(id.V(g));
         ASSERT_TRUE(B(g)->Argmax(ap).ok());
         am[g].resize(rows);
         ASSERT_TRUE(B(g)->CopyToHost(am[g].data(), id.V(g), rows * 4).ok());
         LogSumExpParams lp;
-        lp.rows = rows; lp.cols = cols; lp.x = xd.F(g); lp.x_stride = xs;
-        lp.out = od.F(g); lp.inv_temperature = 0.7f;
+        lp.rows = rows;
+        lp.cols = cols;
+        lp.x = xd.F(g);
+        lp.x_stride = xs;
+        lp.out = od.F(g);
+        lp.inv_temperature = 0.7f;
         ASSERT_TRUE(B(g)->LogSumExp(lp).ok());
         lse[g] = Down(od, g, rows);
         SoftmaxParams sp;
-        sp.rows = rows; sp.cols = cols; sp.x = xd.F(g); sp.x_stride = xs;
-        sp.y = od.F(g); sp.y_stride = xs; sp.inv_temperature = 0.7f;
+        sp.rows = rows;
+        sp.cols = cols;
+        sp.x = xd.F(g);
+        sp.x_stride = xs;
+        sp.y = od.F(g);
+        sp.y_stride = xs;
+        sp.inv_temperature = 0.7f;
         ASSERT_TRUE(B(g)->Softmax(sp).ok());
         sm[g] = Down(od, g, rows * xs);
       }
@@ -1008,28 +1245,41 @@ TEST_F(CudaBackendTest, ArgmaxLogSumExpSoftmax) {
       Buffer one = GpuZeros(xs);
       for (int t = 0; t < rows; ++t) {
         SoftmaxParams sp;
-        sp.rows = 1; sp.cols = cols; sp.x = xd.g.f32() + t * xs; sp.x_stride = xs;
-        sp.y = one.f32(); sp.y_stride = xs; sp.inv_temperature = 0.7f;
+        sp.rows = 1;
+        sp.cols = cols;
+        sp.x = xd.g.f32() + t * xs;
+        sp.x_stride = xs;
+        sp.y = one.f32();
+        sp.y_stride = xs;
+        sp.inv_temperature = 0.7f;
         ASSERT_TRUE(gpu_->Softmax(sp).ok());
         ExpectBitEqual(DownG(one, cols).data(), sm[1].data() + t * xs, cols,
                        "softmax alone " + what);
         LogSumExpParams lp;
-        lp.rows = 1; lp.cols = cols; lp.x = xd.g.f32() + t * xs; lp.x_stride = xs;
-        lp.out = one.f32(); lp.inv_temperature = 0.7f;
+        lp.rows = 1;
+        lp.cols = cols;
+        lp.x = xd.g.f32() + t * xs;
+        lp.x_stride = xs;
+        lp.out = one.f32();
+        lp.inv_temperature = 0.7f;
         ASSERT_TRUE(gpu_->LogSumExp(lp).ok());
-        ExpectBitEqual(DownG(one, 1).data(), lse[1].data() + t, 1, "lse alone " + what);
+        ExpectBitEqual(DownG(one, 1).data(), lse[1].data() + t, 1,
+                       "lse alone " + what);
       }
     }
   }
   // NaN / -inf corner cases of argmax, against the CPU.
   const float inf = INFINITY, nan = NAN;
-  const std::vector<float> x = {nan, 1, 2, 2,  -inf, -inf, -inf, -inf,
-                                0,   nan, 3, nan, -0.0f, 0.0f, -1, -0.0f};
+  const std::vector<float> x = {nan, 1,   2, 2,   -inf,  -inf, -inf, -inf,
+                                0,   nan, 3, nan, -0.0f, 0.0f, -1,   -0.0f};
   Dual xd = UpF(x), id = Zeros(4), fd = Zeros(4);
   std::vector<int32_t> am[2], fin[2];
   for (bool g : {false, true}) {
     ArgmaxParams ap;
-    ap.rows = 4; ap.cols = 4; ap.x = xd.F(g); ap.x_stride = 4;
+    ap.rows = 4;
+    ap.cols = 4;
+    ap.x = xd.F(g);
+    ap.x_stride = 4;
     ap.out = static_cast<int32_t*>(id.V(g));
     ap.finite = static_cast<int32_t*>(fd.V(g));
     ASSERT_TRUE(B(g)->Argmax(ap).ok());
@@ -1060,7 +1310,8 @@ TEST_F(CudaBackendTest, MemoryOps) {
     const int n = 3000, src = 1000, dst = src + shift;
     std::memmove(want.data() + dst, want.data() + src, n * 4);
     Dual e = UpF(v);
-    ASSERT_TRUE(gpu_->CopyOnDevice(e.g.f32() + dst, e.g.f32() + src, n * 4).ok());
+    ASSERT_TRUE(
+        gpu_->CopyOnDevice(e.g.f32() + dst, e.g.f32() + src, n * 4).ok());
     EXPECT_EQ(Down(e, true, v.size()), want) << "memmove shift " << shift;
   }
   ASSERT_TRUE(gpu_->Zero(d.g.f32() + 10, 40).ok());

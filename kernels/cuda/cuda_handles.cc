@@ -13,11 +13,19 @@ void LogIfError(cudaError_t err, const char* what) {
 
 }  // namespace
 
-void ReleaseStream(cudaStream_t s) { LogIfError(cudaStreamDestroy(s), "cudaStreamDestroy"); }
-void ReleaseEvent(cudaEvent_t e) { LogIfError(cudaEventDestroy(e), "cudaEventDestroy"); }
+void ReleaseStream(cudaStream_t s) {
+  LogIfError(cudaStreamDestroy(s), "cudaStreamDestroy");
+}
+void ReleaseEvent(cudaEvent_t e) {
+  LogIfError(cudaEventDestroy(e), "cudaEventDestroy");
+}
 void ReleaseDeviceMemory(void* p) { LogIfError(cudaFree(p), "cudaFree"); }
-void ReleasePinnedMemory(void* p) { LogIfError(cudaFreeHost(p), "cudaFreeHost"); }
-void ReleaseGraph(cudaGraph_t g) { LogIfError(cudaGraphDestroy(g), "cudaGraphDestroy"); }
+void ReleasePinnedMemory(void* p) {
+  LogIfError(cudaFreeHost(p), "cudaFreeHost");
+}
+void ReleaseGraph(cudaGraph_t g) {
+  LogIfError(cudaGraphDestroy(g), "cudaGraphDestroy");
+}
 void ReleaseGraphExec(cudaGraphExec_t g) {
   LogIfError(cudaGraphExecDestroy(g), "cudaGraphExecDestroy");
 }
@@ -32,7 +40,8 @@ absl::StatusOr<CudaStream> CreateStream() {
 absl::StatusOr<CudaEvent> CreateEvent(bool timing) {
   cudaEvent_t e = nullptr;
   SS_CUDA_RETURN_IF_ERROR(
-      cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming),
+      cudaEventCreateWithFlags(
+          &e, timing ? cudaEventDefault : cudaEventDisableTiming),
       "cudaEventCreateWithFlags");
   return CudaEvent(e);
 }
@@ -45,7 +54,8 @@ absl::StatusOr<DeviceMemory> AllocateDevice(size_t bytes) {
 
 absl::StatusOr<PinnedMemory> AllocatePinned(size_t bytes) {
   void* p = nullptr;
-  SS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, bytes == 0 ? 1 : bytes), "cudaMallocHost");
+  SS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, bytes == 0 ? 1 : bytes),
+                          "cudaMallocHost");
   return PinnedMemory(p);
 }
 

@@ -32,11 +32,11 @@ inline absl::Status LaunchStatus(const char* what) {
 
 }  // namespace specserve::kernels::cuda
 
-#define SS_CUDA_RETURN_IF_ERROR(expr, what)                             \
-  do {                                                                  \
-    const ::absl::Status ss_cuda_status_ =                              \
-        ::specserve::kernels::cuda::CudaStatus((expr), (what));         \
-    if (!ss_cuda_status_.ok()) return ss_cuda_status_;                  \
+#define SS_CUDA_RETURN_IF_ERROR(expr, what)                     \
+  do {                                                          \
+    const ::absl::Status ss_cuda_status_ =                      \
+        ::specserve::kernels::cuda::CudaStatus((expr), (what)); \
+    if (!ss_cuda_status_.ok()) return ss_cuda_status_;          \
   } while (0)
 
 #endif  // SPECSERVE_KERNELS_CUDA_CUDA_STATUS_H_

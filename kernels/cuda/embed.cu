@@ -12,7 +12,8 @@ namespace {
 constexpr int kThreads = 256;
 
 template <DType D, bool TILED>
-__global__ void __launch_bounds__(kThreads) EmbedKernel(EmbedParams p, int* error) {
+__global__ void __launch_bounds__(kThreads)
+    EmbedKernel(EmbedParams p, int* error) {
   PdlBegin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= p.dim) return;
@@ -32,7 +33,8 @@ __global__ void __launch_bounds__(kThreads) EmbedKernel(EmbedParams p, int* erro
 
 }  // namespace
 
-absl::Status LaunchEmbed(const EmbedParams& p, int* error, cudaStream_t stream) {
+absl::Status LaunchEmbed(const EmbedParams& p, int* error,
+                         cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   const dim3 grid(static_cast<unsigned>(CeilDiv(p.dim, kThreads)),
                   static_cast<unsigned>(p.rows < 65535 ? p.rows : 65535));
@@ -40,18 +42,22 @@ absl::Status LaunchEmbed(const EmbedParams& p, int* error, cudaStream_t stream) 
     if (p.table_dtype != DType::kBF16) {
       return absl::InvalidArgumentError("embed: a tiled table must be bf16");
     }
-    LaunchPdl(EmbedKernel<DType::kBF16, true>, grid, kThreads, 0, stream, p, error);
+    LaunchPdl(EmbedKernel<DType::kBF16, true>, grid, kThreads, 0, stream, p,
+              error);
     return LaunchStatus("embed launch");
   }
   switch (p.table_dtype) {
     case DType::kF32:
-      LaunchPdl(EmbedKernel<DType::kF32, false>, grid, kThreads, 0, stream, p, error);
+      LaunchPdl(EmbedKernel<DType::kF32, false>, grid, kThreads, 0, stream, p,
+                error);
       break;
     case DType::kBF16:
-      LaunchPdl(EmbedKernel<DType::kBF16, false>, grid, kThreads, 0, stream, p, error);
+      LaunchPdl(EmbedKernel<DType::kBF16, false>, grid, kThreads, 0, stream, p,
+                error);
       break;
     case DType::kF16:
-      LaunchPdl(EmbedKernel<DType::kF16, false>, grid, kThreads, 0, stream, p, error);
+      LaunchPdl(EmbedKernel<DType::kF16, false>, grid, kThreads, 0, stream, p,
+                error);
       break;
   }
   return LaunchStatus("embed launch");

@@ -77,7 +77,8 @@ namespace specserve::kernels::cuda {
 namespace {
 
 constexpr int kMaxKeyDim = 256;
-constexpr int kAcc = 4;  // per-thread accumulators of u and o (row r → r % kAcc)
+constexpr int kAcc =
+    4;  // per-thread accumulators of u and o (row r → r % kAcc)
 
 // One token's inputs as one lane needs them: q and k elements lane + 32m
 // (m < M; zero past dk), v of the lane's V columns, a and b.
@@ -90,10 +91,11 @@ struct TokenIn {
 };
 
 template <int M, int V, bool kAllQk>
-__device__ __forceinline__ void LoadToken(const GatedDeltaRuleParams& p, int64_t t,
-                                          const float* q, const float* k, const float* v,
-                                          int h, int dk, const bool (&col)[V], int lane,
-                                          TokenIn<M, V>& x) {
+__device__ __forceinline__ void LoadToken(const GatedDeltaRuleParams& p,
+                                          int64_t t, const float* q,
+                                          const float* k, const float* v, int h,
+                                          int dk, const bool (&col)[V],
+                                          int lane, TokenIn<M, V>& x) {
   const int64_t row = t * p.qkv_stride;
 #pragma unroll
   for (int m = 0; m < M; ++m) {
@@ -116,8 +118,8 @@ struct ConvChannel {
   float w[4];
 };
 
-__device__ __forceinline__ void LoadConvWeights(const Conv1dParams& c, int64_t ch,
-                                                ConvChannel& cc) {
+__device__ __forceinline__ void LoadConvWeights(const Conv1dParams& c,
+                                                int64_t ch, ConvChannel& cc) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) cc.w[j] = c.weight[ch * 4 + j];
 }
@@ -159,8 +161,8 @@ __device__ __forceinline__ float AccSum(const float (&acc)[kAcc]) {
 // The gate z[j, j + V) of output vector r, loaded by the caller early (with
 // the token's inputs) so that the norm's end does not wait for it.
 template <int V>
-__device__ __forceinline__ void LoadGate(const GatedRmsNormParams& n, int64_t r, int64_t j,
-                                         float (&zv)[V]) {
+__device__ __forceinline__ void LoadGate(const GatedRmsNormParams& n, int64_t r,
+                                         int64_t j, float (&zv)[V]) {
   const float* z = GateRow(n, r);
 #pragma unroll
   for (int c = 0; c < V; ++c) zv[c] = z[j + c];
@@ -173,9 +175,10 @@ __device__ __forceinline__ void LoadGate(const GatedRmsNormParams& n, int64_t r,
 // cluster barrier, then GatedRmsNorm's code (rms_norm.cu) over the whole head.
 template <int W, int V, int kCols, int kDv>
 __device__ __forceinline__ void NormOutputs(const GatedRmsNormParams& n,
-                                            const float (&partials)[W][kCols], float* head,
-                                            const float (&zv)[V], const float (&wv)[V],
-                                            int64_t r, int64_t j, int warp, int lane) {
+                                            const float (&partials)[W][kCols],
+                                            float* head, const float (&zv)[V],
+                                            const float (&wv)[V], int64_t r,
+                                            int64_t j, int warp, int lane) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   float o[V];
@@ -216,28 +219,34 @@ __device__ __forceinline__ void NormOutputs(const GatedRmsNormParams& n,
 // the one block that updates it.
 // (kConv: at most 128 registers, so that a matmul block of 8 warps at 128,
 // the next kernel, fits beside it on an SM.)
-template <int R, int W, int V, bool kFull, int kDv, bool kNorm = false, bool kConv = false>
+template <int R, int W, int V, bool kFull, int kDv, bool kNorm = false,
+          bool kConv = false>
 __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
-    GatedDeltaRuleKernel(GatedDeltaRuleParams p, GatedRmsNormParams n, Conv1dParams cv) {
-  static_assert(!kConv || kNorm, "kConv: the norm's cluster barrier orders the conv state");
+    GatedDeltaRuleKernel(GatedDeltaRuleParams p, GatedRmsNormParams n,
+                         Conv1dParams cv) {
+  static_assert(!kConv || kNorm,
+                "kConv: the norm's cluster barrier orders the conv state");
   static_assert(R % kAcc == 0 && R <= 32, "R: a multiple of 4, at most 32");
   static_assert(V == 1 || V == 2, "V: 1 or 2");
   constexpr int M = (W * R + 31) / 32;
   constexpr bool kAllQk = kFull && (W * R) % 32 == 0;  // no q/k element past dk
-  constexpr int kCols = 32 * V;                          // columns per block
+  constexpr int kCols = 32 * V;                        // columns per block
   constexpr bool kAllCols = kDv != 0 && kDv % kCols == 0;
   __shared__ __align__(16) float qk[W][2][R];  // per warp: k̂, q̂ of its rows
   __shared__ __align__(8) float red[2][W][kCols];  // u, o partials per warp
-  static_assert(!kNorm || 2 * kCols == kDv, "kNorm: a head is the cluster's two tiles");
+  static_assert(!kNorm || 2 * kCols == kDv,
+                "kNorm: a head is the cluster's two tiles");
   // kNorm: the current token's outputs of the whole head, by token parity.
   __shared__ float head_o[2][kNorm ? kDv : 1];
   // kConv: the token's q and k of the key head, then the block's v columns.
   constexpr int kQk = 2 * W * R;  // kConv: q/k channels, one per thread
-  static_assert(!kConv || (kQk == W * 32 && kFull && kCols <= W * 32), "kConv: one q/k channel per thread");
+  static_assert(!kConv || (kQk == W * 32 && kFull && kCols <= W * 32),
+                "kConv: one q/k channel per thread");
   __shared__ float conv_out[kConv ? kQk + kCols : 1];
   // kNorm: no block may write its peer's shared memory before the peer has
   // started; this arrival, waited for before the token loop, orders that.
-  if constexpr (kNorm) asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+  if constexpr (kNorm)
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
   PdlLetNextLaunch();
 
   const int lane = threadIdx.x & 31;
@@ -245,13 +254,15 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
   const int dk = static_cast<int>(p.k_head_dim);
   const int64_t dv = kDv != 0 ? kDv : p.v_head_dim;
   const int h = static_cast<int>(blockIdx.y);
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kCols + V * lane;  // first column
+  const int64_t j =
+      static_cast<int64_t>(blockIdx.x) * kCols + V * lane;  // first column
   bool col[V];
 #pragma unroll
   for (int c = 0; c < V; ++c) col[c] = kAllCols || j + c < dv;
   const int row0 = warp * R;
   const unsigned group =  // nv <= 65535 (checked by the launcher)
-      static_cast<unsigned>(p.num_v_heads) / static_cast<unsigned>(p.num_k_heads);
+      static_cast<unsigned>(p.num_v_heads) /
+      static_cast<unsigned>(p.num_k_heads);
   const int kh = static_cast<int>(static_cast<unsigned>(h) / group);
 
   // The coefficients and the norm's weights (kNorm, warp 0: of the lane's
@@ -273,12 +284,15 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
   if constexpr (kConv) load_weights();
   // kConv: the conv of thread i's channels (q/k channel qk_ch of the key
   // head; below kCols, v channel v_ch of the block's columns).
-  const int64_t qk_ch = kConv ? (threadIdx.x < kQk / 2 ? p.q - cv.y : p.k - cv.y) + kh * dk +
-                                    threadIdx.x % (kQk / 2)
-                              : 0;
+  const int64_t qk_ch =
+      kConv ? (threadIdx.x < kQk / 2 ? p.q - cv.y : p.k - cv.y) + kh * dk +
+                  threadIdx.x % (kQk / 2)
+            : 0;
   const bool has_v = kConv && threadIdx.x < kCols;
-  const int64_t v_ch =
-      kConv ? (p.v - cv.y) + h * dv + static_cast<int64_t>(blockIdx.x) * kCols + threadIdx.x : 0;
+  const int64_t v_ch = kConv ? (p.v - cv.y) + h * dv +
+                                   static_cast<int64_t>(blockIdx.x) * kCols +
+                                   threadIdx.x
+                             : 0;
   ConvChannel qk_conv, v_conv;
   if constexpr (kConv) {
     LoadConvWeights(cv, qk_ch, qk_conv);
@@ -304,10 +318,12 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
     // The conv windows: 3 floats per channel, the key head's q/k channels
     // (2·dk) and the block's v channels (kCols), contiguous in each.
     if (threadIdx.x < 2 * dk * 3 / 32) {
-      const int64_t qk0 = (threadIdx.x < dk * 3 / 32 ? p.q - cv.y : p.k - cv.y) + kh * dk;
+      const int64_t qk0 =
+          (threadIdx.x < dk * 3 / 32 ? p.q - cv.y : p.k - cv.y) + kh * dk;
       PrefetchL2(cs + qk0 * 3 + (threadIdx.x % (dk * 3 / 32)) * 32);
     } else if (threadIdx.x < 2 * dk * 3 / 32 + kCols * 3 / 32) {
-      const int64_t v0 = (p.v - cv.y) + h * dv + static_cast<int64_t>(blockIdx.x) * kCols;
+      const int64_t v0 =
+          (p.v - cv.y) + h * dv + static_cast<int64_t>(blockIdx.x) * kCols;
       PrefetchL2(cs + v0 * 3 + (threadIdx.x - 2 * dk * 3 / 32) * 32);
     }
   }
@@ -320,8 +336,8 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
   float S[R][V];
   {
     const float* src = state_in + s_off;
-    if (V == 2 && col[V - 1] && (reinterpret_cast<uintptr_t>(state_in) & 7) == 0 &&
-        dv % 2 == 0) {
+    if (V == 2 && col[V - 1] &&
+        (reinterpret_cast<uintptr_t>(state_in) & 7) == 0 && dv % 2 == 0) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const float2 x = (kFull || row0 + r < dk)
@@ -335,7 +351,8 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
       for (int r = 0; r < R; ++r) {
 #pragma unroll
         for (int c = 0; c < V; ++c) {
-          S[r][c] = ((kFull || row0 + r < dk) && col[c]) ? src[r * dv + c] : 0.0f;
+          S[r][c] =
+              ((kFull || row0 + r < dk) && col[c]) ? src[r * dv + c] : 0.0f;
         }
       }
     }
@@ -354,7 +371,8 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
   TokenIn<M, V> cur;
   // kConv: the key head's first block writes the q/k outputs and (after
   // the cluster barrier) their states.
-  const bool qk_writer = kConv && blockIdx.x == 0 && static_cast<unsigned>(h) % group == 0;
+  const bool qk_writer =
+      kConv && blockIdx.x == 0 && static_cast<unsigned>(h) % group == 0;
   if constexpr (kConv) {
     const int tid = threadIdx.x;
     qk_conv.win[3] = cv.x[qk_ch];  // (token 0: the fused conv runs one token)
@@ -392,12 +410,14 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
   const bool vec_out = V == 2 && col[V - 1] &&
                        (reinterpret_cast<uintptr_t>(state_out) & 7) == 0 &&
                        p.state_out_stride % 2 == 0 && dv % 2 == 0;
-  if constexpr (kNorm) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+  if constexpr (kNorm)
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
   for (int64_t t = t0; t < t1; ++t) {
     float zv[V];  // kNorm, warp 0: the token's gate
     if (kNorm && warp == 0) LoadGate<V>(n, t * p.num_v_heads + h, j, zv);
     TokenIn<M, V> nxt = {};
-    if (t + 1 < t1) LoadToken<M, V, kAllQk>(p, t + 1, qp, kp, vp, h, dk, col, lane, nxt);
+    if (t + 1 < t1)
+      LoadToken<M, V, kAllQk>(p, t + 1, qp, kp, vp, h, dk, col, lane, nxt);
 
     // q̂, k̂: whole-vector norms, computed alike by every warp; each lane
     // writes those of its elements that are rows of its warp.
@@ -420,7 +440,8 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
       }
     }
     const float beta = Sigmoid(cur.b);
-    const float decay = expf(__fmul_rn(a_coef, Softplus(__fadd_rn(cur.a, dt_bias))));
+    const float decay =
+        expf(__fmul_rn(a_coef, Softplus(__fadd_rn(cur.a, dt_bias))));
     __syncwarp();
 
     // S ← decay·S and this warp's part of u = Sᵀk̂.
@@ -481,7 +502,8 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           if (kFull || row0 + r < dk) {
-            *reinterpret_cast<float2*>(dst + r * dv) = make_float2(S[r][0], S[r][V - 1]);
+            *reinterpret_cast<float2*>(dst + r * dv) =
+                make_float2(S[r][0], S[r][V - 1]);
           }
         }
       } else {
@@ -525,8 +547,8 @@ dim3 GridOf(const GatedDeltaRuleParams& p, int cols) {
 
 template <int R, int W, int V, bool kFull, int kDv>
 void Launch(const GatedDeltaRuleParams& p, cudaStream_t stream) {
-  LaunchPdl(GatedDeltaRuleKernel<R, W, V, kFull, kDv>, GridOf(p, 32 * V), dim3(W * 32), 0,
-            stream, p, GatedRmsNormParams{}, Conv1dParams{});
+  LaunchPdl(GatedDeltaRuleKernel<R, W, V, kFull, kDv>, GridOf(p, 32 * V),
+            dim3(W * 32), 0, stream, p, GatedRmsNormParams{}, Conv1dParams{});
 }
 
 // Rows of 32 per warp, W = ceil(dk/32) warps, a column per lane.
@@ -552,42 +574,50 @@ void LaunchGeneric(const GatedDeltaRuleParams& p, cudaStream_t stream) {
 // cluster barrier and warp 0's norm per token cost more than a launch. Both
 // ways give the same bits, so the choice is free.
 bool FusesGatedDeltaRuleNorm(const GatedDeltaRuleNormParams& p) {
-  return p.rule.k_head_dim == 128 && p.rule.v_head_dim == 128 && p.rule.rows == 1 &&
-         p.rule.num_v_heads <= 65535 && Validate(p).ok();
+  return p.rule.k_head_dim == 128 && p.rule.v_head_dim == 128 &&
+         p.rule.rows == 1 && p.rule.num_v_heads <= 65535 && Validate(p).ok();
 }
 
 absl::Status LaunchGatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p,
                                         cudaStream_t stream) {
   if (!FusesGatedDeltaRuleNorm(p)) {
-    return absl::InvalidArgumentError("gated_delta_rule_normed: not the fused shape");
+    return absl::InvalidArgumentError(
+        "gated_delta_rule_normed: not the fused shape");
   }
   // The conv joins the fused kernel when it is the model's (kernel 4) and a
   // key head's blocks fit one cluster (2 × group <= 8, the portable size);
   // otherwise it runs first, on its own. (Validate made its rows the rule's.)
-  const unsigned group = static_cast<unsigned>(p.rule.num_v_heads / p.rule.num_k_heads);
+  const unsigned group =
+      static_cast<unsigned>(p.rule.num_v_heads / p.rule.num_k_heads);
   if (p.conv.rows > 0 && p.conv.kernel == 4 && group <= 4) {
-    LaunchPdlCluster(GatedDeltaRuleKernel<16, 8, 2, true, 128, true, true>, GridOf(p.rule, 64),
-                     dim3(8 * 32), dim3(2, group, 1), 0, stream, p.rule, p.norm, p.conv);
+    LaunchPdlCluster(GatedDeltaRuleKernel<16, 8, 2, true, 128, true, true>,
+                     GridOf(p.rule, 64), dim3(8 * 32), dim3(2, group, 1), 0,
+                     stream, p.rule, p.norm, p.conv);
     return LaunchStatus("gated_delta_rule_normed (with conv) launch");
   }
   if (p.conv.rows > 0) {
     if (absl::Status s = LaunchConv1d(p.conv, stream); !s.ok()) return s;
   }
-  LaunchPdlCluster(GatedDeltaRuleKernel<16, 8, 2, true, 128, true>, GridOf(p.rule, 64),
-                   dim3(8 * 32), dim3(2, 1, 1), 0, stream, p.rule, p.norm, Conv1dParams{});
+  LaunchPdlCluster(GatedDeltaRuleKernel<16, 8, 2, true, 128, true>,
+                   GridOf(p.rule, 64), dim3(8 * 32), dim3(2, 1, 1), 0, stream,
+                   p.rule, p.norm, Conv1dParams{});
   return LaunchStatus("gated_delta_rule_normed launch");
 }
 
-absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleParams& p, cudaStream_t stream) {
+absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleParams& p,
+                                  cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (p.k_head_dim > kMaxKeyDim) {
-    return absl::UnimplementedError("gated_delta_rule: k_head_dim > 256 unsupported");
+    return absl::UnimplementedError(
+        "gated_delta_rule: k_head_dim > 256 unsupported");
   }
   if (p.num_v_heads > 65535) {
-    return absl::UnimplementedError("gated_delta_rule: more than 65535 value heads");
+    return absl::UnimplementedError(
+        "gated_delta_rule: more than 65535 value heads");
   }
   if (p.states != nullptr && p.rows > 65535) {
-    return absl::UnimplementedError("gated_delta_rule: session batch of more than 65535 rows");
+    return absl::UnimplementedError(
+        "gated_delta_rule: session batch of more than 65535 rows");
   }
   // The configuration depends on (dk, dv) only: it fixes every summation
   // order, so all calls of one model shape agree bit for bit.
@@ -595,14 +625,30 @@ absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleParams& p, cudaStream_t st
     Launch<16, 8, 2, true, 128>(p, stream);
   } else {
     switch (CeilDiv(p.k_head_dim, 32)) {
-      case 1: LaunchGeneric<1>(p, stream); break;
-      case 2: LaunchGeneric<2>(p, stream); break;
-      case 3: LaunchGeneric<3>(p, stream); break;
-      case 4: LaunchGeneric<4>(p, stream); break;
-      case 5: LaunchGeneric<5>(p, stream); break;
-      case 6: LaunchGeneric<6>(p, stream); break;
-      case 7: LaunchGeneric<7>(p, stream); break;
-      default: LaunchGeneric<8>(p, stream); break;
+      case 1:
+        LaunchGeneric<1>(p, stream);
+        break;
+      case 2:
+        LaunchGeneric<2>(p, stream);
+        break;
+      case 3:
+        LaunchGeneric<3>(p, stream);
+        break;
+      case 4:
+        LaunchGeneric<4>(p, stream);
+        break;
+      case 5:
+        LaunchGeneric<5>(p, stream);
+        break;
+      case 6:
+        LaunchGeneric<6>(p, stream);
+        break;
+      case 7:
+        LaunchGeneric<7>(p, stream);
+        break;
+      default:
+        LaunchGeneric<8>(p, stream);
+        break;
     }
   }
   return LaunchStatus("gated_delta_rule launch");

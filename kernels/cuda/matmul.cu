@@ -93,9 +93,16 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
           for (int t = 0; t < NT; ++t) {
             const float4 a = __ldg(reinterpret_cast<const float4*>(xr[t] + k));
-            const float4 b = __ldg(reinterpret_cast<const float4*>(xr[t] + k + 4));
-            xv[t][0] = a.x; xv[t][1] = a.y; xv[t][2] = a.z; xv[t][3] = a.w;
-            xv[t][4] = b.x; xv[t][5] = b.y; xv[t][6] = b.z; xv[t][7] = b.w;
+            const float4 b =
+                __ldg(reinterpret_cast<const float4*>(xr[t] + k + 4));
+            xv[t][0] = a.x;
+            xv[t][1] = a.y;
+            xv[t][2] = a.z;
+            xv[t][3] = a.w;
+            xv[t][4] = b.x;
+            xv[t][5] = b.y;
+            xv[t][6] = b.z;
+            xv[t][7] = b.w;
           }
 #pragma unroll
           for (int o = 0; o < NO; ++o) {
@@ -154,8 +161,8 @@ absl::Status Run(const MatmulParams& p, bool vec, cudaStream_t stream) {
     return absl::InvalidArgumentError("matmul: shape too large for the grid");
   }
   LaunchPdl(MatmulKernel<D, NO, NT, U>,
-            dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kWarps * 32, 0, stream,
-            p, vec);
+            dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)),
+            kWarps * 32, 0, stream, p, vec);
   return LaunchStatus("matmul launch");
 }
 
@@ -179,14 +186,16 @@ absl::Status LaunchMatmul(const MatmulParams& p, const MatmulResources& r,
   if (absl::Status s = Validate(p); !s.ok()) return s;
   const bool mma = r.x_splits != 0 && MmaMatmulApplies(p);
   if (!mma && p.w_layout != WeightLayout::kRowMajor) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "matmul: a weight in ", WeightLayoutName(p.w_layout),
-        " needs the tensor-core path (bf16, in % 8 == 0, 16-byte aligned, x splits 2 or 3)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("matmul: a weight in ", WeightLayoutName(p.w_layout),
+                     " needs the tensor-core path (bf16, in % 8 == 0, 16-byte "
+                     "aligned, x splits 2 or 3)"));
   }
   // A fused prologue the chosen kernel cannot fuse (the norm beyond
   // kMaxFusedNormRows rows, or either off the tensor-core path) runs as its
   // own op into scratch, then the plain matmul: the same bits either way.
-  const bool unfused_norm = p.norm_weight != nullptr && !(mma && p.rows <= kMaxFusedNormRows);
+  const bool unfused_norm =
+      p.norm_weight != nullptr && !(mma && p.rows <= kMaxFusedNormRows);
   const bool unfused_swiglu = p.swiglu && !mma;
   if (unfused_norm || unfused_swiglu) {
     const size_t need = static_cast<size_t>(p.rows * p.in) * sizeof(float);

@@ -102,9 +102,11 @@ constexpr int kTileOut = kWarps * kRowsPerWarp;  // outputs per unit
 constexpr int kStepK = 64;                       // k per ring step
 constexpr int kRing = 4;                         // steps in flight
 constexpr int kMaxTokens = 64;                   // tokens per launch
-constexpr int kPlanBlocks = 264;                 // parts: 2 blocks per SM on 132 SMs
-static_assert(kThreads == kRmsBlockThreads, "the fused norm reduces with the whole block");
-static_assert(kWarps == kTiledWarps && kTileOut == kTiledRows && kStepK == kTiledStepK,
+constexpr int kPlanBlocks = 264;  // parts: 2 blocks per SM on 132 SMs
+static_assert(kThreads == kRmsBlockThreads,
+              "the fused norm reduces with the whole block");
+static_assert(kWarps == kTiledWarps && kTileOut == kTiledRows &&
+                  kStepK == kTiledStepK,
               "a unit's step is one tile step of the weight layout");
 
 struct MmaArgs {
@@ -158,8 +160,8 @@ __device__ __forceinline__ uint32_t SplitPair(float& a, float& b) {
 struct UnitView {
   bool valid = false;
   int64_t tile = 0;
-  int piece = 0;    // index of this piece in its tile (k order)
-  int pieces = 0;   // pieces the tile is cut into
+  int piece = 0;   // index of this piece in its tile (k order)
+  int pieces = 0;  // pieces the tile is cut into
   int64_t kbeg = 0;
   int klen = 0;     // elements in the piece
   int nsteps = 0;   // 64-k steps holding data
@@ -170,8 +172,8 @@ struct UnitView {
 };
 
 template <int RING>
-__device__ __forceinline__ UnitView ViewUnit(const MmaArgs& a, Cursor c, int warp, int g,
-                                             int q) {
+__device__ __forceinline__ UnitView ViewUnit(const MmaArgs& a, Cursor c,
+                                             int warp, int g, int q) {
   const MatmulParams& p = a.p;
   UnitView v;
   v.valid = c.part < a.parts;
@@ -189,24 +191,33 @@ __device__ __forceinline__ UnitView ViewUnit(const MmaArgs& a, Cursor c, int war
   v.padded = (v.nsteps + RING - 1) / RING * RING;
   // (c.step counts tile-major over (tile, step), as the layout does; the
   // rows past `out` in the last tile are read, as padding, and discarded)
-  v.w0 = static_cast<const uint16_t*>(p.w) + TiledLaneChunk(c.step, warp, g, q) * int64_t{8};
+  v.w0 = static_cast<const uint16_t*>(p.w) +
+         TiledLaneChunk(c.step, warp, g, q) * int64_t{8};
   v.w1 = v.w0 + kTiledRowPlus8 * 8;
   return v;
 }
 
 // The cursor after unit `v` (which `c` points at).
-__device__ __forceinline__ Cursor NextUnit(const MmaArgs& a, Cursor c, const UnitView& v) {
+__device__ __forceinline__ Cursor NextUnit(const MmaArgs& a, Cursor c,
+                                           const UnitView& v) {
   if (v.end < PartBegin(a, c.part + 1)) return Cursor{c.part, v.end};
   return FirstOf(a, c.part + gridDim.x);
 }
 
 // v[0..8) = src[0..8), with two 16-byte loads when `vec`.
-__device__ __forceinline__ void LoadX8(const float* src, bool vec, float (&v)[8]) {
+__device__ __forceinline__ void LoadX8(const float* src, bool vec,
+                                       float (&v)[8]) {
   if (vec) {
     const float4 lo = *reinterpret_cast<const float4*>(src);
     const float4 hi = *reinterpret_cast<const float4*>(src + 4);
-    v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
-    v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+    v[0] = lo.x;
+    v[1] = lo.y;
+    v[2] = lo.z;
+    v[3] = lo.w;
+    v[4] = hi.x;
+    v[5] = hi.y;
+    v[6] = hi.z;
+    v[7] = hi.w;
   } else {
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = src[e];
@@ -219,9 +230,11 @@ __device__ __forceinline__ void LoadX8(const float* src, bool vec, float (&v)[8]
 // staging in the kernel and the pre-split kernel both build fragments here,
 // so they hold the same bits.
 template <int SPLITS, typename Store>
-__device__ __forceinline__ void XFragments(const MatmulParams& p, const float* xb, int tokens,
-                                           int tok, int64_t k, int64_t kend, bool x_vec,
-                                           bool norm, const float* inv_rms, Store&& store) {
+__device__ __forceinline__ void XFragments(const MatmulParams& p,
+                                           const float* xb, int tokens, int tok,
+                                           int64_t k, int64_t kend, bool x_vec,
+                                           bool norm, const float* inv_rms,
+                                           Store&& store) {
   float v[8];
   if (tok < tokens && k < kend) {
     const float* src = xb + tok * p.x_stride + k;
@@ -235,7 +248,8 @@ __device__ __forceinline__ void XFragments(const MatmulParams& p, const float* x
     if (norm) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        v[e] = NormedElem(v[e], inv_rms[tok], p.norm_weight, k + e, p.norm_plus_one);
+        v[e] = NormedElem(v[e], inv_rms[tok], p.norm_weight, k + e,
+                          p.norm_plus_one);
       }
     }
   } else {
@@ -254,14 +268,14 @@ __device__ __forceinline__ void XFragments(const MatmulParams& p, const float* x
 }
 
 __device__ __forceinline__ bool XVectorLoads(const MatmulParams& p) {
-  return (reinterpret_cast<uintptr_t>(p.x) % 16 == 0) && (p.x_stride % 4 == 0) &&
-         (!p.swiglu || p.in % 4 == 0);
+  return (reinterpret_cast<uintptr_t>(p.x) % 16 == 0) &&
+         (p.x_stride % 4 == 0) && (!p.swiglu || p.in % 4 == 0);
 }
 
 // Fragments of one 64-k step for NT·8 tokens, in the order the kernel reads
 // them from shared memory: [SPLITS][NT][2 halves][32 lanes] uint4.
 template <int NT, int SPLITS>
-constexpr int kStepFragments = SPLITS * NT * 2 * 32;
+constexpr int kStepFragments = SPLITS* NT * 2 * 32;
 
 // The wgmma B operand of one (64-k step, split s, instruction j): the 16
 // k-slots of instruction j for NT·8 tokens as no-swizzle core matrices (8
@@ -290,8 +304,8 @@ constexpr bool kPresplitWgmma = NT == 8;
 // Otherwise it is the order the warps read: [SPLITS][NT][2 halves][32
 // lanes] uint4. kStepFragments<NT, SPLITS> uint4 per step either way.
 template <int NT, int SPLITS>
-__global__ void __launch_bounds__(kThreads) SplitXKernel(MatmulParams p, int64_t t0, int tokens,
-                                                         uint4* xf) {
+__global__ void __launch_bounds__(kThreads)
+    SplitXKernel(MatmulParams p, int64_t t0, int tokens, uint4* xf) {
   PdlBegin();
   const int64_t step = blockIdx.x;
   const bool x_vec = XVectorLoads(p);
@@ -302,22 +316,23 @@ __global__ void __launch_bounds__(kThreads) SplitXKernel(MatmulParams p, int64_t
     const int kl = c * 8;
     const int qq = (kl >> 4) & 3, h = (kl >> 3) & 1;
     const int dst_lane = (tok & 7) * 4 + qq, n = tok >> 3;
-    XFragments<SPLITS>(p, xb, tokens, tok, step * kStepK + c * 8, p.in, x_vec, false, nullptr,
-                       [&](int s, uint4 f) {
-                         if constexpr (kPresplitWgmma<NT>) {
-                           // f.x, f.y: instruction 2h (slots 2q,2q+1 | 2q+8,2q+9);
-                           // f.z, f.w: instruction 2h + 1.
-                           char* b = reinterpret_cast<char*>(out) +
-                                     (s * 4 + 2 * h) * kWgmmaBBytes<NT> + n * 2 * 128 +
-                                     (tok & 7) * 16 + qq * 4;
-                           *reinterpret_cast<uint32_t*>(b) = f.x;
-                           *reinterpret_cast<uint32_t*>(b + 128) = f.y;
-                           *reinterpret_cast<uint32_t*>(b + kWgmmaBBytes<NT>) = f.z;
-                           *reinterpret_cast<uint32_t*>(b + kWgmmaBBytes<NT> + 128) = f.w;
-                         } else {
-                           out[((s * NT + n) * 2 + h) * 32 + dst_lane] = f;
-                         }
-                       });
+    XFragments<SPLITS>(
+        p, xb, tokens, tok, step * kStepK + c * 8, p.in, x_vec, false, nullptr,
+        [&](int s, uint4 f) {
+          if constexpr (kPresplitWgmma<NT>) {
+            // f.x, f.y: instruction 2h (slots 2q,2q+1 | 2q+8,2q+9);
+            // f.z, f.w: instruction 2h + 1.
+            char* b = reinterpret_cast<char*>(out) +
+                      (s * 4 + 2 * h) * kWgmmaBBytes<NT> + n * 2 * 128 +
+                      (tok & 7) * 16 + qq * 4;
+            *reinterpret_cast<uint32_t*>(b) = f.x;
+            *reinterpret_cast<uint32_t*>(b + 128) = f.y;
+            *reinterpret_cast<uint32_t*>(b + kWgmmaBBytes<NT>) = f.z;
+            *reinterpret_cast<uint32_t*>(b + kWgmmaBBytes<NT> + 128) = f.w;
+          } else {
+            out[((s * NT + n) * 2 + h) * 32 + dst_lane] = f;
+          }
+        });
   }
 }
 
@@ -333,7 +348,8 @@ __device__ __forceinline__ uint64_t WgmmaDesc(const void* b) {
 // fragments at `step` (SPLITS·4 blocks of kWgmmaBBytes<8>). The order per
 // accumulator is the mma.sync kernel's.
 template <int SPLITS>
-__device__ __forceinline__ void WgmmaStep(float (&acc)[8][4], const uint4 (&w)[4],
+__device__ __forceinline__ void WgmmaStep(float (&acc)[8][4],
+                                          const uint4 (&w)[4],
                                           const char* step) {
   constexpr int kB = kWgmmaBBytes<8>;
 #pragma unroll
@@ -348,13 +364,18 @@ __device__ __forceinline__ void WgmmaStep(float (&acc)[8][4], const uint4 (&w)[4
 
 __device__ __forceinline__ int LoadAcquire(const int* p) {
   int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n"
+               : "=r"(v)
+               : "l"(p)
+               : "memory");
   return v;
 }
 
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst),
+               "l"(gmem)
+               : "memory");
 }
 __device__ __forceinline__ void CpAsyncCommit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -383,7 +404,8 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
     MmaMatmulKernel(MmaArgs a, const uint4* __restrict__ xf) {
   // [stages][RING][SPLITS][NT][2 halves][32 lanes]; 2 stages when PRESPLIT.
   extern __shared__ uint4 xs_all[];
-  static_assert(PRESPLIT || RING == kRing, "the in-block staging fills kRing-step tiles");
+  static_assert(PRESPLIT || RING == kRing,
+                "the in-block staging fills kRing-step tiles");
   constexpr bool kWg = PRESPLIT && kPresplitWgmma<NT>;
   constexpr int kTileFragments = RING * kStepFragments<NT, SPLITS>;
   __shared__ int is_last;
@@ -444,7 +466,8 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
       const int first = xkt * RING;
       const int steps = min(RING, v.nsteps - first);
       const uint4* src =
-          xf + (v.kbeg / kStepK + first) * static_cast<int64_t>(kStepFragments<NT, SPLITS>);
+          xf + (v.kbeg / kStepK + first) *
+                   static_cast<int64_t>(kStepFragments<NT, SPLITS>);
       uint4* dst = xs_all + stage * kTileFragments;
       for (int i = tid; i < steps * kStepFragments<NT, SPLITS>; i += kThreads) {
         CpAsync16(dst + i, src + i);
@@ -454,7 +477,8 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
         xc = NextUnit(a, xc, v);
       }
     }
-    CpAsyncCommit();  // (empty past the last tile: the group count stays uniform)
+    CpAsyncCommit();  // (empty past the last tile: the group count stays
+                      // uniform)
   };
   int stage = 0;
   if constexpr (PRESPLIT) issue_x_tile(0);
@@ -466,10 +490,12 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
     fused_norm = p.norm_weight != nullptr;
     if (fused_norm) {
       if (p.in >= kRmsBlockDim) {
-        BlockInvRmsRows<8>(xb, p.x_stride, a.tokens, p.in, p.norm_eps, sm_part, sm_inv);
+        BlockInvRmsRows<8>(xb, p.x_stride, a.tokens, p.in, p.norm_eps, sm_part,
+                           sm_inv);
       } else {
         if (warp < a.tokens) {
-          const float inv = WarpInvRms(xb + warp * p.x_stride, p.in, p.norm_eps, lane);
+          const float inv =
+              WarpInvRms(xb + warp * p.x_stride, p.in, p.norm_eps, lane);
           if (lane == 0) sm_inv[warp] = inv;
         }
         __syncthreads();
@@ -494,11 +520,13 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
         issue_x_tile(stage ^ 1);  // the stage consumed by the previous tile
         CpAsyncWait<1>();         // this thread's copies of the current tile
         // wgmma reads shared memory through the async proxy.
-        if constexpr (kWg) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        if constexpr (kWg)
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         stage ^= 1;
       } else {
         // Stage x[tokens][kt's 256 k] as split bf16 fragments.
-        const int64_t ktile = cv.kbeg + static_cast<int64_t>(kt) * (RING * kStepK);
+        const int64_t ktile =
+            cv.kbeg + static_cast<int64_t>(kt) * (RING * kStepK);
 #pragma unroll
         for (int it = 0; it < NT; ++it) {
           const int item = it * kThreads + tid;  // (token, 8-wide chunk)
@@ -506,10 +534,12 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
           const int kl = c * 8;  // 0..255 within the tile
           const int u = kl >> 6, qq = (kl >> 4) & 3, h = (kl >> 3) & 1;
           const int dst_lane = (tok & 7) * 4 + qq, n = tok >> 3;
-          XFragments<SPLITS>(p, xb, a.tokens, tok, ktile + c * 8, kend, x_vec,
-                             fused_norm, sm_inv, [&](int s, uint4 f) {
-                               xs_all[(((u * SPLITS + s) * NT + n) * 2 + h) * 32 + dst_lane] = f;
-                             });
+          XFragments<SPLITS>(
+              p, xb, a.tokens, tok, ktile + c * 8, kend, x_vec, fused_norm,
+              sm_inv, [&](int s, uint4 f) {
+                xs_all[(((u * SPLITS + s) * NT + n) * 2 + h) * 32 + dst_lane] =
+                    f;
+              });
         }
       }
       __syncthreads();
@@ -521,8 +551,10 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
             // (the wgmmas read ring[u]: they complete before load_next
             // refills it, and before the next tile's copy overwrites xs)
             WgmmaFence();
-            WgmmaStep<SPLITS>(acc, ring[u], reinterpret_cast<const char*>(xs) +
-                                                u * kStepFragments<NT, SPLITS> * sizeof(uint4));
+            WgmmaStep<SPLITS>(
+                acc, ring[u],
+                reinterpret_cast<const char*>(xs) +
+                    u * kStepFragments<NT, SPLITS> * sizeof(uint4));
             WgmmaCommitAndWait();
           }
         } else if (kt * RING + u < cv.nsteps) {
@@ -534,8 +566,10 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
           for (int s = SPLITS - 1; s >= 0; --s) {
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
-              const uint4 x0 = xs[(((u * SPLITS + s) * NT + n) * 2 + 0) * 32 + lane];
-              const uint4 x1 = xs[(((u * SPLITS + s) * NT + n) * 2 + 1) * 32 + lane];
+              const uint4 x0 =
+                  xs[(((u * SPLITS + s) * NT + n) * 2 + 0) * 32 + lane];
+              const uint4 x1 =
+                  xs[(((u * SPLITS + s) * NT + n) * 2 + 1) * 32 + lane];
               Mma(acc[n], wa0.x, wb0.x, wa0.y, wb0.y, x0.x, x0.y);
               Mma(acc[n], wa0.z, wb0.z, wa0.w, wb0.w, x0.z, x0.w);
               Mma(acc[n], wa1.x, wb1.x, wa1.y, wb1.y, x1.x, x1.y);
@@ -547,7 +581,8 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
       }
     }
 
-    // acc[n] = (row g, tokens 2q, 2q+1), (row g+8, tokens 2q, 2q+1) of N-tile n.
+    // acc[n] = (row g, tokens 2q, 2q+1), (row g+8, tokens 2q, 2q+1) of N-tile
+    // n.
     const int64_t o_base = cv.tile * kTileOut + warp * kRowsPerWarp;
     auto each_output = [&](auto&& fn) {
 #pragma unroll
@@ -581,16 +616,20 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
       if constexpr (PRESPLIT) CpAsyncWait<0>();
       __syncthreads();  // every warp is done with the x stages
       own = reinterpret_cast<float*>(xs_all);
-      each_output([&](int64_t o, int tok, float v) { own[tok * kTileOut + (o - o0)] = v; });
+      each_output([&](int64_t o, int tok, float v) {
+        own[tok * kTileOut + (o - o0)] = v;
+      });
       if (tid == 0) {
         while (LoadAcquire(&a.counters[cv.tile]) < cv.pieces - 1) {
         }
         a.counters[cv.tile] = 0;
       }
-      __syncthreads();  // (thread 0's acquire, then the barrier: the pieces are visible)
+      __syncthreads();  // (thread 0's acquire, then the barrier: the pieces are
+                        // visible)
     } else {
       each_output([&](int64_t o, int tok, float v) {
-        a.partial[(static_cast<int64_t>(cv.piece) * a.tokens + tok) * p.out + o] = v;
+        a.partial[(static_cast<int64_t>(cv.piece) * a.tokens + tok) * p.out +
+                  o] = v;
       });
       // Every thread's partials, then one fence and the count: the barrier
       // orders the block's stores before thread 0's fence, which is
@@ -608,7 +647,8 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
         is_last = atomicAdd(&a.counters[cv.tile], 1) == cv.pieces - 1;
       }
       __syncthreads();
-      if (!is_last) continue;  // (is_last is rewritten only after two more barriers)
+      if (!is_last)
+        continue;  // (is_last is rewritten only after two more barriers)
       __threadfence();
     }
     const int64_t piece_stride = static_cast<int64_t>(a.tokens) * p.out;
@@ -643,8 +683,9 @@ __global__ void __launch_bounds__(kThreads, (NT <= 2 || RING <= 2) ? 2 : 1)
         for (int i = 0; i < kPB; ++i) {
 #pragma unroll
           for (int e = 0; e < kE; ++e) {
-            v[i][e] = ok[e] && s0 + i < cv.pieces ? __ldcg(src[e] + (s0 + i) * piece_stride)
-                                                  : 0.0f;
+            v[i][e] = ok[e] && s0 + i < cv.pieces
+                          ? __ldcg(src[e] + (s0 + i) * piece_stride)
+                          : 0.0f;
           }
         }
 #pragma unroll
@@ -672,11 +713,13 @@ int64_t ResidentBlocks(size_t smem) {
     auto kernel = MmaMatmulKernel<NT, SPLITS, PRESPLIT, RING>;
     int device = 0, sms = 0, per_sm = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) !=
+            cudaSuccess ||
+        cudaFuncSetAttribute(kernel,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem)) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) !=
-            cudaSuccess) {
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads,
+                                                      smem) != cudaSuccess) {
       return int64_t{0};
     }
     return static_cast<int64_t>(sms) * per_sm;
@@ -690,7 +733,8 @@ int64_t ResidentBlocks(size_t smem) {
 constexpr int kPresplitMinNT = 4;
 
 template <int NT, int SPLITS>
-absl::Status Launch(const MmaArgs& a, const Workspace& x_frags, cudaStream_t stream) {
+absl::Status Launch(const MmaArgs& a, const Workspace& x_frags,
+                    cudaStream_t stream) {
   const int64_t steps = CeilDiv(a.p.in, kStepK);
   const size_t frag_bytes =
       static_cast<size_t>(steps) * kStepFragments<NT, SPLITS> * sizeof(uint4);
@@ -698,35 +742,42 @@ absl::Status Launch(const MmaArgs& a, const Workspace& x_frags, cudaStream_t str
   const size_t tile_bytes = sizeof(uint4) * kRing * kStepFragments<NT, SPLITS>;
   const dim3 block(kThreads);
   if (!presplit) {
-    const int64_t resident = ResidentBlocks<NT, SPLITS, false, kRing>(tile_bytes);
-    if (resident <= 0) return absl::InternalError("matmul: no occupancy for the kernel");
+    const int64_t resident =
+        ResidentBlocks<NT, SPLITS, false, kRing>(tile_bytes);
+    if (resident <= 0)
+      return absl::InternalError("matmul: no occupancy for the kernel");
     MmaArgs owned = a;
     owned.owner_sums = resident >= a.parts;
     const dim3 grid(static_cast<unsigned>(std::min(a.parts, resident)));
-    LaunchPdl(MmaMatmulKernel<NT, SPLITS, false, kRing>, grid, block, tile_bytes, stream, owned,
-              static_cast<const uint4*>(nullptr));
+    LaunchPdl(MmaMatmulKernel<NT, SPLITS, false, kRing>, grid, block,
+              tile_bytes, stream, owned, static_cast<const uint4*>(nullptr));
     return LaunchStatus("matmul (tensor core) launch");
   }
   if constexpr (NT >= kPresplitMinNT) {
     uint4* xf = static_cast<uint4*>(x_frags.data);
-    LaunchPdl(SplitXKernel<NT, SPLITS>, dim3(static_cast<unsigned>(steps)), block, 0, stream,
-              a.p, a.t0, a.tokens, xf);
-    if (absl::Status s = LaunchStatus("matmul x split launch"); !s.ok()) return s;
+    LaunchPdl(SplitXKernel<NT, SPLITS>, dim3(static_cast<unsigned>(steps)),
+              block, 0, stream, a.p, a.t0, a.tokens, xf);
+    if (absl::Status s = LaunchStatus("matmul x split launch"); !s.ok())
+      return s;
     constexpr int kPresplitRing = 2;
-    const size_t stage_bytes = sizeof(uint4) * kPresplitRing * kStepFragments<NT, SPLITS>;
-    const int64_t resident = ResidentBlocks<NT, SPLITS, true, kPresplitRing>(2 * stage_bytes);
-    if (resident <= 0) return absl::InternalError("matmul: no occupancy for the kernel");
+    const size_t stage_bytes =
+        sizeof(uint4) * kPresplitRing * kStepFragments<NT, SPLITS>;
+    const int64_t resident =
+        ResidentBlocks<NT, SPLITS, true, kPresplitRing>(2 * stage_bytes);
+    if (resident <= 0)
+      return absl::InternalError("matmul: no occupancy for the kernel");
     MmaArgs owned = a;
     owned.owner_sums = resident >= a.parts;
     LaunchPdl(MmaMatmulKernel<NT, SPLITS, true, kPresplitRing>,
-              dim3(static_cast<unsigned>(std::min(a.parts, resident))), block, 2 * stage_bytes,
-              stream, owned, static_cast<const uint4*>(xf));
+              dim3(static_cast<unsigned>(std::min(a.parts, resident))), block,
+              2 * stage_bytes, stream, owned, static_cast<const uint4*>(xf));
   }
   return LaunchStatus("matmul (tensor core, pre-split x) launch");
 }
 
 template <int SPLITS>
-absl::Status LaunchSplits(const MmaArgs& a, const Workspace& x_frags, cudaStream_t stream) {
+absl::Status LaunchSplits(const MmaArgs& a, const Workspace& x_frags,
+                          cudaStream_t stream) {
   const int nt = (a.tokens + 7) / 8;
   if (nt <= 1) return Launch<1, SPLITS>(a, x_frags, stream);
   if (nt <= 2) return Launch<2, SPLITS>(a, x_frags, stream);
@@ -737,8 +788,9 @@ absl::Status LaunchSplits(const MmaArgs& a, const Workspace& x_frags, cudaStream
 }  // namespace
 
 bool MmaMatmulApplies(const MatmulParams& p) {
-  return p.w_dtype == DType::kBF16 && p.w_layout == WeightLayout::kTensorCoreTiles &&
-         p.in % 8 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
+  return p.w_dtype == DType::kBF16 &&
+         p.w_layout == WeightLayout::kTensorCoreTiles && p.in % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
 }
 
 MmaPlan PlanMmaMatmul(int64_t in, int64_t out) {
@@ -747,8 +799,7 @@ MmaPlan PlanMmaMatmul(int64_t in, int64_t out) {
   plan.tile_steps = CeilDiv(in, kStepK);
   // No more parts than steps, so that no part is empty (piece indices count
   // parts).
-  plan.parts = std::min(plan.tiles * plan.tile_steps,
-                        int64_t{kPlanBlocks});
+  plan.parts = std::min(plan.tiles * plan.tile_steps, int64_t{kPlanBlocks});
   // Pieces of one tile: a part has at least q >= 1 steps (q = steps /
   // parts), so a tile of n steps meets at most ceil(n/q) + 1 parts (and at
   // most n).
@@ -759,13 +810,15 @@ MmaPlan PlanMmaMatmul(int64_t in, int64_t out) {
 
 int64_t MmaMatmulCounters() { return 16384; }
 
-absl::Status LaunchMmaMatmul(const MatmulParams& p, int splits, const Workspace& ws,
-                             const Workspace& x_frags, int* counters, cudaStream_t stream) {
+absl::Status LaunchMmaMatmul(const MatmulParams& p, int splits,
+                             const Workspace& ws, const Workspace& x_frags,
+                             int* counters, cudaStream_t stream) {
   if (splits != 2 && splits != 3) {
     return absl::InvalidArgumentError("matmul: splits must be 2 or 3");
   }
   if (p.norm_weight != nullptr && p.rows > kMaxFusedNormRows) {
-    return absl::InternalError("matmul: a fused norm takes at most 8 rows here");
+    return absl::InternalError(
+        "matmul: a fused norm takes at most 8 rows here");
   }
   const MmaPlan plan = PlanMmaMatmul(p.in, p.out);
   if (plan.tiles * plan.tile_steps > (int64_t{1} << 40) / plan.parts) {
@@ -774,11 +827,13 @@ absl::Status LaunchMmaMatmul(const MatmulParams& p, int splits, const Workspace&
   int64_t per_launch = kMaxTokens;
   if (plan.max_pieces > 1) {
     if (plan.tiles > MmaMatmulCounters()) {
-      return absl::InternalError("matmul: too many split tiles for the counters");
+      return absl::InternalError(
+          "matmul: too many split tiles for the counters");
     }
-    const int64_t fit =
-        static_cast<int64_t>(ws.bytes / (sizeof(float) * plan.max_pieces * p.out));
-    if (fit < 1) return absl::ResourceExhaustedError("matmul: workspace too small");
+    const int64_t fit = static_cast<int64_t>(
+        ws.bytes / (sizeof(float) * plan.max_pieces * p.out));
+    if (fit < 1)
+      return absl::ResourceExhaustedError("matmul: workspace too small");
     per_launch = std::min(per_launch, fit);
   }
   for (int64_t t0 = 0; t0 < p.rows; t0 += per_launch) {

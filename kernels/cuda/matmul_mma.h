@@ -9,8 +9,8 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/matmul.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/matmul.h"
 
 namespace specserve::kernels::cuda {
 

@@ -11,8 +11,9 @@ namespace specserve::kernels::cuda {
 
 // c += A·B over k16: mma.sync m16n8k16, bf16 in, fp32 accumulators in the
 // C layout (rows g, g+8 × columns 2q, 2q+1 of lane 4g+q).
-__device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                    uint32_t a3, uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1,
+                                    uint32_t a2, uint32_t a3, uint32_t b0,
+                                    uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
       "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -23,10 +24,12 @@ __device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uin
 // Shared-memory matrix descriptor, no swizzle, base offset 0: `lbo`/`sbo`
 // are the byte distances between core matrices (8 rows × 16 bytes)
 // adjacent along K and along M/N.
-__device__ __forceinline__ uint64_t WgmmaNoSwizzleDesc(const void* smem, uint32_t lbo,
+__device__ __forceinline__ uint64_t WgmmaNoSwizzleDesc(const void* smem,
+                                                       uint32_t lbo,
                                                        uint32_t sbo) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  return static_cast<uint64_t>((addr >> 4) & 0x3fff) | static_cast<uint64_t>(lbo >> 4) << 16 |
+  return static_cast<uint64_t>((addr >> 4) & 0x3fff) |
+         static_cast<uint64_t>(lbo >> 4) << 16 |
          static_cast<uint64_t>(sbo >> 4) << 32;
 }
 
@@ -34,20 +37,22 @@ __device__ __forceinline__ uint64_t WgmmaNoSwizzleDesc(const void* smem, uint32_
 // from registers in mma.sync's A layout (per warp: its 16 rows), B from
 // shared memory at `desc`. D in mma.sync's C layout per warp and N-tile of
 // 8: d[n][0..3].
-__device__ __forceinline__ void Wgmma64(float (&d)[8][4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                        uint32_t a3, uint64_t desc) {
+__device__ __forceinline__ void Wgmma64(float (&d)[8][4], uint32_t a0,
+                                        uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint64_t desc) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
       "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
       "{%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
-        "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
-        "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
-        "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
-        "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-        "+f"(d[7][2]), "+f"(d[7][3])
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
 }
 

@@ -34,12 +34,14 @@ __device__ float BlockMax(float v, float* sm) {
 // The scaled row maximum, as the CPU's RowMax (NaN ignored).
 __device__ float RowMax(const float* x, int64_t cols, float scale, float* sm) {
   float m = -INFINITY;
-  for (int64_t i = threadIdx.x; i < cols; i += kThreads) m = fmaxf(m, __fmul_rn(x[i], scale));
+  for (int64_t i = threadIdx.x; i < cols; i += kThreads)
+    m = fmaxf(m, __fmul_rn(x[i], scale));
   return BlockMax(m, sm);
 }
 
 // (a_v, a_i) vs (b_v, b_i): larger value wins, equal values the lower index.
-__device__ __forceinline__ bool Better(float bv, int64_t bi, float av, int64_t ai) {
+__device__ __forceinline__ bool Better(float bv, int64_t bi, float av,
+                                       int64_t ai) {
   return bv > av || (bv == av && bi < ai);
 }
 
@@ -69,7 +71,8 @@ __global__ void __cluster_dims__(kArgmaxSplit, 1, 1) __launch_bounds__(kThreads)
   const int part = static_cast<int>(cluster.block_rank());
   const int64_t r = blockIdx.x / kArgmaxSplit;
   const float* x = p.x + r * p.x_stride;
-  const int64_t slice = (p.cols + 4 * kArgmaxSplit - 1) / (4 * kArgmaxSplit) * 4;
+  const int64_t slice =
+      (p.cols + 4 * kArgmaxSplit - 1) / (4 * kArgmaxSplit) * 4;
   const int64_t c0 = min(p.cols, part * slice);
   const int64_t c1 = min(p.cols, c0 + slice);
   if (threadIdx.x == 0) sm_finite = 1;
@@ -100,7 +103,8 @@ __global__ void __cluster_dims__(kArgmaxSplit, 1, 1) __launch_bounds__(kThreads)
     }
     scalar_from = c0 + 4 * n4;
   }
-  for (int64_t i = scalar_from + threadIdx.x; i < c1; i += kThreads) visit(x[i], i);
+  for (int64_t i = scalar_from + threadIdx.x; i < c1; i += kThreads)
+    visit(x[i], i);
   if (!__all_sync(kFullMask, finite) && (threadIdx.x & 31) == 0) sm_finite = 0;
   for (int m = 16; m > 0; m >>= 1) {
     const float ov = __shfl_xor_sync(kFullMask, best_v, m);
@@ -182,7 +186,8 @@ __global__ void __launch_bounds__(kThreads) SoftmaxKernel(SoftmaxParams p) {
   }
   sum = BlockSumD<kThreads>(sum, sm_d);
   const float inv = static_cast<float>(1.0 / sum);
-  for (int64_t i = threadIdx.x; i < p.cols; i += kThreads) y[i] = __fmul_rn(y[i], inv);
+  for (int64_t i = threadIdx.x; i < p.cols; i += kThreads)
+    y[i] = __fmul_rn(y[i], inv);
 }
 
 absl::Status CheckRows(int64_t rows, const char* op) {
@@ -196,22 +201,26 @@ absl::Status CheckRows(int64_t rows, const char* op) {
 
 absl::Status LaunchArgmax(const ArgmaxParams& p, cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
-  if (absl::Status s = CheckRows(p.rows * kArgmaxSplit, "argmax"); !s.ok()) return s;
-  LaunchPdl(ArgmaxKernel, static_cast<unsigned>(p.rows * kArgmaxSplit), kThreads, 0, stream, p);
+  if (absl::Status s = CheckRows(p.rows * kArgmaxSplit, "argmax"); !s.ok())
+    return s;
+  LaunchPdl(ArgmaxKernel, static_cast<unsigned>(p.rows * kArgmaxSplit),
+            kThreads, 0, stream, p);
   return LaunchStatus("argmax launch");
 }
 
 absl::Status LaunchLogSumExp(const LogSumExpParams& p, cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (absl::Status s = CheckRows(p.rows, "logsumexp"); !s.ok()) return s;
-  LaunchPdl(LogSumExpKernel, static_cast<unsigned>(p.rows), kThreads, 0, stream, p);
+  LaunchPdl(LogSumExpKernel, static_cast<unsigned>(p.rows), kThreads, 0, stream,
+            p);
   return LaunchStatus("logsumexp launch");
 }
 
 absl::Status LaunchSoftmax(const SoftmaxParams& p, cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (absl::Status s = CheckRows(p.rows, "softmax"); !s.ok()) return s;
-  LaunchPdl(SoftmaxKernel, static_cast<unsigned>(p.rows), kThreads, 0, stream, p);
+  LaunchPdl(SoftmaxKernel, static_cast<unsigned>(p.rows), kThreads, 0, stream,
+            p);
   return LaunchStatus("softmax launch");
 }
 

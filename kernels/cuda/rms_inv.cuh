@@ -22,13 +22,15 @@ constexpr int kRmsBlockThreads = 256;
 
 // 1/rms from the sum of squares: the mean rounded to float, then
 // 1/sqrt(mean + eps) in fp32, as on the CPU. Every variant ends here.
-__device__ __forceinline__ float InvRmsOfSumSquares(double ss, int64_t dim, float eps) {
+__device__ __forceinline__ float InvRmsOfSumSquares(double ss, int64_t dim,
+                                                    float eps) {
   const float mean = static_cast<float>(ss / static_cast<double>(dim));
   return 1.0f / sqrtf(__fadd_rn(mean, eps));
 }
 
 // Every lane of the warp returns the same value.
-__device__ __forceinline__ float WarpInvRms(const float* x, int64_t dim, float eps, int lane) {
+__device__ __forceinline__ float WarpInvRms(const float* x, int64_t dim,
+                                            float eps, int lane) {
   double ss = 0.0;
   for (int64_t i = lane; i < dim; i += 32) {
     const double v = x[i];
@@ -40,7 +42,8 @@ __device__ __forceinline__ float WarpInvRms(const float* x, int64_t dim, float e
 // WarpInvRms of a vector held in registers: v[e] is element lane + 32e
 // (zero past dim); the same adds in the same order, so the same bits.
 template <int E>
-__device__ __forceinline__ float WarpInvRmsOfLane(const float (&v)[E], int64_t dim, float eps,
+__device__ __forceinline__ float WarpInvRmsOfLane(const float (&v)[E],
+                                                  int64_t dim, float eps,
                                                   int lane) {
   double ss = 0.0;
 #pragma unroll
@@ -61,11 +64,14 @@ __device__ __forceinline__ float WarpInvRmsOfLane(const float (&v)[E], int64_t d
 // its piece sums load eight pieces at a time.
 constexpr int kRmsLoadBatch = 20;
 template <int ROWS>
-__device__ __forceinline__ void ThreadSumSquaresRows(const float* x, int64_t x_stride,
-                                                     int64_t dim, double (&ss)[ROWS]) {
+__device__ __forceinline__ void ThreadSumSquaresRows(const float* x,
+                                                     int64_t x_stride,
+                                                     int64_t dim,
+                                                     double (&ss)[ROWS]) {
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) ss[r] = 0.0;
-  for (int64_t i0 = threadIdx.x; i0 < dim; i0 += kRmsLoadBatch * kRmsBlockThreads) {
+  for (int64_t i0 = threadIdx.x; i0 < dim;
+       i0 += kRmsLoadBatch * kRmsBlockThreads) {
     float v[ROWS][kRmsLoadBatch];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
@@ -87,7 +93,8 @@ __device__ __forceinline__ void ThreadSumSquaresRows(const float* x, int64_t x_s
     }
   }
 }
-__device__ __forceinline__ double ThreadSumSquares(const float* x, int64_t dim) {
+__device__ __forceinline__ double ThreadSumSquares(const float* x,
+                                                   int64_t dim) {
   double ss[1];
   ThreadSumSquaresRows<1>(x, 0, dim, ss);
   return ss[0];
@@ -96,15 +103,17 @@ __device__ __forceinline__ double ThreadSumSquares(const float* x, int64_t dim) 
 // Called by all kRmsBlockThreads threads of the block (two barriers; the
 // first also orders every read of x before anything after the call).
 // `sm_part` holds kRmsBlockThreads / 32 doubles.
-__device__ __forceinline__ float BlockInvRms(const float* x, int64_t dim, float eps,
-                                             double* sm_part, float* sm_inv) {
+__device__ __forceinline__ float BlockInvRms(const float* x, int64_t dim,
+                                             float eps, double* sm_part,
+                                             float* sm_inv) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const double ss = WarpSumD(ThreadSumSquares(x, dim));
   if (lane == 0) sm_part[warp] = ss;
   __syncthreads();
   if (threadIdx.x == 0) {
     double total = 0.0;
-    for (int w = 0; w < kRmsBlockThreads / 32; ++w) total = __dadd_rn(total, sm_part[w]);
+    for (int w = 0; w < kRmsBlockThreads / 32; ++w)
+      total = __dadd_rn(total, sm_part[w]);
     *sm_inv = InvRmsOfSumSquares(total, dim, eps);
   }
   __syncthreads();
@@ -116,10 +125,9 @@ __device__ __forceinline__ float BlockInvRms(const float* x, int64_t dim, float 
 // Called by all kRmsBlockThreads threads; sm_inv[r] holds row r's value
 // after the call (two barriers).
 template <int MAXT>
-__device__ __forceinline__ void BlockInvRmsRows(const float* x, int64_t x_stride, int rows,
-                                                int64_t dim, float eps,
-                                                double (*sm_part)[kRmsBlockThreads / 32],
-                                                float* sm_inv) {
+__device__ __forceinline__ void BlockInvRmsRows(
+    const float* x, int64_t x_stride, int rows, int64_t dim, float eps,
+    double (*sm_part)[kRmsBlockThreads / 32], float* sm_inv) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (rows <= 4) {  // rows in pairs, each pair's loads batched
     for (int r = 0; r < rows; r += 2) {
@@ -160,7 +168,8 @@ __device__ __forceinline__ void BlockInvRmsRows(const float* x, int64_t x_stride
   if (threadIdx.x < rows) {
     const int r = threadIdx.x;
     double total = 0.0;
-    for (int w = 0; w < kRmsBlockThreads / 32; ++w) total = __dadd_rn(total, sm_part[r][w]);
+    for (int w = 0; w < kRmsBlockThreads / 32; ++w)
+      total = __dadd_rn(total, sm_part[r][w]);
     sm_inv[r] = InvRmsOfSumSquares(total, dim, eps);
   }
   __syncthreads();
@@ -169,11 +178,13 @@ __device__ __forceinline__ void BlockInvRmsRows(const float* x, int64_t x_stride
 // Element i of the normalised vector: (x·inv)·w, w = 1 + weight[i] when
 // plus_one (two roundings, as on the CPU).
 // The same with the weight's value w = weight[i] given (loaded early).
-__device__ __forceinline__ float NormedElemOf(float x, float inv, float w, bool plus_one) {
+__device__ __forceinline__ float NormedElemOf(float x, float inv, float w,
+                                              bool plus_one) {
   return __fmul_rn(__fmul_rn(x, inv), plus_one ? __fadd_rn(1.0f, w) : w);
 }
 
-__device__ __forceinline__ float NormedElem(float x, float inv, const float* weight, int64_t i,
+__device__ __forceinline__ float NormedElem(float x, float inv,
+                                            const float* weight, int64_t i,
                                             bool plus_one) {
   return NormedElemOf(x, inv, weight[i], plus_one);
 }

@@ -2,7 +2,8 @@
 // thread per (row, head, i < rotary_dim/2) pair, RopeRotate
 // (row_formulas.cuh): the angle formed in fp32 as position·inv_freq[i], the
 // rotation written without contraction, as on the CPU; cosf/sinf are
-// CUDA's accurate versions (within 2 ulp of glibc's). A session batch reads row t's position from p.positions[t].
+// CUDA's accurate versions (within 2 ulp of glibc's). A session batch reads row
+// t's position from p.positions[t].
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
@@ -36,8 +37,9 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(RopeParams p) {
 absl::Status LaunchRope(const RopeParams& p, cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (p.rotary_dim == 0) return absl::OkStatus();
-  const dim3 grid(static_cast<unsigned>(CeilDiv(p.heads * (p.rotary_dim / 2), kThreads)),
-                  static_cast<unsigned>(p.rows < 65535 ? p.rows : 65535));
+  const dim3 grid(
+      static_cast<unsigned>(CeilDiv(p.heads * (p.rotary_dim / 2), kThreads)),
+      static_cast<unsigned>(p.rows < 65535 ? p.rows : 65535));
   LaunchPdl(RopeKernel, grid, kThreads, 0, stream, p);
   return LaunchStatus("rope launch");
 }

@@ -15,13 +15,15 @@ namespace specserve::kernels::cuda {
 
 // Row t's position as RoPE reads it (kernels/rope.h), in fp32.
 __device__ __forceinline__ float RopePosition(const RopeParams& p, int64_t t) {
-  return static_cast<float>(p.positions != nullptr ? p.positions[t] : p.first_position + t);
+  return static_cast<float>(p.positions != nullptr ? p.positions[t]
+                                                   : p.first_position + t);
 }
 
 // The rotation of the pair (x1, x2) = (x[i], x[i + rotary_dim/2]): the angle
 // pos·inv_freq[i] in fp32, CUDA's accurate cosf/sinf, no contraction.
-__device__ __forceinline__ void RopeRotate(float x1, float x2, float pos, float inv_freq,
-                                           float* y1, float* y2) {
+__device__ __forceinline__ void RopeRotate(float x1, float x2, float pos,
+                                           float inv_freq, float* y1,
+                                           float* y2) {
   const float angle = __fmul_rn(pos, inv_freq);
   const float c = cosf(angle);
   const float s = sinf(angle);
@@ -33,8 +35,8 @@ __device__ __forceinline__ void RopeRotate(float x1, float x2, float pos, float 
 // w[j]·win[j] over the first k of N slots, from +0 in j order, each product
 // and sum rounded (the CPU's order).
 template <int N>
-__device__ __forceinline__ float ConvWindowSum(const float (&w)[N], const float (&win)[N],
-                                               int k) {
+__device__ __forceinline__ float ConvWindowSum(const float (&w)[N],
+                                               const float (&win)[N], int k) {
   float acc = 0.0f;
 #pragma unroll
   for (int j = 0; j < N; ++j) {
@@ -44,15 +46,19 @@ __device__ __forceinline__ float ConvWindowSum(const float (&w)[N], const float 
 }
 
 // Vector r's gate row of a gated norm (kernels/rms_norm.h: z_group).
-__device__ __forceinline__ const float* GateRow(const GatedRmsNormParams& p, int64_t r) {
-  return p.z + (p.z_group > 0 ? (r / p.z_group) * p.z_group_stride + (r % p.z_group) * p.z_stride
+__device__ __forceinline__ const float* GateRow(const GatedRmsNormParams& p,
+                                                int64_t r) {
+  return p.z + (p.z_group > 0 ? (r / p.z_group) * p.z_group_stride +
+                                    (r % p.z_group) * p.z_stride
                               : r * p.z_stride);
 }
 
 // Row t's destination of a scatter (kernels/scatter_rows.h).
-__device__ __forceinline__ float* ScatterRowDst(const ScatterRowsParams& p, int64_t t) {
-  return p.dst != nullptr ? p.dst[t] + int64_t{p.dst_rows[t]} * p.dst_row_stride
-                          : p.dst_base + (p.dst_first_row + t) * p.dst_row_stride;
+__device__ __forceinline__ float* ScatterRowDst(const ScatterRowsParams& p,
+                                                int64_t t) {
+  return p.dst != nullptr
+             ? p.dst[t] + int64_t{p.dst_rows[t]} * p.dst_row_stride
+             : p.dst_base + (p.dst_first_row + t) * p.dst_row_stride;
 }
 
 }  // namespace specserve::kernels::cuda

@@ -29,7 +29,8 @@ namespace specserve::kernels::cuda {
 constexpr int kTiledWarps = 8;
 constexpr int kTiledRows = kTiledWarps * 16;  // rows per tile
 constexpr int kTiledStepK = 64;               // k per step
-constexpr int kTiledStepChunks = kTiledWarps * 128;  // 16-byte chunks per tile step
+constexpr int kTiledStepChunks =
+    kTiledWarps * 128;  // 16-byte chunks per tile step
 
 __host__ __device__ constexpr int64_t TiledSteps(int64_t cols) {
   return (cols + kTiledStepK - 1) / kTiledStepK;
@@ -37,7 +38,8 @@ __host__ __device__ constexpr int64_t TiledSteps(int64_t cols) {
 
 // Bytes of a [rows][cols] bf16 weight in the tile layout (padding included).
 __host__ __device__ constexpr int64_t TiledBytes(int64_t rows, int64_t cols) {
-  return (rows + kTiledRows - 1) / kTiledRows * TiledSteps(cols) * kTiledStepChunks * 16;
+  return (rows + kTiledRows - 1) / kTiledRows * TiledSteps(cols) *
+         kTiledStepChunks * 16;
 }
 
 // Chunks from a lane's chunk of row g to its next 8 k (slot + 1), and to
@@ -48,24 +50,27 @@ constexpr int kTiledRowPlus8 = 64;
 // Slot 0's chunk of lane (g, q) (lane = 4g + q) of `warp` in tile step
 // `tile_step` (tile · tile_steps + step): W[16·warp + g][16·q .. 16·q + 8)
 // of that step.
-__host__ __device__ constexpr int64_t TiledLaneChunk(int64_t tile_step, int warp, int g, int q) {
+__host__ __device__ constexpr int64_t TiledLaneChunk(int64_t tile_step,
+                                                     int warp, int g, int q) {
   return (tile_step * kTiledWarps + warp) * 128 + g * 4 + q;
 }
 
 // The chunk holding W[row][k .. k+8) (k a multiple of 8).
-__host__ __device__ constexpr int64_t TiledChunk(int64_t tile_steps, int64_t row, int64_t k) {
+__host__ __device__ constexpr int64_t TiledChunk(int64_t tile_steps,
+                                                 int64_t row, int64_t k) {
   const int64_t tile = row / kTiledRows;
   const int rr = static_cast<int>(row % kTiledRows);
   const int warp = rr / 16, half = (rr / 8) % 2, g = rr % 8;
   const int64_t step = k / kTiledStepK;
   const int kk = static_cast<int>(k % kTiledStepK);
   const int q = kk / 16, h = (kk / 8) % 2;
-  return TiledLaneChunk(tile * tile_steps + step, warp, g, q) + half * kTiledRowPlus8 +
-         h * kTiledNextK;
+  return TiledLaneChunk(tile * tile_steps + step, warp, g, q) +
+         half * kTiledRowPlus8 + h * kTiledNextK;
 }
 
 // The element index of W[row][k] in the tile layout.
-__host__ __device__ constexpr int64_t TiledElement(int64_t tile_steps, int64_t row, int64_t k) {
+__host__ __device__ constexpr int64_t TiledElement(int64_t tile_steps,
+                                                   int64_t row, int64_t k) {
   return TiledChunk(tile_steps, row, k - k % 8) * 8 + k % 8;
 }
 
