@@ -76,9 +76,8 @@ class Backend {
     const void* host = nullptr;
     int64_t rows = 0;
   };
-  virtual absl::StatusOr<Weight> UploadStackedWeight(DType dtype,
-                                                     const std::vector<WeightPart>& parts,
-                                                     int64_t cols);
+  virtual absl::StatusOr<Weight> UploadStackedWeight(
+      DType dtype, const std::vector<WeightPart>& parts, int64_t cols);
   // Waits until every issued op has finished.
   virtual absl::Status Synchronize() = 0;
 
@@ -130,11 +129,6 @@ class Backend {
   // overrides it to sample on the device (kernels/sample_rows.h).
   // FAILED_PRECONDITION when a row's logits hold NaN or inf.
   virtual absl::Status SampleRows(const SampleRowsParams& p);
-  // By default on a host copy of the row(s) (backend.cc).
-  virtual absl::Status DrawFromProbs(const DrawFromProbsParams& p);
-  // By default a copy per probability and DrawFromProbs (backend.cc); a
-  // backend overrides it to run the whole step on the device.
-  virtual absl::Status AcceptRound(const AcceptRoundParams& p);
 
  protected:
   friend class Buffer;

@@ -159,21 +159,24 @@ TEST_P(BackendOpsTest, MatmulFusedNormEqualsRmsNormThenMatmul) {
   for (int in : {256, 1032}) {
     for (int rows : {1, 3, 8, 9, 20}) {
       const int out = 45, xs = in + 4;
-      std::vector<float> x = Random(rows * xs, &rng_, -3, 3), nw = Random(in, &rng_),
-                         y0 = Random(rows * out, &rng_);
+      std::vector<float> x = Random(rows * xs, &rng_, -3, 3),
+                         nw = Random(in, &rng_), y0 = Random(rows * out, &rng_);
       std::vector<uint16_t> wh = RandomHalf(out * in, DType::kBF16, &rng_);
       Buffer xb = Up(x), nb = Up(nw), wb = UpRaw(wh.data(), wh.size() * 2);
       auto w = backend_->UploadWeight(DType::kBF16, wb.data(), out, in);
       ASSERT_TRUE(w.ok());
-      MatmulParams p = DenseMatmul(rows, xb.f32(), *w, nullptr, /*accumulate=*/true);
+      MatmulParams p =
+          DenseMatmul(rows, xb.f32(), *w, nullptr, /*accumulate=*/true);
       p.x_stride = xs;
       p.norm_weight = nb.f32();
       p.norm_eps = 1e-6f;
-      Buffer fused = Up(y0), separate = Up(y0), normed = Up(std::vector<float>(rows * in));
+      Buffer fused = Up(y0), separate = Up(y0),
+             normed = Up(std::vector<float>(rows * in));
       p.y = fused.f32();
       ASSERT_TRUE(backend_->Matmul(p).ok());
       ASSERT_TRUE(backend_->RmsNorm(FusedNormOf(p, normed.f32())).ok());
-      MatmulParams plain = DenseMatmul(rows, normed.f32(), *w, separate.f32(), true);
+      MatmulParams plain =
+          DenseMatmul(rows, normed.f32(), *w, separate.f32(), true);
       ASSERT_TRUE(backend_->Matmul(plain).ok());
       EXPECT_EQ(Down(fused, rows * out), Down(separate, rows * out))
           << "in=" << in << " rows=" << rows;
@@ -187,19 +190,25 @@ TEST_P(BackendOpsTest, MatmulFusedSwigluEqualsSwigluThenMatmul) {
   for (int in : {64, 1032}) {
     for (int rows : {1, 3, 9}) {
       const int out = 45, xs = 2 * in + 4;
-      std::vector<float> x = Random(rows * xs, &rng_, -3, 3), y0 = Random(rows * out, &rng_);
+      std::vector<float> x = Random(rows * xs, &rng_, -3, 3),
+                         y0 = Random(rows * out, &rng_);
       std::vector<uint16_t> wh = RandomHalf(out * in, DType::kBF16, &rng_);
       Buffer xb = Up(x), wb = UpRaw(wh.data(), wh.size() * 2);
       auto w = backend_->UploadWeight(DType::kBF16, wb.data(), out, in);
       ASSERT_TRUE(w.ok());
-      MatmulParams p = DenseMatmul(rows, xb.f32(), *w, nullptr, /*accumulate=*/true);
+      MatmulParams p =
+          DenseMatmul(rows, xb.f32(), *w, nullptr, /*accumulate=*/true);
       p.x_stride = xs;
       p.swiglu = true;
-      Buffer fused = Up(y0), separate = Up(y0), act = Up(std::vector<float>(rows * in));
+      Buffer fused = Up(y0), separate = Up(y0),
+             act = Up(std::vector<float>(rows * in));
       p.y = fused.f32();
       ASSERT_TRUE(backend_->Matmul(p).ok());
       ASSERT_TRUE(backend_->Swiglu(FusedSwigluOf(p, act.f32())).ok());
-      ASSERT_TRUE(backend_->Matmul(DenseMatmul(rows, act.f32(), *w, separate.f32(), true)).ok());
+      ASSERT_TRUE(
+          backend_
+              ->Matmul(DenseMatmul(rows, act.f32(), *w, separate.f32(), true))
+              .ok());
       EXPECT_EQ(Down(fused, rows * out), Down(separate, rows * out))
           << "in=" << in << " rows=" << rows;
       p.x_stride = 2 * in - 1;
@@ -309,7 +318,8 @@ TEST_P(BackendOpsTest, GatedRmsNormGroupedGate) {
                      dense = Random(rows * dim, &rng_, -3, 3);
   std::vector<float> grouped(tokens * wide, 1e9f);  // poison outside the gates
   for (int t = 0; t < tokens; ++t) {
-    for (int i = 0; i < heads * dim; ++i) grouped[t * wide + 2 + i] = dense[t * heads * dim + i];
+    for (int i = 0; i < heads * dim; ++i)
+      grouped[t * wide + 2 + i] = dense[t * heads * dim + i];
   }
   Buffer xb = Up(x), wb = Up(w), db = Up(dense), gb = Up(grouped);
   std::vector<float> out[2];
@@ -344,7 +354,8 @@ TEST_P(BackendOpsTest, RmsNormGrouped) {
   std::vector<float> grouped(tokens * wide, 1e9f);
   for (int r = 0; r < rows; ++r) {
     for (int i = 0; i < dim; ++i) {
-      grouped[(r / heads) * wide + 3 + (r % heads) * 2 * dim + i] = dense[r * dim + i];
+      grouped[(r / heads) * wide + 3 + (r % heads) * 2 * dim + i] =
+          dense[r * dim + i];
     }
   }
   Buffer db = Up(dense), gb = Up(grouped), wb = Up(w);
@@ -367,7 +378,8 @@ TEST_P(BackendOpsTest, RmsNormGrouped) {
   const std::vector<float> got = Down(gb, tokens * wide);
   for (int r = 0; r < rows; ++r) {
     for (int i = 0; i < dim; ++i) {
-      ASSERT_EQ(got[(r / heads) * wide + 3 + (r % heads) * 2 * dim + i], want[r * dim + i])
+      ASSERT_EQ(got[(r / heads) * wide + 3 + (r % heads) * 2 * dim + i],
+                want[r * dim + i])
           << "vector " << r << " element " << i;
     }
   }
@@ -382,7 +394,8 @@ TEST_P(BackendOpsTest, RmsNormGrouped) {
 TEST_P(BackendOpsTest, ScatterRowsBlock) {
   const int rows = 5, cols = 7, src_stride = 11, dst_stride = 9, first = 2;
   std::vector<float> src = Random(rows * src_stride, &rng_);
-  Buffer sb = Up(src), db = Up(std::vector<float>((first + rows + 1) * dst_stride, -7.0f));
+  Buffer sb = Up(src),
+         db = Up(std::vector<float>((first + rows + 1) * dst_stride, -7.0f));
   ScatterRowsParams p;
   p.rows = rows;
   p.cols = cols;
@@ -396,12 +409,15 @@ TEST_P(BackendOpsTest, ScatterRowsBlock) {
   for (int r = 0; r < first + rows + 1; ++r) {
     for (int c = 0; c < dst_stride; ++c) {
       const bool copied = r >= first && r < first + rows && c < cols;
-      EXPECT_EQ(got[r * dst_stride + c], copied ? src[(r - first) * src_stride + c] : -7.0f)
+      EXPECT_EQ(got[r * dst_stride + c],
+                copied ? src[(r - first) * src_stride + c] : -7.0f)
           << "row " << r << " col " << c;
     }
   }
-  p.dst_rows = reinterpret_cast<const int32_t*>(sb.f32());  // both modes at once
-  EXPECT_EQ(backend_->ScatterRows(p).code(), absl::StatusCode::kInvalidArgument);
+  p.dst_rows =
+      reinterpret_cast<const int32_t*>(sb.f32());  // both modes at once
+  EXPECT_EQ(backend_->ScatterRows(p).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // AttentionInputs is its six ops in order (q_norm, k_norm, RoPE of q and k,
@@ -422,8 +438,8 @@ TEST_P(BackendOpsTest, SampleRowsDrawsTheHostFiltersTokens) {
   // Rows index[i] of `x` (cols wide) with configs[i]; no outputs set yet.
   auto rows_of = [&](const Buffer& x, const std::vector<int32_t>& index,
                      const sampling::SamplingConfig* configs) {
-    return DenseSampleRows(static_cast<int64_t>(index.size()), x.f32(), cols, index.data(),
-                           configs);
+    return DenseSampleRows(static_cast<int64_t>(index.size()), x.f32(), cols,
+                           index.data(), configs);
   };
   for (const sampling::SamplingConfig& c : configs) {
     const std::vector<int32_t> index = {4, 2, 2, 0, 3, 1};
@@ -437,48 +453,29 @@ TEST_P(BackendOpsTest, SampleRowsDrawsTheHostFiltersTokens) {
     ASSERT_TRUE(backend_->SampleRows(p).ok());
     for (size_t i = 0; i < index.size(); ++i) {
       std::vector<float> probs;
-      ASSERT_TRUE(sampling::FilteredProbs(x.data() + index[i] * cols, cols, c, &probs).ok());
-      EXPECT_EQ(tokens[i], sampling::SampleIndex(probs, us[i])) << "row " << index[i];
+      ASSERT_TRUE(
+          sampling::FilteredProbs(x.data() + index[i] * cols, cols, c, &probs)
+              .ok());
+      EXPECT_EQ(tokens[i], sampling::SampleIndex(probs, us[i]))
+          << "row " << index[i];
     }
     // Bad input: refused, named, nothing drawn.
     SampleRowsParams bad = p;
     const float one = 1.0f;
     bad.uniform = &one;
     bad.rows = 1;
-    EXPECT_EQ(backend_->SampleRows(bad).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(backend_->SampleRows(bad).code(),
+              absl::StatusCode::kInvalidArgument);
     const sampling::SamplingConfig greedy;
     bad = p;
     bad.rows = 1;
     bad.config = &greedy;
-    EXPECT_EQ(backend_->SampleRows(bad).code(), absl::StatusCode::kInvalidArgument);
-  }
-  // The filtered distributions written out, and draws from them.
-  {
-    const std::vector<int32_t> index = {2, 3};
-    const std::vector<sampling::SamplingConfig> cs = {configs[1], configs[2]};
-    auto probs = backend_->AllocateFloats(2 * cols);
-    ASSERT_TRUE(probs.ok());
-    SampleRowsParams p = rows_of(xb, index, cs.data());
-    p.probs = probs->f32();
-    p.probs_stride = cols;
-    ASSERT_TRUE(backend_->SampleRows(p).ok());  // no token: filters only
-    const std::vector<float> got = Down(*probs, 2 * cols);
-    std::vector<float> want0, want1;
-    ASSERT_TRUE(sampling::FilteredProbs(x.data() + 2 * cols, cols, cs[0], &want0).ok());
-    ASSERT_TRUE(sampling::FilteredProbs(x.data() + 3 * cols, cols, cs[1], &want1).ok());
-    EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + cols), want0);
-    EXPECT_EQ(std::vector<float>(got.begin() + cols, got.end()), want1);
-    for (float u : {0.0f, 0.3f, 0.9f}) {
-      DrawFromProbsParams d;
-      d.cols = cols;
-      d.p = probs->f32();
-      d.minus = probs->f32() + cols;
-      d.uniform = u;
-      int32_t token = -1;
-      d.token = &token;
-      ASSERT_TRUE(backend_->DrawFromProbs(d).ok());
-      EXPECT_EQ(token, sampling::SampleResidual(want0, want1, u));
-    }
+    EXPECT_EQ(backend_->SampleRows(bad).code(),
+              absl::StatusCode::kInvalidArgument);
+    bad = p;
+    bad.token = nullptr;  // a call draws a token for every row
+    EXPECT_EQ(backend_->SampleRows(bad).code(),
+              absl::StatusCode::kInvalidArgument);
   }
   x[cols + 9] = std::numeric_limits<float>::quiet_NaN();
   Buffer nan_b = Up(x);
@@ -488,7 +485,8 @@ TEST_P(BackendOpsTest, SampleRowsDrawsTheHostFiltersTokens) {
   SampleRowsParams p = rows_of(nan_b, row1, &configs[0]);
   p.uniform = &u;
   p.token = &token;
-  EXPECT_EQ(backend_->SampleRows(p).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(backend_->SampleRows(p).code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_P(BackendOpsTest, AttentionInputsIsTheSixOpsAndRefusesBadInputWhole) {
@@ -519,7 +517,8 @@ TEST_P(BackendOpsTest, AttentionInputsIsTheSixOpsAndRefusesBadInputWhole) {
   const std::vector<float> zeros(cap * kv, 0.0f);
   Buffer x1 = Up(qkv), k1 = Up(zeros), v1 = Up(zeros);
   Buffer x2 = Up(qkv), k2 = Up(zeros), v2 = Up(zeros);
-  ASSERT_TRUE(backend_->AttentionInputs(params(x1.f32(), k1.f32(), v1.f32())).ok());
+  ASSERT_TRUE(
+      backend_->AttentionInputs(params(x1.f32(), k1.f32(), v1.f32())).ok());
   const AttentionInputsParams six = params(x2.f32(), k2.f32(), v2.f32());
   ASSERT_TRUE(backend_->RmsNorm(six.q_norm).ok());
   ASSERT_TRUE(backend_->RmsNorm(six.k_norm).ok());
@@ -538,7 +537,8 @@ TEST_P(BackendOpsTest, AttentionInputsIsTheSixOpsAndRefusesBadInputWhole) {
   Buffer x3 = Up(qkv), k3 = Up(zeros), v3 = Up(zeros);
   AttentionInputsParams bad = params(x3.f32(), k3.f32(), v3.f32());
   bad.v_scatter.dst_rows = reinterpret_cast<const int32_t*>(fb.f32());
-  EXPECT_EQ(backend_->AttentionInputs(bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend_->AttentionInputs(bad).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Down(x3, qkv.size()), qkv);
   EXPECT_EQ(Down(k3, zeros.size()), zeros);
   EXPECT_EQ(Down(v3, zeros.size()), zeros);
@@ -747,7 +747,8 @@ TEST_P(BackendOpsTest, LargeAttentionAndDeltaRuleAreRowInvariant) {
 // conv whose outputs are not the rule's q, k and v, is refused.
 TEST_P(BackendOpsTest, GatedDeltaRuleNormedIsTheOpsInTurn) {
   const int rows = 3, nk = 1, nv = 2, dk = 16, dv = 8;
-  const int channels = 2 * nk * dk + nv * dv, xw = channels + 3, zw = nv * dv + 1;
+  const int channels = 2 * nk * dk + nv * dv, xw = channels + 3,
+            zw = nv * dv + 1;
   const int ssize = nv * dk * dv, csize = channels * 3;
   std::uniform_real_distribution<float> d(-1, 1);
   auto random = [&](int n) {
@@ -756,40 +757,68 @@ TEST_P(BackendOpsTest, GatedDeltaRuleNormedIsTheOpsInTurn) {
     return v;
   };
   const std::vector<float> raw = random(rows * xw), cw = random(channels * 4),
-                           cst = random(csize), ab = random(rows * nv), st = random(ssize),
-                           z = random(rows * zw), w = random(dv), coef = random(nv);
-  Buffer rb = Up(raw), cwb = Up(cw), abb = Up(ab), cb = Up(coef), zb = Up(z), wb = Up(w);
+                           cst = random(csize), ab = random(rows * nv),
+                           st = random(ssize), z = random(rows * zw),
+                           w = random(dv), coef = random(nv);
+  Buffer rb = Up(raw), cwb = Up(cw), abb = Up(ab), cb = Up(coef), zb = Up(z),
+         wb = Up(w);
   for (bool conv : {false, true}) {
     std::vector<float> result[2];
     for (bool fused : {false, true}) {
-      Buffer sb = Up(st), csb = Up(cst), yb = Up(std::vector<float>(rows * channels)),
+      Buffer sb = Up(st), csb = Up(cst),
+             yb = Up(std::vector<float>(rows * channels)),
              ob = Up(std::vector<float>(rows * nv * dv));
       // Without the conv, the raw rows are q, k and v.
       float* const qkv = conv ? yb.f32() : rb.f32();
       GatedDeltaRuleNormParams p;
       if (conv) {
         Conv1dParams& c = p.conv;
-        c.rows = rows; c.channels = channels; c.kernel = 4; c.x = rb.f32(); c.x_stride = xw;
-        c.y = yb.f32(); c.y_stride = channels; c.weight = cwb.f32();
-        c.state_in = c.state_out = csb.f32(); c.silu = true;
+        c.rows = rows;
+        c.channels = channels;
+        c.kernel = 4;
+        c.x = rb.f32();
+        c.x_stride = xw;
+        c.y = yb.f32();
+        c.y_stride = channels;
+        c.weight = cwb.f32();
+        c.state_in = c.state_out = csb.f32();
+        c.silu = true;
       }
       GatedDeltaRuleParams& r = p.rule;
-      r.rows = rows; r.num_k_heads = nk; r.num_v_heads = nv; r.k_head_dim = dk;
-      r.v_head_dim = dv; r.q = qkv; r.k = qkv + nk * dk; r.v = qkv + 2 * nk * dk;
-      r.qkv_stride = conv ? channels : xw; r.a = r.b = abb.f32();
-      r.ab_stride = nv; r.a_log = r.dt_bias = cb.f32(); r.state_in = r.state_out = sb.f32();
-      r.out = ob.f32(); r.out_stride = nv * dv;
+      r.rows = rows;
+      r.num_k_heads = nk;
+      r.num_v_heads = nv;
+      r.k_head_dim = dk;
+      r.v_head_dim = dv;
+      r.q = qkv;
+      r.k = qkv + nk * dk;
+      r.v = qkv + 2 * nk * dk;
+      r.qkv_stride = conv ? channels : xw;
+      r.a = r.b = abb.f32();
+      r.ab_stride = nv;
+      r.a_log = r.dt_bias = cb.f32();
+      r.state_in = r.state_out = sb.f32();
+      r.out = ob.f32();
+      r.out_stride = nv * dv;
       GatedRmsNormParams& n = p.norm;
-      n.rows = rows * nv; n.dim = dv; n.x = n.y = ob.f32(); n.x_stride = n.y_stride = dv;
-      n.z = zb.f32(); n.z_stride = dv; n.z_group = nv; n.z_group_stride = zw;
+      n.rows = rows * nv;
+      n.dim = dv;
+      n.x = n.y = ob.f32();
+      n.x_stride = n.y_stride = dv;
+      n.z = zb.f32();
+      n.z_stride = dv;
+      n.z_group = nv;
+      n.z_group_stride = zw;
       n.weight = wb.f32();
       if (fused) {
         GatedDeltaRuleNormParams bad = p;
         bad.norm.rows = rows;  // not one vector per output head
-        EXPECT_EQ(backend_->GatedDeltaRuleNormed(bad).code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_EQ(backend_->GatedDeltaRuleNormed(bad).code(),
+                  absl::StatusCode::kInvalidArgument);
         if (conv) {
           bad = p;
-          bad.rule.k = bad.rule.q;  // k is not the conv's second block of channels
+          bad.rule.k =
+              bad.rule.q;  // k is not the conv's second block of channels
           EXPECT_EQ(backend_->GatedDeltaRuleNormed(bad).code(),
                     absl::StatusCode::kInvalidArgument);
         }
@@ -801,8 +830,9 @@ TEST_P(BackendOpsTest, GatedDeltaRuleNormedIsTheOpsInTurn) {
         ASSERT_TRUE(backend_->GatedDeltaRule(r).ok());
         ASSERT_TRUE(backend_->GatedRmsNorm(n).ok());
       }
-      for (const auto& [buf, size] : {std::pair{&ob, rows * nv * dv}, std::pair{&sb, ssize},
-                                      std::pair{&csb, csize}, std::pair{&yb, rows * channels}}) {
+      for (const auto& [buf, size] :
+           {std::pair{&ob, rows * nv * dv}, std::pair{&sb, ssize},
+            std::pair{&csb, csize}, std::pair{&yb, rows * channels}}) {
         const std::vector<float> v = Down(*buf, size);
         result[fused].insert(result[fused].end(), v.begin(), v.end());
       }
@@ -1041,7 +1071,7 @@ TEST_P(BackendOpsTest, ArgmaxFlagsRowsWithNonFiniteValues) {
     int at;  // column of the bad value, -1 for none
     float bad;
   };
-  const std::vector<Row> rows = {{-1, 0}, {0, kNaN}, {2999, kNaN},
+  const std::vector<Row> rows = {{-1, 0},      {0, kNaN},    {2999, kNaN},
                                  {1234, kInf}, {777, -kInf}, {-1, 0}};
   const int n = static_cast<int>(rows.size());
   std::vector<float> x = Random(n * cols, &rng_, -10, 10);
@@ -1094,7 +1124,8 @@ TEST_P(BackendOpsTest, EmbedRejectsOutOfRangeIds) {
 TEST_P(BackendOpsTest, CpuRefusesWeightsInAnotherLayout) {
   std::vector<float> x(8, 1.0f);
   std::vector<uint16_t> w(8 * 8, 0x3f80);  // bf16 1.0
-  Buffer xb = Up(x), yb = Up(std::vector<float>(8)), wb = UpRaw(w.data(), w.size() * 2);
+  Buffer xb = Up(x), yb = Up(std::vector<float>(8)),
+         wb = UpRaw(w.data(), w.size() * 2);
   MatmulParams m;
   m.rows = 1;
   m.in = m.out = 8;

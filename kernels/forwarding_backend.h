@@ -18,7 +18,9 @@ class ForwardingBackend : public Backend {
   explicit ForwardingBackend(Backend* inner) : inner_(inner) {}
 
   std::string name() const override { return inner_->name(); }
-  absl::StatusOr<Buffer> Allocate(size_t bytes) override { return inner_->Allocate(bytes); }
+  absl::StatusOr<Buffer> Allocate(size_t bytes) override {
+    return inner_->Allocate(bytes);
+  }
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
     return inner_->CopyToDevice(dst, src, bytes);
   }
@@ -28,13 +30,16 @@ class ForwardingBackend : public Backend {
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override {
     return inner_->CopyOnDevice(dst, src, bytes);
   }
-  absl::Status Zero(void* dst, size_t bytes) override { return inner_->Zero(dst, bytes); }
-  absl::StatusOr<Weight> UploadWeight(DType dtype, const void* host, int64_t rows,
-                                      int64_t cols) override {
+  absl::Status Zero(void* dst, size_t bytes) override {
+    return inner_->Zero(dst, bytes);
+  }
+  absl::StatusOr<Weight> UploadWeight(DType dtype, const void* host,
+                                      int64_t rows, int64_t cols) override {
     return inner_->UploadWeight(dtype, host, rows, cols);
   }
-  absl::StatusOr<Weight> UploadStackedWeight(DType dtype, const std::vector<WeightPart>& parts,
-                                             int64_t cols) override {
+  absl::StatusOr<Weight> UploadStackedWeight(
+      DType dtype, const std::vector<WeightPart>& parts,
+      int64_t cols) override {
     return inner_->UploadStackedWeight(dtype, parts, cols);
   }
   absl::Status Synchronize() override { return inner_->Synchronize(); }
@@ -47,36 +52,49 @@ class ForwardingBackend : public Backend {
   absl::Status Replay(const Recording& r) override { return inner_->Replay(r); }
 
   absl::Status Embed(const EmbedParams& p) override { return inner_->Embed(p); }
-  absl::Status Matmul(const MatmulParams& p) override { return inner_->Matmul(p); }
-  absl::Status RmsNorm(const RmsNormParams& p) override { return inner_->RmsNorm(p); }
+  absl::Status Matmul(const MatmulParams& p) override {
+    return inner_->Matmul(p);
+  }
+  absl::Status RmsNorm(const RmsNormParams& p) override {
+    return inner_->RmsNorm(p);
+  }
   absl::Status GatedRmsNorm(const GatedRmsNormParams& p) override {
     return inner_->GatedRmsNorm(p);
   }
   absl::Status Rope(const RopeParams& p) override { return inner_->Rope(p); }
-  absl::Status Attention(const AttentionParams& p) override { return inner_->Attention(p); }
-  absl::Status Conv1d(const Conv1dParams& p) override { return inner_->Conv1d(p); }
+  absl::Status Attention(const AttentionParams& p) override {
+    return inner_->Attention(p);
+  }
+  absl::Status Conv1d(const Conv1dParams& p) override {
+    return inner_->Conv1d(p);
+  }
   absl::Status GatedDeltaRule(const GatedDeltaRuleParams& p) override {
     return inner_->GatedDeltaRule(p);
   }
-  absl::Status GatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p) override {
+  absl::Status GatedDeltaRuleNormed(
+      const GatedDeltaRuleNormParams& p) override {
     return inner_->GatedDeltaRuleNormed(p);
   }
-  absl::Status Swiglu(const SwigluParams& p) override { return inner_->Swiglu(p); }
-  absl::Status Argmax(const ArgmaxParams& p) override { return inner_->Argmax(p); }
-  absl::Status LogSumExp(const LogSumExpParams& p) override { return inner_->LogSumExp(p); }
-  absl::Status Softmax(const SoftmaxParams& p) override { return inner_->Softmax(p); }
+  absl::Status Swiglu(const SwigluParams& p) override {
+    return inner_->Swiglu(p);
+  }
+  absl::Status Argmax(const ArgmaxParams& p) override {
+    return inner_->Argmax(p);
+  }
+  absl::Status LogSumExp(const LogSumExpParams& p) override {
+    return inner_->LogSumExp(p);
+  }
+  absl::Status Softmax(const SoftmaxParams& p) override {
+    return inner_->Softmax(p);
+  }
   absl::Status ScatterRows(const ScatterRowsParams& p) override {
     return inner_->ScatterRows(p);
   }
   absl::Status AttentionInputs(const AttentionInputsParams& p) override {
     return inner_->AttentionInputs(p);
   }
-  absl::Status SampleRows(const SampleRowsParams& p) override { return inner_->SampleRows(p); }
-  absl::Status DrawFromProbs(const DrawFromProbsParams& p) override {
-    return inner_->DrawFromProbs(p);
-  }
-  absl::Status AcceptRound(const AcceptRoundParams& p) override {
-    return inner_->AcceptRound(p);
+  absl::Status SampleRows(const SampleRowsParams& p) override {
+    return inner_->SampleRows(p);
   }
 
  protected:

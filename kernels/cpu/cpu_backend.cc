@@ -64,7 +64,8 @@ absl::Status CpuBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
 absl::Status CpuBackend::CopyOnDevice(void* dst, const void* src,
                                       size_t bytes) {
   if (recording_.active()) {
-    return Record([this, dst, src, bytes] { return CopyOnDevice(dst, src, bytes); });
+    return Record(
+        [this, dst, src, bytes] { return CopyOnDevice(dst, src, bytes); });
   }
   if (bytes && dst != src) std::memmove(dst, src, bytes);
   return absl::OkStatus();
@@ -78,7 +79,9 @@ absl::Status CpuBackend::Zero(void* dst, size_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::Synchronize() { return recording_.Refuse("Synchronize"); }
+absl::Status CpuBackend::Synchronize() {
+  return recording_.Refuse("Synchronize");
+}
 
 // ---- Recording.
 
@@ -118,7 +121,8 @@ absl::Status CpuBackend::Replay(const Recording& recording) {
   SS_RETURN_IF_ERROR(recording_.Refuse("Replay"));
   const auto* r = dynamic_cast<const CpuRecording*>(&recording);
   if (r == nullptr) {
-    return absl::InvalidArgumentError("cpu backend: not a recording of a CPU backend");
+    return absl::InvalidArgumentError(
+        "cpu backend: not a recording of a CPU backend");
   }
   for (const auto& op : r->ops()) SS_RETURN_IF_ERROR(op());
   return absl::OkStatus();
@@ -144,9 +148,9 @@ namespace {
 // was made by another backend.
 absl::Status RowMajorOnly(WeightLayout layout, const char* op) {
   if (layout == WeightLayout::kRowMajor) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(op, ": the CPU backend reads row-major weights; this one is in ",
-                   WeightLayoutName(layout), " (a weight of another backend)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      op, ": the CPU backend reads row-major weights; this one is in ",
+      WeightLayoutName(layout), " (a weight of another backend)"));
 }
 
 }  // namespace
@@ -265,7 +269,8 @@ absl::Status CpuBackend::Conv1d(const Conv1dParams& p) {
 
 absl::Status CpuBackend::GatedDeltaRule(const GatedDeltaRuleParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
-  if (recording_.active()) return Record([this, p] { return GatedDeltaRule(p); });
+  if (recording_.active())
+    return Record([this, p] { return GatedDeltaRule(p); });
   if (p.states == nullptr) {
     cpu::GatedDeltaRule(p, pool_.get());
     return absl::OkStatus();

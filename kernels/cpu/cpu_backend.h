@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/recording_state.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/recording_state.h"
 
 namespace specserve::kernels::cpu {
 

@@ -54,24 +54,29 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
         "cuda: no device ", options.device, " (", count, " visible)"));
   }
   if (options.workspace_bytes < (size_t{1} << 20)) {
-    return absl::InvalidArgumentError("cuda: workspace_bytes must be at least 1 MiB");
+    return absl::InvalidArgumentError(
+        "cuda: workspace_bytes must be at least 1 MiB");
   }
   SS_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device), "cudaSetDevice");
   SS_ASSIGN_OR_RETURN(CudaStream stream, CreateStream());
-  SS_ASSIGN_OR_RETURN(DeviceMemory workspace, AllocateDevice(options.workspace_bytes));
+  SS_ASSIGN_OR_RETURN(DeviceMemory workspace,
+                      AllocateDevice(options.workspace_bytes));
   if (options.matmul_x_splits != 0 && options.matmul_x_splits != 2 &&
       options.matmul_x_splits != 3) {
-    return absl::InvalidArgumentError("cuda: matmul_x_splits must be 0, 2 or 3");
+    return absl::InvalidArgumentError(
+        "cuda: matmul_x_splits must be 0, 2 or 3");
   }
   const size_t counter_bytes = MmaMatmulCounters() * sizeof(int);
   SS_ASSIGN_OR_RETURN(DeviceMemory counters, AllocateDevice(counter_bytes));
-  SS_CUDA_RETURN_IF_ERROR(cudaMemset(counters.get(), 0, counter_bytes), "cudaMemset");
+  SS_CUDA_RETURN_IF_ERROR(cudaMemset(counters.get(), 0, counter_bytes),
+                          "cudaMemset");
   SS_ASSIGN_OR_RETURN(DeviceMemory x_frags, AllocateDevice(kMatmulXFragBytes));
   SS_ASSIGN_OR_RETURN(PinnedMemory flag, AllocatePinned(sizeof(int)));
   *static_cast<int*>(flag.get()) = 0;
   return std::unique_ptr<Backend>(new CudaBackend(
-      options.device, std::move(stream), std::move(workspace), options.workspace_bytes,
-      std::move(counters), std::move(x_frags), options.matmul_x_splits, std::move(flag)));
+      options.device, std::move(stream), std::move(workspace),
+      options.workspace_bytes, std::move(counters), std::move(x_frags),
+      options.matmul_x_splits, std::move(flag)));
 }
 
 CudaBackend::CudaBackend(int device, CudaStream stream, DeviceMemory workspace,
@@ -92,13 +97,15 @@ absl::Status CudaBackend::TakeDeviceError() {
   if (*flag == 0) return absl::OkStatus();
   *flag = 0;
   return absl::OutOfRangeError(
-      "embed: a token id outside [0, vocab) was read on the device (its row is NaN)");
+      "embed: a token id outside [0, vocab) was read on the device (its row is "
+      "NaN)");
 }
 
 CudaBackend::~CudaBackend() {
   if (UseDevice().ok()) {
     const cudaError_t err = cudaStreamSynchronize(stream_.get());
-    if (err != cudaSuccess) LOG(ERROR) << "cuda backend: " << cudaGetErrorString(err);
+    if (err != cudaSuccess)
+      LOG(ERROR) << "cuda backend: " << cudaGetErrorString(err);
   }
 }
 
@@ -115,12 +122,14 @@ absl::StatusOr<Buffer> CudaBackend::Allocate(size_t bytes) {
   const cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
   if (err != cudaSuccess) {
     cudaGetLastError();
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cuda backend: cannot allocate ", bytes, " bytes: ", cudaGetErrorString(err)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cuda backend: cannot allocate ", bytes,
+                     " bytes: ", cudaGetErrorString(err)));
   }
   Buffer buffer(this, p, bytes);  // frees p on the error path below
-  SS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p, 0, std::max<size_t>(bytes, 1), stream_.get()),
-                          "cudaMemsetAsync");
+  SS_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(p, 0, std::max<size_t>(bytes, 1), stream_.get()),
+      "cudaMemsetAsync");
   return std::move(buffer);
 }
 
@@ -128,10 +137,12 @@ void CudaBackend::Free(void* data) {
   if (!UseDevice().ok()) return;
   // cudaFree waits for the device, so queued ops that use `data` finish first.
   const cudaError_t err = cudaFree(data);
-  if (err != cudaSuccess) LOG(ERROR) << "cuda backend: cudaFree: " << cudaGetErrorString(err);
+  if (err != cudaSuccess)
+    LOG(ERROR) << "cuda backend: cudaFree: " << cudaGetErrorString(err);
 }
 
-absl::Status CudaBackend::CopyToDevice(void* dst, const void* host_src, size_t bytes) {
+absl::Status CudaBackend::CopyToDevice(void* dst, const void* host_src,
+                                       size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
   // A recorded copy would replay this call's bytes (or read the host
   // buffer at replay time): step inputs are copied outside recordings.
@@ -154,28 +165,34 @@ absl::Status CudaBackend::CopyToDevice(void* dst, const void* host_src, size_t b
   // pinned (or device) memory it may not have been read yet, and the caller
   // may reuse its buffer as soon as we return.
   if (attr.type != cudaMemoryTypeUnregistered) {
-    SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "CopyToDevice sync");
+    SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()),
+                            "CopyToDevice sync");
   }
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::CopyToHost(void* host_dst, const void* src, size_t bytes) {
+absl::Status CudaBackend::CopyToHost(void* host_dst, const void* src,
+                                     size_t bytes) {
   SS_RETURN_IF_ERROR(recording_.Refuse("CopyToHost"));
   if (bytes == 0) return absl::OkStatus();
   SS_RETURN_IF_ERROR(UseDevice());
   SS_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, stream_.get()), "CopyToHost");
-  SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "CopyToHost sync");
+      cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, stream_.get()),
+      "CopyToHost");
+  SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()),
+                          "CopyToHost sync");
   return TakeDeviceError();
 }
 
-absl::Status CudaBackend::CopyOnDevice(void* dst, const void* src, size_t bytes) {
+absl::Status CudaBackend::CopyOnDevice(void* dst, const void* src,
+                                       size_t bytes) {
   if (bytes == 0 || dst == src) return absl::OkStatus();
   SS_RETURN_IF_ERROR(UseDevice());
   cudaStream_t s = stream_.get();
   if (!Overlaps(dst, src, bytes)) {
-    SS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s),
-                            "CopyOnDevice");
+    SS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s),
+        "CopyOnDevice");
     return absl::OkStatus();
   }
   // memmove semantics: bounce chunks through the workspace, front to back
@@ -188,12 +205,12 @@ absl::Status CudaBackend::CopyOnDevice(void* dst, const void* src, size_t bytes)
   for (size_t done = 0; done < bytes;) {
     const size_t n = std::min(chunk, bytes - done);
     const size_t off = down ? done : bytes - done - n;
-    SS_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(workspace_.get(), sr + off, n, cudaMemcpyDeviceToDevice, s),
-        "CopyOnDevice bounce in");
-    SS_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(d + off, workspace_.get(), n, cudaMemcpyDeviceToDevice, s),
-        "CopyOnDevice bounce out");
+    SS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(workspace_.get(), sr + off, n,
+                                            cudaMemcpyDeviceToDevice, s),
+                            "CopyOnDevice bounce in");
+    SS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d + off, workspace_.get(), n,
+                                            cudaMemcpyDeviceToDevice, s),
+                            "CopyOnDevice bounce out");
     done += n;
   }
   return absl::OkStatus();
@@ -202,12 +219,13 @@ absl::Status CudaBackend::CopyOnDevice(void* dst, const void* src, size_t bytes)
 absl::Status CudaBackend::Zero(void* dst, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
   SS_RETURN_IF_ERROR(UseDevice());
-  SS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, 0, bytes, stream_.get()), "Zero");
+  SS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, 0, bytes, stream_.get()),
+                          "Zero");
   return absl::OkStatus();
 }
 
-absl::StatusOr<Weight> CudaBackend::UploadWeight(DType dtype, const void* host, int64_t rows,
-                                                 int64_t cols) {
+absl::StatusOr<Weight> CudaBackend::UploadWeight(DType dtype, const void* host,
+                                                 int64_t rows, int64_t cols) {
   if (host == nullptr || rows < 1 || cols < 1) {
     return absl::InvalidArgumentError("cuda backend: empty weight");
   }
@@ -218,19 +236,21 @@ absl::StatusOr<Weight> CudaBackend::UploadWeight(DType dtype, const void* host, 
   SS_ASSIGN_OR_RETURN(w.storage, Allocate(w.bytes()));
   w.data = w.storage.data();
   // cudaMemcpyDefault: `host` may also be device memory (UVA).
-  SS_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(w.storage.data(), host, w.bytes(), cudaMemcpyDefault, stream_.get()),
-      "UploadWeight");
-  SS_RETURN_IF_ERROR(TileForTensorCores(&w));  // (stream-ordered after the copy)
+  SS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(w.storage.data(), host, w.bytes(),
+                                          cudaMemcpyDefault, stream_.get()),
+                          "UploadWeight");
+  SS_RETURN_IF_ERROR(
+      TileForTensorCores(&w));  // (stream-ordered after the copy)
   // `host` may be freed once this returns.
-  SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "UploadWeight sync");
+  SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()),
+                          "UploadWeight sync");
   return w;
 }
 
-absl::StatusOr<Weight> CudaBackend::UploadStackedWeight(DType dtype,
-                                                        const std::vector<WeightPart>& parts,
-                                                        int64_t cols) {
-  SS_ASSIGN_OR_RETURN(Weight w, Backend::UploadStackedWeight(dtype, parts, cols));
+absl::StatusOr<Weight> CudaBackend::UploadStackedWeight(
+    DType dtype, const std::vector<WeightPart>& parts, int64_t cols) {
+  SS_ASSIGN_OR_RETURN(Weight w,
+                      Backend::UploadStackedWeight(dtype, parts, cols));
   SS_RETURN_IF_ERROR(TileForTensorCores(&w));
   return w;
 }
@@ -240,8 +260,10 @@ absl::Status CudaBackend::TileForTensorCores(Weight* w) {
       !TilesForTensorCores(w->dtype, w->cols)) {
     return absl::OkStatus();
   }
-  SS_ASSIGN_OR_RETURN(Buffer tiled, Allocate(TiledWeightBytes(w->rows, w->cols)));
-  SS_RETURN_IF_ERROR(LaunchTileWeight(w->data, w->rows, w->cols, tiled.data(), stream_.get()));
+  SS_ASSIGN_OR_RETURN(Buffer tiled,
+                      Allocate(TiledWeightBytes(w->rows, w->cols)));
+  SS_RETURN_IF_ERROR(
+      LaunchTileWeight(w->data, w->rows, w->cols, tiled.data(), stream_.get()));
   // (freeing the row-major storage waits for the device: Free)
   w->storage = std::move(tiled);
   w->data = w->storage.data();
@@ -280,7 +302,8 @@ absl::Status CudaBackend::BeginRecording() {
   return recording_.Begin();
 }
 
-absl::StatusOr<std::unique_ptr<Backend::Recording>> CudaBackend::EndRecording() {
+absl::StatusOr<std::unique_ptr<Backend::Recording>>
+CudaBackend::EndRecording() {
   if (!recording_.active()) return recording_.End();  // "not recording"
   const absl::Status refused = recording_.End();
   SS_RETURN_IF_ERROR(UseDevice());
@@ -300,8 +323,8 @@ absl::StatusOr<std::unique_ptr<Backend::Recording>> CudaBackend::EndRecording() 
   const cudaError_t inst = cudaGraphInstantiateWithFlags(&exec, graph.get(), 0);
   if (inst != cudaSuccess) {
     cudaGetLastError();
-    return absl::InternalError(absl::StrCat("cuda backend: cudaGraphInstantiate: ",
-                                            cudaGetErrorString(inst)));
+    return absl::InternalError(absl::StrCat(
+        "cuda backend: cudaGraphInstantiate: ", cudaGetErrorString(inst)));
   }
   return std::unique_ptr<Recording>(new CudaRecording(CudaGraphExec(exec)));
 }
@@ -310,10 +333,12 @@ absl::Status CudaBackend::Replay(const Recording& recording) {
   SS_RETURN_IF_ERROR(recording_.Refuse("Replay"));
   const auto* r = dynamic_cast<const CudaRecording*>(&recording);
   if (r == nullptr) {
-    return absl::InvalidArgumentError("cuda backend: not a recording of a CUDA backend");
+    return absl::InvalidArgumentError(
+        "cuda backend: not a recording of a CUDA backend");
   }
   SS_RETURN_IF_ERROR(UseDevice());
-  SS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(r->exec(), stream_.get()), "cudaGraphLaunch");
+  SS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(r->exec(), stream_.get()),
+                          "cudaGraphLaunch");
   return absl::OkStatus();
 }
 
@@ -332,7 +357,8 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
   r.counters = static_cast<int*>(matmul_counters_.get());
   r.x_frags = Workspace{matmul_x_frags_.get(), kMatmulXFragBytes};
   r.x_splits = matmul_x_splits_;
-  if (p.norm_weight != nullptr || p.swiglu) {  // (fused or not: LaunchMatmul decides)
+  if (p.norm_weight != nullptr ||
+      p.swiglu) {  // (fused or not: LaunchMatmul decides)
     const size_t need = static_cast<size_t>(p.rows * p.in) * sizeof(float);
     if (need > norm_scratch_bytes_) {
       SS_RETURN_IF_ERROR(recording_.Refuse("Matmul growing its norm scratch"));
@@ -365,7 +391,8 @@ absl::Status CudaBackend::Rope(const RopeParams& p) {
 
 absl::Status CudaBackend::Attention(const AttentionParams& p) {
   SS_RETURN_IF_ERROR(UseDevice());
-  return LaunchAttention(p, Workspace{workspace_.get(), workspace_bytes_}, stream_.get());
+  return LaunchAttention(p, Workspace{workspace_.get(), workspace_bytes_},
+                         stream_.get());
 }
 
 absl::Status CudaBackend::Conv1d(const Conv1dParams& p) {
@@ -378,7 +405,8 @@ absl::Status CudaBackend::GatedDeltaRule(const GatedDeltaRuleParams& p) {
   return LaunchGatedDeltaRule(p, stream_.get());
 }
 
-absl::Status CudaBackend::GatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p) {
+absl::Status CudaBackend::GatedDeltaRuleNormed(
+    const GatedDeltaRuleNormParams& p) {
   if (!FusesGatedDeltaRuleNorm(p)) return Backend::GatedDeltaRuleNormed(p);
   SS_RETURN_IF_ERROR(UseDevice());
   return LaunchGatedDeltaRuleNormed(p, stream_.get());
@@ -416,7 +444,8 @@ absl::Status CudaBackend::SampleRows(const SampleRowsParams& p) {
   SS_RETURN_IF_ERROR(UseDevice());
   const Workspace ws{workspace_.get(), workspace_bytes_};
   const int64_t group = SampleRowsMaxRows(p.cols, ws);
-  if (group < 1) return Backend::SampleRows(p);  // a vocabulary past the workspace
+  if (group < 1)
+    return Backend::SampleRows(p);  // a vocabulary past the workspace
   std::vector<SampleRowArgs> args;
   std::vector<int32_t> out;
   for (int64_t r0 = 0; r0 < p.rows; r0 += group) {
@@ -425,19 +454,19 @@ absl::Status CudaBackend::SampleRows(const SampleRowsParams& p) {
     for (int64_t j = 0; j < n; ++j) {
       const int64_t r = r0 + j;
       const sampling::SamplingConfig& c = p.config[r];
-      args[j].x_offset = (p.row_index != nullptr ? p.row_index[r] : r) * p.x_stride;
+      args[j].x_offset =
+          (p.row_index != nullptr ? p.row_index[r] : r) * p.x_stride;
       args[j].temperature = c.temperature;
       args[j].top_k = c.top_k;
       args[j].top_p = c.top_p;
       args[j].min_p = c.min_p;
-      args[j].uniform = p.token != nullptr ? p.uniform[r] : 0.0f;
-      args[j].draw = p.token != nullptr ? 1 : 0;
-      args[j].probs = p.probs != nullptr ? p.probs + r * p.probs_stride : nullptr;
+      args[j].uniform = p.uniform[r];
     }
     out.assign(2 * n, 0);
-    SS_RETURN_IF_ERROR(
-        LaunchSampleRows(args.data(), n, p.cols, p.x, ws, out.data(), stream_.get()));
-    SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "SampleRows sync");
+    SS_RETURN_IF_ERROR(LaunchSampleRows(args.data(), n, p.cols, p.x, ws,
+                                        out.data(), stream_.get()));
+    SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()),
+                            "SampleRows sync");
     SS_RETURN_IF_ERROR(TakeDeviceError());
     for (int64_t j = 0; j < n; ++j) {
       const int64_t r = r0 + j;
@@ -446,38 +475,12 @@ absl::Status CudaBackend::SampleRows(const SampleRowsParams& p) {
             "non-finite logits: the model produced NaN or inf");
       }
       if (out[n + j] != kSampledOnDevice) {
-        return absl::InternalError("SampleRows: unknown outcome from the device");
+        return absl::InternalError(
+            "SampleRows: unknown outcome from the device");
       }
-      if (p.token != nullptr) p.token[r] = out[j];
+      p.token[r] = out[j];
     }
   }
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::DrawFromProbs(const DrawFromProbsParams& p) {
-  SS_RETURN_IF_ERROR(recording_.Refuse("DrawFromProbs"));
-  SS_RETURN_IF_ERROR(Validate(p));
-  SS_RETURN_IF_ERROR(UseDevice());
-  int32_t token = -1;
-  SS_RETURN_IF_ERROR(LaunchDrawFromProbs(p, Workspace{workspace_.get(), workspace_bytes_},
-                                         &token, stream_.get()));
-  SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "DrawFromProbs sync");
-  SS_RETURN_IF_ERROR(TakeDeviceError());
-  *p.token = token;
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::AcceptRound(const AcceptRoundParams& p) {
-  SS_RETURN_IF_ERROR(recording_.Refuse("AcceptRound"));
-  SS_RETURN_IF_ERROR(Validate(p));
-  SS_RETURN_IF_ERROR(UseDevice());
-  int32_t out[2] = {-1, -1};
-  SS_RETURN_IF_ERROR(LaunchAcceptRound(p, Workspace{workspace_.get(), workspace_bytes_}, out,
-                                       stream_.get()));
-  SS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), "AcceptRound sync");
-  SS_RETURN_IF_ERROR(TakeDeviceError());
-  *p.accepted = out[0];
-  *p.bonus = out[1];
   return absl::OkStatus();
 }
 

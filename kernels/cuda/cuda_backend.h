@@ -8,15 +8,15 @@
 // order; ops return after enqueueing (device faults surface at the next
 // Synchronize/CopyToHost). CopyToHost, UploadWeight and Synchronize wait
 // for the stream; no op does, so a decode step can be recorded as a CUDA
-// graph (Backend::BeginRecording). Embed reads the token ids on the device: an id outside [0, vocab)
-// gives a NaN row and OUT_OF_RANGE from the next Synchronize/CopyToHost
-// (the model validates ids on the host before uploading them).
-// Matmul on bf16 weights runs on the tensor cores with x split into
-// `matmul_x_splits` bf16 terms (kernels/cuda/matmul_mma.cu). Row invariance holds for every op, prefill included: no op
-// switches to a differently-ordered kernel for large T (see kernels/cuda/
-// ops.h), so prefill logits equal decode logits bit for bit.
-// Not thread-safe: one caller at a time (any thread; each call selects the
-// backend's device).
+// graph (Backend::BeginRecording). Embed reads the token ids on the device: an
+// id outside [0, vocab) gives a NaN row and OUT_OF_RANGE from the next
+// Synchronize/CopyToHost (the model validates ids on the host before uploading
+// them). Matmul on bf16 weights runs on the tensor cores with x split into
+// `matmul_x_splits` bf16 terms (kernels/cuda/matmul_mma.cu). Row invariance
+// holds for every op, prefill included: no op switches to a differently-ordered
+// kernel for large T (see kernels/cuda/ ops.h), so prefill logits equal decode
+// logits bit for bit. Not thread-safe: one caller at a time (any thread; each
+// call selects the backend's device).
 #ifndef SPECSERVE_KERNELS_CUDA_CUDA_BACKEND_H_
 #define SPECSERVE_KERNELS_CUDA_CUDA_BACKEND_H_
 
@@ -29,8 +29,8 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
-#include "kernels/recording_state.h"
 #include "kernels/cuda/cuda_handles.h"
+#include "kernels/recording_state.h"
 
 namespace specserve::kernels::cuda {
 
@@ -86,8 +86,8 @@ class CudaBackend : public Backend {
   // every other weight is row-major.
   absl::StatusOr<Weight> UploadWeight(DType dtype, const void* host,
                                       int64_t rows, int64_t cols) override;
-  absl::StatusOr<Weight> UploadStackedWeight(DType dtype, const std::vector<WeightPart>& parts,
-                                             int64_t cols) override;
+  absl::StatusOr<Weight> UploadStackedWeight(
+      DType dtype, const std::vector<WeightPart>& parts, int64_t cols) override;
   // Converts a row-major weight of this backend to the layout UploadWeight
   // gives it (for weights filled on the device, e.g. random benchmark
   // weights), in stream order. Keeps `w` as it is when that layout is
@@ -122,8 +122,6 @@ class CudaBackend : public Backend {
   // On the device (sample_rows.cu); a row the device leaves to the host (a
   // top-k or nucleus past its candidates) runs Backend::SampleRows.
   absl::Status SampleRows(const SampleRowsParams& p) override;
-  absl::Status DrawFromProbs(const DrawFromProbsParams& p) override;
-  absl::Status AcceptRound(const AcceptRoundParams& p) override;
 
  protected:
   void Free(void* data) override;
@@ -133,8 +131,8 @@ class CudaBackend : public Backend {
       const CudaBackendOptions& options);
   CudaBackend(int device, CudaStream stream, DeviceMemory workspace,
               size_t workspace_bytes, DeviceMemory matmul_counters,
-              DeviceMemory matmul_x_frags,
-              int matmul_x_splits, PinnedMemory error_flag);
+              DeviceMemory matmul_x_frags, int matmul_x_splits,
+              PinnedMemory error_flag);
 
   // Makes device_ current on the calling thread.
   absl::Status UseDevice() const;

@@ -77,8 +77,8 @@ constexpr int64_t kMaxFusedNormRows = 8;
 // row-major (`dst`: TiledWeightBytes of zeroed memory).
 bool TilesForTensorCores(DType dtype, int64_t cols);
 size_t TiledWeightBytes(int64_t rows, int64_t cols);
-absl::Status LaunchTileWeight(const void* src, int64_t rows, int64_t cols, void* dst,
-                              cudaStream_t stream);
+absl::Status LaunchTileWeight(const void* src, int64_t rows, int64_t cols,
+                              void* dst, cudaStream_t stream);
 
 // Weight-streaming GEMV/GEMM for any T (see matmul.cu and matmul_mma.cu
 // for the fixed reduction orders).
@@ -104,7 +104,8 @@ size_t AttentionWorkspaceBytesPerRow(const AttentionParams& p);
 // vectors, key heads back to back, the scatters reading rotated keys and
 // values of the same rows and width); INVALID_ARGUMENT otherwise.
 bool FusesAttentionInputs(const AttentionInputsParams& p);
-absl::Status LaunchAttentionInputs(const AttentionInputsParams& p, cudaStream_t stream);
+absl::Status LaunchAttentionInputs(const AttentionInputsParams& p,
+                                   cudaStream_t stream);
 
 absl::Status LaunchConv1d(const Conv1dParams& p, cudaStream_t stream);
 absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleParams& p,
@@ -135,8 +136,6 @@ struct SampleRowArgs {
   float top_p;
   float min_p;
   float uniform;
-  int32_t draw;   // 0: only write probs
-  float* probs;   // the row's filtered distribution, or nullptr
 };
 // Each row's outcome, beside its token.
 constexpr int32_t kSampledOnDevice = 0;
@@ -148,17 +147,9 @@ constexpr int kMaxSampleCandidates = 1024;
 int64_t SampleRowsMaxRows(int64_t cols, const Workspace& ws);
 // Copies host_args in, runs the kernels, copies [rows tokens | rows outcomes]
 // to host_out; the caller synchronizes the stream before reading it.
-absl::Status LaunchSampleRows(const SampleRowArgs* host_args, int64_t rows, int64_t cols,
-                              const float* x, const Workspace& ws, int32_t* host_out,
-                              cudaStream_t stream);
-// DrawFromProbs: the token goes through ws to *host_out; the caller
-// synchronizes the stream before reading it.
-absl::Status LaunchDrawFromProbs(const DrawFromProbsParams& p, const Workspace& ws,
-                                 int32_t* host_out, cudaStream_t stream);
-// AcceptRound in one kernel: {n, bonus} go through ws to host_out[0..1];
-// the caller synchronizes the stream before reading them.
-absl::Status LaunchAcceptRound(const AcceptRoundParams& p, const Workspace& ws,
-                               int32_t* host_out, cudaStream_t stream);
+absl::Status LaunchSampleRows(const SampleRowArgs* host_args, int64_t rows,
+                              int64_t cols, const float* x, const Workspace& ws,
+                              int32_t* host_out, cudaStream_t stream);
 absl::Status LaunchLogSumExp(const LogSumExpParams& p, cudaStream_t stream);
 absl::Status LaunchSoftmax(const SoftmaxParams& p, cudaStream_t stream);
 

@@ -27,16 +27,15 @@
 //       top_p (NucleusCut).
 // The differences from the host are the orders of the long sums (the softmax
 // total, a kept mass or nucleus mass over the row, the draw's running mass
-// over the row), ~1e-16 relative: a token moves only when the uniform falls that close
-// to a boundary. Each row's work depends on its own logits, config and
-// uniform alone (row invariant), and every sum has a fixed order
+// over the row), ~1e-16 relative: a token moves only when the uniform falls
+// that close to a boundary. Each row's work depends on its own logits, config
+// and uniform alone (row invariant), and every sum has a fixed order
 // (deterministic).
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
-#include "kernels/sampling/philox.h"
 
 namespace specserve::kernels::cuda {
 namespace {
@@ -44,20 +43,22 @@ namespace {
 constexpr int kSlices = 16;  // blocks per row in the max and exp passes
 constexpr int kSliceThreads = 256;
 constexpr int kThreads = 1024;  // DrawKernel: one thread per candidate
-static_assert(kMaxSampleCandidates == kThreads, "the sorts hold one candidate per thread");
+static_assert(kMaxSampleCandidates == kThreads,
+              "the sorts hold one candidate per thread");
 constexpr int kWarps = kThreads / 32;
 
 struct Scratch {
-  float* slice_max;     // [rows][kSlices]
-  int* slice_finite;    // [rows][kSlices]
-  double* slice_sum;    // [rows][kSlices]
-  double* p;            // [rows][cols]: e_i, then p_i = e_i / total
+  float* slice_max;   // [rows][kSlices]
+  int* slice_finite;  // [rows][kSlices]
+  double* slice_sum;  // [rows][kSlices]
+  double* p;          // [rows][cols]: e_i, then p_i = e_i / total
 };
 
 inline size_t AlignUp(size_t n) { return (n + 255) / 256 * 256; }
 
 // Where each part of the scratch starts, from `base`; *bytes: the whole.
-inline Scratch ScratchAt(void* base, int64_t rows, int64_t cols, size_t* bytes = nullptr) {
+inline Scratch ScratchAt(void* base, int64_t rows, int64_t cols,
+                         size_t* bytes = nullptr) {
   size_t at = 0;
   auto take = [&](size_t n) {
     void* p = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(base) + at);
@@ -80,7 +81,8 @@ size_t ScratchBytes(int64_t rows, int64_t cols) {
 }
 
 // [lo, hi): part `part` of `parts` equal contiguous ranges of [0, cols).
-__device__ inline void PartRange(int64_t cols, int parts, int part, int64_t* lo, int64_t* hi) {
+__device__ inline void PartRange(int64_t cols, int parts, int part, int64_t* lo,
+                                 int64_t* hi) {
   const int64_t len = (cols + parts - 1) / parts;
   *lo = part * len;
   *hi = *lo + len < cols ? *lo + len : cols;
@@ -133,7 +135,8 @@ __device__ void BitonicSort(uint64_t* a) {
 }
 
 __global__ void __launch_bounds__(kSliceThreads)
-    StatsKernel(const SampleRowArgs* args, const float* x, int64_t cols, Scratch s) {
+    StatsKernel(const SampleRowArgs* args, const float* x, int64_t cols,
+                Scratch s) {
   const int row = blockIdx.x / kSlices, slice = blockIdx.x % kSlices;
   const float* xr = x + args[row].x_offset;
   int64_t lo, hi;
@@ -169,7 +172,8 @@ __device__ inline bool RowStats(const Scratch& s, int row, float* max) {
 }
 
 __global__ void __launch_bounds__(kSliceThreads)
-    ExpKernel(const SampleRowArgs* args, const float* x, int64_t cols, Scratch s) {
+    ExpKernel(const SampleRowArgs* args, const float* x, int64_t cols,
+              Scratch s) {
   const int row = blockIdx.x / kSlices, slice = blockIdx.x % kSlices;
   float m;
   if (!RowStats(s, row, &m)) return;
@@ -197,7 +201,8 @@ __device__ inline double RowTotal(const Scratch& s, int row) {
 }
 
 // p_i = e_i / total in place, as the host divides.
-__global__ void __launch_bounds__(kSliceThreads) NormKernel(int64_t cols, Scratch s) {
+__global__ void __launch_bounds__(kSliceThreads)
+    NormKernel(int64_t cols, Scratch s) {
   const int row = blockIdx.x / kSlices, slice = blockIdx.x % kSlices;
   float m;
   if (!RowStats(s, row, &m)) return;
@@ -205,7 +210,8 @@ __global__ void __launch_bounds__(kSliceThreads) NormKernel(int64_t cols, Scratc
   double* pr = s.p + row * cols;
   int64_t lo, hi;
   PartRange(cols, kSlices, slice, &lo, &hi);
-  for (int64_t i = lo + threadIdx.x; i < hi; i += kSliceThreads) pr[i] = pr[i] / total;
+  for (int64_t i = lo + threadIdx.x; i < hi; i += kSliceThreads)
+    pr[i] = pr[i] / total;
 }
 
 struct DrawShared {
@@ -247,29 +253,27 @@ struct OrderCut {
 // row: chunk sums, a block scan, and the one thread whose chunk holds
 // u · total walks it; a target past the total (rounding) takes the row's
 // last nonzero. prob(i, &state) is called for every id of a chunk in order,
-// state starting at `init` each time. With `write`, every probability is
-// also stored at write[i]; without `draw` that is all (returns 0).
+// state starting at `init` each time.
 template <typename State, typename Prob>
-__device__ int InverseCdf(float uniform, bool draw, float* write, int64_t lo, int64_t hi,
-                          State init, Prob prob, DrawShared& sh) {
+__device__ int InverseCdf(float uniform, int64_t lo, int64_t hi, State init,
+                          Prob prob, DrawShared& sh) {
   const int t = threadIdx.x;
   double mass = 0.0;
   int last = -1;
   State state = init;
   for (int64_t i = lo; i < hi; ++i) {
     const float f = prob(i, &state);
-    if (write != nullptr) write[i] = f;
     if (f > 0.0f) {
       mass += f;
       last = static_cast<int>(i);
     }
   }
-  if (!draw) return 0;
   BlockInclusiveScan(mass, sh.incl, sh.warp_d);
   const double target = static_cast<double>(uniform) * sh.incl[kThreads - 1];
   if (t == 0) sh.walker_token = -1;
   __syncthreads();
-  const bool here = target < sh.incl[t] && (t == 0 || !(target < sh.incl[t - 1]));
+  const bool here =
+      target < sh.incl[t] && (t == 0 || !(target < sh.incl[t - 1]));
   if (here) {
     double cum = t > 0 ? sh.incl[t - 1] : 0.0;
     int token = last;  // (rounding: the chunk's own last nonzero)
@@ -287,7 +291,8 @@ __device__ int InverseCdf(float uniform, bool draw, float* write, int64_t lo, in
   }
   int row_last = last;
 #pragma unroll
-  for (int m = 16; m > 0; m >>= 1) row_last = max(row_last, __shfl_xor_sync(kFullMask, row_last, m));
+  for (int m = 16; m > 0; m >>= 1)
+    row_last = max(row_last, __shfl_xor_sync(kFullMask, row_last, m));
   __syncthreads();
   if ((t & 31) == 0) sh.warp_i[t >> 5] = row_last;
   __syncthreads();
@@ -304,8 +309,9 @@ __device__ int InverseCdf(float uniform, bool draw, float* write, int64_t lo, in
 // contiguous per-thread chunks (ids ascend with the threads): chunk sums, a
 // block scan, and the one thread whose chunk holds the target walks it as
 // the host walks the row.
-__device__ int DrawFromPrefix(const SampleRowArgs& a, const float* xr, const double* pr,
-                              int64_t cols, float row_max, double total, const OrderCut& cut,
+__device__ int DrawFromPrefix(const SampleRowArgs& a, const float* xr,
+                              const double* pr, int64_t cols, float row_max,
+                              double total, const OrderCut& cut,
                               DrawShared& sh) {
   const int t = threadIdx.x;
   // The largest p is the max's: e = exp(0) = 1.
@@ -317,7 +323,8 @@ __device__ int DrawFromPrefix(const SampleRowArgs& a, const float* xr, const dou
   int tie_base = 0;
   if (!cut.whole_row) {
     int mine = 0;
-    for (int64_t i = lo; i < hi; ++i) mine += OrderKey(xr, i, row_max) == cut.key;
+    for (int64_t i = lo; i < hi; ++i)
+      mine += OrderKey(xr, i, row_max) == cut.key;
     BlockInclusiveScan(mine, sh.incl_i, sh.warp_i);
     tie_base = sh.incl_i[t] - mine;
   }
@@ -341,14 +348,14 @@ __device__ int DrawFromPrefix(const SampleRowArgs& a, const float* xr, const dou
     const double p = pr[i];
     return in && p >= threshold ? static_cast<float>(p / kept) : 0.0f;
   };
-  return InverseCdf(a.uniform, a.draw != 0, a.probs, lo, hi, tie_base, prob, sh);
+  return InverseCdf(a.uniform, lo, hi, tie_base, prob, sh);
 }
 
 // The first `want` ids of the order (want <= cols) as a cut: a radix select
 // of the want-th key, 8 bits a pass (one add per distinct bin per warp:
 // logits crowd a few bins).
-__device__ OrderCut SelectFirst(int want, const float* xr, int64_t cols, float row_max,
-                                DrawShared& sh) {
+__device__ OrderCut SelectFirst(int want, const float* xr, int64_t cols,
+                                float row_max, DrawShared& sh) {
   const int t = threadIdx.x;
   if (t == 0) {
     sh.select_prefix = 0;
@@ -364,7 +371,8 @@ __device__ OrderCut SelectFirst(int want, const float* xr, int64_t cols, float r
       if ((k & mask) == prefix) {
         const unsigned bin = (k >> shift) & 255;
         const unsigned peers = __match_any_sync(__activemask(), bin);
-        if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], __popc(peers));
+        if ((threadIdx.x & 31) == __ffs(peers) - 1)
+          atomicAdd(&sh.hist[bin], __popc(peers));
       }
     }
     __syncthreads();
@@ -395,8 +403,8 @@ struct KeyTally {
   int tie_index;  // -1 when no id has the key
 };
 template <typename Term>
-__device__ KeyTally TallyKey(const float* xr, int64_t cols, float row_max, uint32_t key,
-                             Term&& term, DrawShared& sh) {
+__device__ KeyTally TallyKey(const float* xr, int64_t cols, float row_max,
+                             uint32_t key, Term&& term, DrawShared& sh) {
   const int t = threadIdx.x;
   double below = 0.0;
   int ties = 0, tie_index = -1;
@@ -432,9 +440,10 @@ __device__ KeyTally TallyKey(const float* xr, int64_t cols, float row_max, uint3
 // keeps all of it. The limit's key bounds every pass, so all of its ties
 // count toward a digit; only the last step, at the limit's own key, stops
 // at its tie count, which is where the host's walk stops too.
-__device__ OrderCut NucleusCut(const SampleRowArgs& a, const float* xr, const double* pr,
-                               int64_t cols, float row_max, const OrderCut& limit,
-                               double kept_mass, DrawShared& sh) {
+__device__ OrderCut NucleusCut(const SampleRowArgs& a, const float* xr,
+                               const double* pr, int64_t cols, float row_max,
+                               const OrderCut& limit, double kept_mass,
+                               DrawShared& sh) {
   const int t = threadIdx.x;
   const uint32_t max_key = limit.whole_row ? 0xffffffffu : limit.key;
   // Without a limit the terms are p itself (the host's p / 1), which spares
@@ -463,7 +472,8 @@ __device__ OrderCut NucleusCut(const SampleRowArgs& a, const float* xr, const do
     int digit = 16;
 #pragma unroll
     for (int d = 0; d < 16; ++d) {
-      cum += BlockSumD<kThreads>(bucket[d], sh.warp_d);  // (same value in every thread)
+      cum += BlockSumD<kThreads>(bucket[d],
+                                 sh.warp_d);  // (same value in every thread)
       if (digit == 16 && cum >= a.top_p) digit = d;
     }
     if (digit == 16) {
@@ -480,8 +490,9 @@ __device__ OrderCut NucleusCut(const SampleRowArgs& a, const float* xr, const do
   OrderCut cut;
   cut.key = prefix;
   cut.whole_row = false;
-  const int n_ties = !limit.whole_row && prefix == limit.key ? min(at_k.ties, limit.ties)
-                                                            : at_k.ties;
+  const int n_ties = !limit.whole_row && prefix == limit.key
+                         ? min(at_k.ties, limit.ties)
+                         : at_k.ties;
   // (no id at K: the digit-15 case above; the cut is then the keys below K)
   const double p_tie = n_ties > 0 ? term(at_k.tie_index) : 0.0;
   double c = at_k.below;
@@ -499,11 +510,12 @@ __device__ OrderCut NucleusCut(const SampleRowArgs& a, const float* xr, const do
 // The mass of the first ids of the order that `cut` (not the whole row)
 // holds: the keys below its key, then its ties (equal keys: equal p). A
 // fixed-order sum; the host's is in the filters' order (~1e-16 apart).
-__device__ double CutMass(const float* xr, const double* pr, int64_t cols, float row_max,
-                          const OrderCut& cut, DrawShared& sh) {
-  const KeyTally at_cut =
-      TallyKey(xr, cols, row_max, cut.key, [&](int64_t i) { return pr[i]; }, sh);
-  const double mass = at_cut.below + (at_cut.ties > 0 ? cut.ties * pr[at_cut.tie_index] : 0.0);
+__device__ double CutMass(const float* xr, const double* pr, int64_t cols,
+                          float row_max, const OrderCut& cut, DrawShared& sh) {
+  const KeyTally at_cut = TallyKey(
+      xr, cols, row_max, cut.key, [&](int64_t i) { return pr[i]; }, sh);
+  const double mass =
+      at_cut.below + (at_cut.ties > 0 ? cut.ties * pr[at_cut.tie_index] : 0.0);
   __syncthreads();  // (sh is reused by the caller)
   return mass;
 }
@@ -511,12 +523,14 @@ __device__ double CutMass(const float* xr, const double* pr, int64_t cols, float
 // Top-k and/or top-p (then min-p) over the first `want` ids of the order.
 // Returns the token, or -1 when the cut lies past the candidates (the caller
 // then cuts the order without sorting it).
-__device__ int DrawOrdered(const SampleRowArgs& a, const float* xr, const double* pr,
-                           int64_t cols, float row_max, DrawShared& sh) {
+__device__ int DrawOrdered(const SampleRowArgs& a, const float* xr,
+                           const double* pr, int64_t cols, float row_max,
+                           DrawShared& sh) {
   const int t = threadIdx.x;
   const bool top_k = a.top_k > 0 && a.top_k < cols;
   if (top_k && a.top_k > kThreads) return -1;
-  const int want = static_cast<int>(top_k ? a.top_k : (cols < kThreads ? cols : kThreads));
+  const int want =
+      static_cast<int>(top_k ? a.top_k : (cols < kThreads ? cols : kThreads));
 
   const OrderCut first = SelectFirst(want, xr, cols, row_max, sh);
   const uint32_t cut = first.key;
@@ -548,7 +562,9 @@ __device__ int DrawOrdered(const SampleRowArgs& a, const float* xr, const double
       if (at_tie < ties) slot = less + at_tie;
       ++at_tie;
     }
-    if (slot >= 0) sh.keys[slot] = (static_cast<uint64_t>(k) << 32) | static_cast<uint32_t>(i);
+    if (slot >= 0)
+      sh.keys[slot] =
+          (static_cast<uint64_t>(k) << 32) | static_cast<uint32_t>(i);
   }
   __syncthreads();
   BitonicSort(sh.keys);
@@ -607,14 +623,10 @@ __device__ int DrawOrdered(const SampleRowArgs& a, const float* xr, const double
   const int keep = sh.keep;
   // The survivors in id order, each with its float probability.
   const float f = t < keep ? static_cast<float>(p[t] / sh.kept) : 0.0f;
-  if (a.probs != nullptr) {
-    for (int64_t i = t; i < cols; i += kThreads) a.probs[i] = 0.0f;
-    __syncthreads();  // (the block's zeros before its survivors)
-    if (t < keep) a.probs[id] = f;
-  }
-  if (!a.draw) return 0;
   __syncthreads();
-  sh.keys[t] = t < keep ? (static_cast<uint64_t>(id) << 32) | static_cast<uint32_t>(t) : ~0ull;
+  sh.keys[t] =
+      t < keep ? (static_cast<uint64_t>(id) << 32) | static_cast<uint32_t>(t)
+               : ~0ull;
   sh.probs[t] = f;
   __syncthreads();
   BitonicSort(sh.keys);
@@ -638,8 +650,8 @@ __device__ int DrawOrdered(const SampleRowArgs& a, const float* xr, const double
 }
 
 __global__ void __launch_bounds__(kThreads)
-    DrawKernel(const SampleRowArgs* args, const float* x, int64_t rows, int64_t cols,
-               Scratch s, int32_t* out) {
+    DrawKernel(const SampleRowArgs* args, const float* x, int64_t rows,
+               int64_t cols, Scratch s, int32_t* out) {
   __shared__ DrawShared sh;
   const int row = blockIdx.x;
   const SampleRowArgs a = args[row];
@@ -667,7 +679,8 @@ __global__ void __launch_bounds__(kThreads)
       OrderCut cut;
       if (top_k) cut = SelectFirst(a.top_k, xr, cols, row_max, sh);
       if (top_p) {
-        const double kept_mass = top_k ? CutMass(xr, pr, cols, row_max, cut, sh) : 1.0;
+        const double kept_mass =
+            top_k ? CutMass(xr, pr, cols, row_max, cut, sh) : 1.0;
         cut = NucleusCut(a, xr, pr, cols, row_max, cut, kept_mass, sh);
       }
       token = DrawFromPrefix(a, xr, pr, cols, row_max, total, cut, sh);
@@ -679,128 +692,46 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One draw from p, or from the residual max(0, p - minus) where it has mass
-// (the host's float subtraction; any positive residual gives a positive
-// double mass, whatever the order). Called by the whole block.
-__device__ int DrawFromProbsBlock(const float* p, const float* minus, int64_t cols,
-                                  float uniform, DrawShared& sh) {
-  int64_t lo, hi;
-  PartRange(cols, kThreads, threadIdx.x, &lo, &hi);
-  bool residual = false;
-  if (minus != nullptr) {
-    int any = 0;
-    for (int64_t i = lo; i < hi; ++i) any |= fmaxf(0.0f, __fsub_rn(p[i], minus[i])) > 0.0f;
-    residual = __syncthreads_or(any) != 0;
-  }
-  auto prob = [&](int64_t i, int* /*unused*/) {
-    return residual ? fmaxf(0.0f, __fsub_rn(p[i], minus[i])) : p[i];
-  };
-  return InverseCdf(uniform, true, nullptr, lo, hi, 0, prob, sh);
-}
-
-__global__ void __launch_bounds__(kThreads)
-    DrawFromProbsKernel(const float* p, const float* minus, int64_t cols, float uniform,
-                        int32_t* out) {
-  __shared__ DrawShared sh;
-  const int token = DrawFromProbsBlock(p, minus, cols, uniform, sh);
-  if (threadIdx.x == 0) out[0] = token;
-}
-
-// The drafts of an accept step, by value (k <= kMaxAcceptDrafts).
-struct AcceptDrafts {
-  int32_t d[kMaxAcceptDrafts];
-};
-
-// AcceptRound (kernels/sample_rows.h) in one block: thread 0 runs the tests
-// in order with the host's uniforms (sampling/philox.h, the same code) and
-// the host's float product; the block then draws the bonus as
-// DrawFromProbsKernel does. out = {n, bonus}.
-__global__ void __launch_bounds__(kThreads)
-    AcceptRoundKernel(AcceptRoundParams p, AcceptDrafts drafts, int32_t* out) {
-  __shared__ DrawShared sh;
-  __shared__ int accepted;
-  if (threadIdx.x == 0) {
-    int n = 0;
-    for (; n < p.k; ++n) {
-      const int64_t d = drafts.d[n];
-      const float u = sampling::Uniform(p.seed, sampling::RandomStream::kAccept, p.uctr + n);
-      if (!(__fmul_rn(u, p.q[n * p.q_stride + d]) < p.p[n * p.p_stride + d])) break;
-    }
-    accepted = n;
-  }
-  __syncthreads();
-  const int n = accepted;
-  const float u = sampling::Uniform(p.seed, sampling::RandomStream::kSample, p.sctr);
-  const int token = DrawFromProbsBlock(p.p + n * p.p_stride,
-                                       n < p.k ? p.q + n * p.q_stride : nullptr, p.cols, u, sh);
-  if (threadIdx.x == 0) {
-    out[0] = n;
-    out[1] = token;
-  }
-}
-
 }  // namespace
 
-absl::Status LaunchDrawFromProbs(const DrawFromProbsParams& p, const Workspace& ws,
-                                 int32_t* host_out, cudaStream_t stream) {
-  if (ws.bytes < sizeof(int32_t)) return absl::InternalError("draw_from_probs: no workspace");
-  if (p.cols > INT32_MAX) return absl::InvalidArgumentError("draw_from_probs: cols exceed int32");
-  auto* out = static_cast<int32_t*>(ws.data);
-  DrawFromProbsKernel<<<1, kThreads, 0, stream>>>(p.p, p.minus, p.cols, p.uniform, out);
-  if (absl::Status st = LaunchStatus("draw_from_probs launch"); !st.ok()) return st;
-  SS_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(host_out, out, sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
-      "draw_from_probs token");
-  return absl::OkStatus();
-}
-
-absl::Status LaunchAcceptRound(const AcceptRoundParams& p, const Workspace& ws,
-                               int32_t* host_out, cudaStream_t stream) {
-  if (ws.bytes < 2 * sizeof(int32_t)) return absl::InternalError("accept_round: no workspace");
-  if (p.cols > INT32_MAX) return absl::InvalidArgumentError("accept_round: cols exceed int32");
-  AcceptDrafts drafts = {};
-  for (int i = 0; i < p.k; ++i) drafts.d[i] = p.drafts[i];
-  auto* out = static_cast<int32_t*>(ws.data);
-  AcceptRoundKernel<<<1, kThreads, 0, stream>>>(p, drafts, out);
-  if (absl::Status st = LaunchStatus("accept_round launch"); !st.ok()) return st;
-  SS_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(host_out, out, 2 * sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
-      "accept_round outcome");
-  return absl::OkStatus();
-}
-
 int64_t SampleRowsMaxRows(int64_t cols, const Workspace& ws) {
-  const size_t fixed = AlignUp(sizeof(SampleRowArgs) * 64) + AlignUp(sizeof(int32_t) * 128);
+  const size_t fixed =
+      AlignUp(sizeof(SampleRowArgs) * 64) + AlignUp(sizeof(int32_t) * 128);
   int64_t rows = 64;
   while (rows > 0 && fixed + ScratchBytes(rows, cols) > ws.bytes) rows /= 2;
   return rows;
 }
 
-absl::Status LaunchSampleRows(const SampleRowArgs* host_args, int64_t rows, int64_t cols,
-                              const float* x, const Workspace& ws, int32_t* host_out,
-                              cudaStream_t stream) {
+absl::Status LaunchSampleRows(const SampleRowArgs* host_args, int64_t rows,
+                              int64_t cols, const float* x, const Workspace& ws,
+                              int32_t* host_out, cudaStream_t stream) {
   if (rows < 1 || rows > SampleRowsMaxRows(cols, ws)) {
-    return absl::InvalidArgumentError("sample_rows: rows exceed the workspace's group");
+    return absl::InvalidArgumentError(
+        "sample_rows: rows exceed the workspace's group");
   }
-  if (cols > INT32_MAX) return absl::InvalidArgumentError("sample_rows: cols exceed int32");
+  if (cols > INT32_MAX)
+    return absl::InvalidArgumentError("sample_rows: cols exceed int32");
   char* base = static_cast<char*>(ws.data);
   auto* args = reinterpret_cast<SampleRowArgs*>(base);
   base += AlignUp(sizeof(SampleRowArgs) * 64);
   auto* out = reinterpret_cast<int32_t*>(base);
   base += AlignUp(sizeof(int32_t) * 128);
   const Scratch s = ScratchAt(base, rows, cols);
-  SS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(args, host_args, sizeof(SampleRowArgs) * rows,
-                                          cudaMemcpyHostToDevice, stream),
-                          "sample_rows args");
+  SS_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(args, host_args, sizeof(SampleRowArgs) * rows,
+                      cudaMemcpyHostToDevice, stream),
+      "sample_rows args");
   const unsigned sliced = static_cast<unsigned>(rows * kSlices);
   StatsKernel<<<sliced, kSliceThreads, 0, stream>>>(args, x, cols, s);
   ExpKernel<<<sliced, kSliceThreads, 0, stream>>>(args, x, cols, s);
   NormKernel<<<sliced, kSliceThreads, 0, stream>>>(cols, s);
-  DrawKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(args, x, rows, cols, s, out);
+  DrawKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      args, x, rows, cols, s, out);
   if (absl::Status st = LaunchStatus("sample_rows launch"); !st.ok()) return st;
-  SS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_out, out, sizeof(int32_t) * 2 * rows,
-                                          cudaMemcpyDeviceToHost, stream),
-                          "sample_rows tokens");
+  SS_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host_out, out, sizeof(int32_t) * 2 * rows,
+                      cudaMemcpyDeviceToHost, stream),
+      "sample_rows tokens");
   return absl::OkStatus();
 }
 

@@ -1,28 +1,21 @@
 // Philox4x32-10: the counter-based random generator of sampled decoding.
 //
-// Randomness is a pure function of (seed, stream, counter): no generator state
-// is carried anywhere but the counters a session persists (sctr for sampling
-// events, uctr for acceptance uniforms; docs/DESIGN.md §1). So a session's
-// draws never repeat across bursts, survive park/resume/offload unchanged, and
-// a (seed, session history) is reproducible on any backend.
+// Randomness is a pure function of (seed, stream, counter), and no generator
+// state is carried anywhere: the kSample stream's counter is the history index
+// of the token being drawn (worker/spec/spec_accept.h PositionUniform; the
+// "position uniform" of docs/DESIGN.md §1). So a session's draws never repeat,
+// survive park/resume/offload unchanged, do not depend on how bursts split,
+// and a (seed, session history) is reproducible on any backend.
 #ifndef SPECSERVE_KERNELS_SAMPLING_PHILOX_H_
 #define SPECSERVE_KERNELS_SAMPLING_PHILOX_H_
 
 #include <array>
 #include <cstdint>
 
-// Inline for the host and, compiled by nvcc, the device: the CUDA accept
-// step (kernels/cuda/sample_rows.cu) draws the host's uniforms bit for bit.
-#if defined(__CUDACC__)
-#define SS_PHILOX_HD __host__ __device__
-#else
-#define SS_PHILOX_HD
-#endif
-
 namespace specserve::sampling {
 
 // Philox4x32 with 10 rounds (Salmon et al., SC'11), on c in place.
-SS_PHILOX_HD inline void Philox4x32_10InPlace(uint32_t (&c)[4], uint32_t k0, uint32_t k1) {
+inline void Philox4x32_10InPlace(uint32_t (&c)[4], uint32_t k0, uint32_t k1) {
   constexpr uint32_t kMul0 = 0xD2511F53u;
   constexpr uint32_t kMul1 = 0xCD9E8D57u;
   constexpr uint32_t kWeyl0 = 0x9E3779B9u;  // golden ratio
@@ -30,8 +23,10 @@ SS_PHILOX_HD inline void Philox4x32_10InPlace(uint32_t (&c)[4], uint32_t k0, uin
   for (int round = 0; round < 10; ++round) {
     const uint64_t p0 = static_cast<uint64_t>(kMul0) * c[0];
     const uint64_t p1 = static_cast<uint64_t>(kMul1) * c[2];
-    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
-    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
+    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32),
+                   lo0 = static_cast<uint32_t>(p0);
+    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32),
+                   lo1 = static_cast<uint32_t>(p1);
     const uint32_t c1 = c[1], c3 = c[3];
     c[0] = hi1 ^ c1 ^ k0;
     c[1] = lo1;
@@ -52,15 +47,15 @@ inline std::array<uint32_t, 4> Philox4x32_10(std::array<uint32_t, 4> counter,
 // Which sequence a draw belongs to; part of the counter so streams never
 // overlap.
 enum class RandomStream : uint32_t {
-  kSample = 0,  // one draw per sampling event (sctr)
-  kAccept = 1,  // one draw per acceptance test (uctr)
+  kSample = 0,  // one draw per token position (the counter is the position)
 };
 
-// A uniform float in [0, 1) with 24 random bits, for event `counter` of
+// A uniform float in [0, 1) with 24 random bits, for counter `counter` of
 // `stream` under `seed`.
-SS_PHILOX_HD inline float Uniform(uint64_t seed, RandomStream stream, uint32_t counter) {
+inline float Uniform(uint64_t seed, RandomStream stream, uint32_t counter) {
   uint32_t c[4] = {counter, static_cast<uint32_t>(stream), 0u, 0u};
-  Philox4x32_10InPlace(c, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  Philox4x32_10InPlace(c, static_cast<uint32_t>(seed),
+                       static_cast<uint32_t>(seed >> 32));
   // Top 24 bits: exactly representable, strictly below 1.
   return static_cast<float>(c[0] >> 8) * (1.0f / 16777216.0f);
 }

@@ -35,18 +35,23 @@ class SortedPrefix {
   // Up to this many more ids, a heap select beats nth_element's passes.
   static constexpr int kHeapSelect = 4096;
 
-  explicit SortedPrefix(const std::vector<double>& p) : p_(p), order_(p.size()) {
+  explicit SortedPrefix(const std::vector<double>& p)
+      : p_(p), order_(p.size()) {
     std::iota(order_.begin(), order_.end(), 0);
   }
   void Extend(int m) {
     m = std::min(m, static_cast<int>(order_.size()));
     if (m <= sorted_) return;
-    auto before = [this](int a, int b) { return p_[a] > p_[b] || (p_[a] == p_[b] && a < b); };
+    auto before = [this](int a, int b) {
+      return p_[a] > p_[b] || (p_[a] == p_[b] && a < b);
+    };
     if (m - sorted_ <= kHeapSelect) {
       // A few more: a heap of them rejects most of the rest in one compare.
-      std::partial_sort(order_.begin() + sorted_, order_.begin() + m, order_.end(), before);
+      std::partial_sort(order_.begin() + sorted_, order_.begin() + m,
+                        order_.end(), before);
     } else {
-      std::nth_element(order_.begin() + sorted_, order_.begin() + m - 1, order_.end(), before);
+      std::nth_element(order_.begin() + sorted_, order_.begin() + m - 1,
+                       order_.end(), before);
       std::sort(order_.begin() + sorted_, order_.begin() + m, before);
     }
     sorted_ = m;
@@ -73,7 +78,8 @@ absl::Status FilteredProbs(const float* logits, int vocab,
     }
     max_logit = std::max(max_logit, logits[i]);
   }
-  const std::vector<double> p = TemperatureSoftmax(logits, vocab, max_logit, c.temperature);
+  const std::vector<double> p =
+      TemperatureSoftmax(logits, vocab, max_logit, c.temperature);
 
   const bool top_k = c.top_k > 0 && c.top_k < vocab;
   const bool top_p = c.top_p < 1.0f;
@@ -135,8 +141,8 @@ absl::Status FilteredProbs(const float* logits, int vocab,
   return absl::OkStatus();
 }
 
-std::vector<double> TemperatureSoftmax(const float* logits, int vocab, float max_logit,
-                                       float temperature) {
+std::vector<double> TemperatureSoftmax(const float* logits, int vocab,
+                                       float max_logit, float temperature) {
   // In double so the filters' cumulative sums do not depend on the float
   // rounding of a long sum.
   std::vector<double> p(vocab);
@@ -170,16 +176,6 @@ int SampleIndex(const std::vector<float>& probs, float u) {
     if (target < cum) return i;
   }
   return last_nonzero;  // rounding at the top end
-}
-
-int SampleResidual(const std::vector<float>& p, const std::vector<float>& minus, float u) {
-  std::vector<float> residual(p.size());
-  double mass = 0.0;
-  for (size_t t = 0; t < p.size(); ++t) {
-    residual[t] = std::max(0.0f, p[t] - minus[t]);
-    mass += residual[t];
-  }
-  return SampleIndex(mass > 0.0 ? residual : p, u);
 }
 
 }  // namespace specserve::sampling

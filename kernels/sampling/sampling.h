@@ -1,7 +1,8 @@
 // Turning logits into the distribution a sampled request draws from, and
 // drawing from it. The same transform is applied to the target (trunk) and the
-// draft (MTP) logits, which is what keeps speculative sampling exact: the
-// rejection test compares p and q after identical filtering.
+// draft (MTP) logits: a draft is drawn from the head's filtered distribution
+// at the uniform its position's token is drawn at, and accepted when it
+// equals the trunk's draw (worker/spec/spec_accept.h).
 //
 // Order (as vLLM and HF apply them): temperature, then top-k, then top-p
 // (nucleus, over the top-k survivors), then min-p; survivors renormalized.
@@ -38,8 +39,8 @@ absl::Status FilteredProbs(const float* logits, int vocab,
 // softmax(logits / temperature) in double (finite logits, max_logit their
 // maximum): the distribution every filter starts from, shared with the
 // full-sort reference so that both filter the same numbers.
-std::vector<double> TemperatureSoftmax(const float* logits, int vocab, float max_logit,
-                                       float temperature);
+std::vector<double> TemperatureSoftmax(const float* logits, int vocab,
+                                       float max_logit, float temperature);
 
 // Index of the first maximum (greedy); the tie rule matches the kernels'.
 int ArgmaxFirst(const float* logits, int vocab);
@@ -48,11 +49,6 @@ int ArgmaxFirst(const float* logits, int vocab);
 // u < sum(probs[0..i]) * ... over the non-zero entries; always returns an
 // index with probs[i] > 0.
 int SampleIndex(const std::vector<float>& probs, float u);
-
-// SampleIndex at u over the residual max(0, p − minus) (float subtraction)
-// where it has mass, else over p (p == minus up to rounding): the bonus draw
-// of a rejected speculative column. p and minus have the same size.
-int SampleResidual(const std::vector<float>& p, const std::vector<float>& minus, float u);
 
 }  // namespace specserve::sampling
 

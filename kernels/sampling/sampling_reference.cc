@@ -9,10 +9,12 @@ std::vector<double> FilteredProbsByFullSort(const std::vector<float>& logits,
                                             const SamplingConfig& c) {
   const int V = static_cast<int>(logits.size());
   const std::vector<double> p = TemperatureSoftmax(
-      logits.data(), V, *std::max_element(logits.begin(), logits.end()), c.temperature);
+      logits.data(), V, *std::max_element(logits.begin(), logits.end()),
+      c.temperature);
   std::vector<int> order(V);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return p[a] > p[b]; });
   int keep = c.top_k > 0 ? std::min(V, c.top_k) : V;
   double mass = 0.0;
   for (int i = 0; i < keep; ++i) mass += p[order[i]];
