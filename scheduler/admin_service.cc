@@ -38,13 +38,15 @@ grpc::Status AdminService::GetModelInfo(
                       "model; see GetServerInfo for details");
 }
 
-grpc::Status AdminService::LoadModel(grpc::ServerContext* ctx,
-                                     const specserve::v1::LoadModelRequest* request,
-                                     specserve::v1::LoadModelResponse* response) {
+grpc::Status AdminService::LoadModel(
+    grpc::ServerContext* ctx, const specserve::v1::LoadModelRequest* request,
+    specserve::v1::LoadModelResponse* response) {
   // Without a client deadline: long enough for a large model to load.
   absl::Time deadline = absl::FromChrono(ctx->deadline());
-  if (deadline > absl::Now() + absl::Minutes(30)) deadline = absl::Now() + absl::Minutes(10);
-  return LoadModelEverywhere(ctx_, request->model_dir(), deadline, response->mutable_model());
+  if (deadline > absl::Now() + absl::Minutes(30))
+    deadline = absl::Now() + absl::Minutes(10);
+  return LoadModelEverywhere(ctx_, request->model_dir(), deadline,
+                             response->mutable_model());
 }
 
 grpc::Status AdminService::Abort(grpc::ServerContext*,

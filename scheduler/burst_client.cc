@@ -1,6 +1,8 @@
 #include "scheduler/burst_client.h"
 
+#include <algorithm>
 #include <chrono>
+#include <string>
 
 #include "glog/logging.h"
 
@@ -16,6 +18,22 @@ void* AsTag(Tag t) { return reinterpret_cast<void*>(t); }
 
 // How often the watch is polled while no event arrives.
 constexpr auto kWatchInterval = std::chrono::milliseconds(20);
+// Bound of one StopBurst call (the worker answers it without waiting).
+constexpr absl::Duration kStopCallTimeout = absl::Milliseconds(500);
+
+// Asks the worker to end the session's burst at its next round boundary.
+// NOT_FOUND: its burst is not running yet (the Burst call is still on its
+// way) or is already over (its summary is on its way).
+grpc::Status SendStopBurst(specserve::worker::v1::Worker::Stub* stub,
+                           const std::string& session_id, absl::Time until) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(
+      absl::ToChronoTime(std::min(until, absl::Now() + kStopCallTimeout)));
+  specserve::worker::v1::SessionRef ref;
+  ref.set_session_id(session_id);
+  specserve::worker::v1::StopBurstResponse response;
+  return stub->StopBurst(&ctx, ref, &response);
+}
 
 }  // namespace
 
@@ -42,7 +60,21 @@ BurstOutcome RunBurstOnWorker(
   // Invariant: exactly one of Read and Finish is outstanding until Finish's
   // tag returns; the start tag returns once on the way.
   bool finished = false;
-  bool stopped = false;  // on_tokens asked to stop: tokens are no longer fed
+  // Once a stop is asked for: until when the burst may take to end, and
+  // whether the worker has taken the stop (StopBurst answered OK; until
+  // then it is sent again at every watch).
+  absl::Time stop_until = absl::InfiniteFuture();
+  bool stop_taken = false;
+  auto send_stop = [&] {
+    const absl::Time until = std::min(stop_until, watch.deadline);
+    stop_taken = SendStopBurst(stub, request.session_id(), until).ok();
+  };
+  auto request_stop = [&] {
+    if (out.stop_requested) return;
+    out.stop_requested = true;
+    stop_until = absl::Now() + watch.stop_grace;
+    send_stop();
+  };
   // The watch runs every kWatchInterval whether or not events arrive: a
   // worker that hangs sends nothing (only the watch ends the call), and a
   // steady stream must not delay noticing a cancel.
@@ -50,12 +82,25 @@ BurstOutcome RunBurstOnWorker(
   auto run_watch = [&] {
     next_watch = std::chrono::system_clock::now() + kWatchInterval;
     if (out.cancelled_by != BurstOutcome::CancelledBy::kNone) return;
-    if (watch.client_cancelled && watch.client_cancelled()) {
-      out.cancelled_by = BurstOutcome::CancelledBy::kClient;
-      ctx.TryCancel();
-    } else if (watch.worker_available && !watch.worker_available()) {
+    // The burst is over once its summary is in (only the status is left to
+    // come): cancelling now would only throw the summary away.
+    if (out.summary) return;
+    if (!out.stop_requested && watch.client_cancelled &&
+        watch.client_cancelled()) {
+      request_stop();
+    }
+    if (watch.worker_available && !watch.worker_available()) {
       out.cancelled_by = BurstOutcome::CancelledBy::kWorkerDown;
       ctx.TryCancel();
+      return;
+    }
+    if (!out.stop_requested) return;
+    const absl::Time now = absl::Now();
+    if (now >= stop_until || now >= watch.deadline) {
+      out.cancelled_by = BurstOutcome::CancelledBy::kClient;
+      ctx.TryCancel();
+    } else if (!stop_taken) {
+      send_stop();
     }
   };
   while (!finished) {
@@ -78,11 +123,8 @@ BurstOutcome RunBurstOnWorker(
         }
         if (event.has_tokens()) {
           const auto& ids = event.tokens().ids();
-          if (!stopped &&
-              !on_tokens(absl::MakeConstSpan(ids.data(), ids.size()))) {
-            stopped = true;
-            out.cancelled_by = BurstOutcome::CancelledBy::kClient;
-            ctx.TryCancel();
+          if (!on_tokens(absl::MakeConstSpan(ids.data(), ids.size()))) {
+            request_stop();
           }
         } else if (event.has_summary()) {
           out.summary = std::move(*event.mutable_summary());

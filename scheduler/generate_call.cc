@@ -15,6 +15,7 @@
 #include "scheduler/output_stream.h"
 #include "scheduler/placement.h"
 #include "telemetry/grpc_reactors.h"
+#include "telemetry/server_lifecycle.h"
 #include "telemetry/status_macros.h"
 
 namespace specserve::scheduler {
@@ -56,8 +57,8 @@ class Call {
   // both happen at the same instant.
   absl::Status StoppedByClient() {
     if (absl::Now() >= deadline_) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("the deadline passed after ", produced_, " generated tokens"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the deadline passed after ", produced_, " generated tokens"));
     }
     finish_ = specserve::v1::CANCELLED;
     return absl::OkStatus();
@@ -68,6 +69,8 @@ class Call {
   // Makes the session resident on an available worker (rebuilding it by
   // prefill when it is NEW or LOST there).
   absl::Status EnsureResident();
+  // Admits the session on `worker` with `history`, its checkpoint at the
+  // table's rewind position.
   absl::Status AdmitOn(int worker, const std::vector<uint32_t>& history);
   // The spec gate for the next burst: returns the draft depth (0 = plain).
   uint32_t Gate();
@@ -92,6 +95,7 @@ class Call {
   std::string request_id_;
   RequestRegistry::CancelFlag cancel_;
   absl::Time start_ = absl::Now();
+  std::optional<absl::Time> first_token_time_;
   std::optional<absl::Time> last_token_time_;
 
   std::vector<uint32_t> input_;  // this turn's new tokens
@@ -118,6 +122,9 @@ class Call {
   std::unique_ptr<OutputStream> output_;
   uint32_t produced_ = 0;  // tokens committed by this request's bursts
   uint32_t cached_ = 0;
+  // This turn's worker copy was rebuilt by a prefill of the history: none
+  // of its prompt came from a cache.
+  bool rebuilt_ = false;
   bool suffix_recorded_ = false;
   FinishReason finish_ = specserve::v1::FINISH_REASON_UNSPECIFIED;
   bool demoted_ = false;  // this request demoted the session
@@ -128,9 +135,11 @@ grpc::Status Call::Run(AdmissionTicket ticket) {
   request_id_ = req_.request_id().empty() ? NewRequestId() : req_.request_id();
   cancel_ = ctx_->requests->Register(request_id_);
   if (cancel_ == nullptr) {
-    return grpc::Status(
-        grpc::StatusCode::ALREADY_EXISTS,
-        absl::StrCat("request_id ", request_id_, " is already running"));
+    // Like a second turn on a busy session: the id is free again once that
+    // request ends.
+    return Fail(absl::AbortedError(absl::StrCat(
+        "request_id ", request_id_,
+        " is already running; retry once it has ended, or use another id")));
   }
   // Admin.Abort by session id reaches a turn on a named session while it is
   // still queued, too (an opened session's id is known from the start).
@@ -185,6 +194,14 @@ absl::Status Call::WaitForSlot(AdmissionTicket* ticket) {
   // Cancelled() also sees Admin.Abort: an aborted request leaves the queue
   // at once instead of running (and prefilling) once promoted.
   absl::Status s = ticket->Wait(deadline_, [this] { return Cancelled(); });
+  if (s.code() == absl::StatusCode::kCancelled && !out_->cancelled() &&
+      telemetry::DrainRequested()) {
+    // Aborted, not cancelled by its client, most likely by the drain's
+    // cut-off: it never ran, so it can be sent elsewhere.
+    s = absl::UnavailableError(
+        "server is draining: the request was cancelled while queued for "
+        "admission");
+  }
   ctx_->metrics->num_requests_waiting()->Add(-1);
   ctx_->metrics->num_requests_running()->Add(1);
   ctx_->metrics->request_queue_time()->Observe(
@@ -204,8 +221,6 @@ absl::Status Call::Tokenize() {
     input_ = tokenizer_->Encode(req_.text(), /*parse_special=*/true);
     input_was_text_ = true;
   }
-  ctx_->metrics->prompt_tokens()->Increment(input_.size());
-  ctx_->metrics->request_prompt_tokens()->Observe(input_.size());
   return absl::OkStatus();
 }
 
@@ -226,13 +241,14 @@ absl::Status Call::OpenSession() {
     }
     SS_ASSIGN_OR_RETURN(lease_, ctx_->sessions->OpenAndAcquire(capacity, ""));
   } else {
-    SS_ASSIGN_OR_RETURN(lease_,
-                        ctx_->sessions->Acquire(req_.session().session_id(), ""));
+    SS_ASSIGN_OR_RETURN(
+        lease_, ctx_->sessions->Acquire(req_.session().session_id(), ""));
   }
   ctx_->requests->SetSession(request_id_, lease_.id());
   const SessionSnapshot snap = lease_.Snapshot();
   std::vector<uint32_t> history = lease_.History();
-  rewind_ = !one_shot_ && req_.session().mode() == specserve::v1::SessionTurn::REWIND;
+  rewind_ =
+      !one_shot_ && req_.session().mode() == specserve::v1::SessionTurn::REWIND;
   worker_rewind_ = rewind_;
   if (rewind_) {
     if (!snap.rewind_pos) {
@@ -255,12 +271,18 @@ absl::Status Call::OpenSession() {
   if (!req_.stopping().ignore_eos()) {
     stop_ids.insert(eos_.begin(), eos_.end());
   }
-  const bool want_text = req_.response().text() || input_was_text_;
-  const bool want_ids = req_.response().ids() || !input_was_text_;
+  // Explicit choices win; unset ones follow the input's form.
+  const specserve::v1::ResponseOptions& r = req_.response();
+  const bool want_text = r.has_text() ? r.text() : input_was_text_;
+  const bool want_ids = r.has_ids() ? r.ids() : !input_was_text_;
   std::vector<std::string> stops(req_.stopping().stop().begin(),
                                  req_.stopping().stop().end());
   output_ = std::make_unique<OutputStream>(tokenizer_.get(), want_text,
                                            want_ids, stop_ids, stops);
+  // Counted once the turn is admitted (it fits the context and the session):
+  // a refused prompt is never prefilled.
+  ctx_->metrics->prompt_tokens()->Increment(input_.size());
+  ctx_->metrics->request_prompt_tokens()->Observe(input_.size());
   return absl::OkStatus();
 }
 
@@ -269,39 +291,49 @@ absl::Status Call::AdmitOn(int worker, const std::vector<uint32_t>& history) {
   admit.set_session_id(lease_.id());
   admit.set_capacity(lease_.Snapshot().capacity);
   admit.mutable_history()->Add(history.begin(), history.end());
+  // The copy's REWIND target is the table's: a rebuilt session rewinds to the
+  // same prompt end as the one it replaces.
+  const std::optional<uint32_t> rewind_pos = lease_.Snapshot().rewind_pos;
+  if (rewind_pos && *rewind_pos <= history.size()) {
+    admit.set_checkpoint_pos(*rewind_pos);
+  }
   admit.set_speculative(true);
-  grpc::ClientContext c;
-  c.set_deadline(absl::ToChronoTime(
-      std::min(deadline_, absl::Now() + ctx_->options.worker_call_timeout)));
+  // Watched (WorkerPool::Admit): on a worker that stops answering it fails
+  // UNAVAILABLE as soon as the monitor notices, and EnsureResident places
+  // the session on another worker.
+  const absl::Time until =
+      std::min(deadline_, absl::Now() + ctx_->options.worker_call_timeout);
   specserve::worker::v1::SessionState state;
-  grpc::Status s = ctx_->workers->stub(worker)->Admit(&c, admit, &state);
+  grpc::Status s = ctx_->workers->Admit(worker, admit, until, &state);
   if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
     // A stale copy from before a lost burst: replace it.
     ctx_->workers->Release(worker, lease_.id(), absl::Seconds(5));
-    grpc::ClientContext c2;
-    s = ctx_->workers->stub(worker)->Admit(&c2, admit, &state);
+    s = ctx_->workers->Admit(worker, admit, until, &state);
   }
   if (!s.ok()) {
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
       ctx_->workers->MarkUnavailable(worker, s.error_message());
     }
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("admitting session on worker ",
-                                     ctx_->workers->address(worker), ": ",
-                                     s.error_message()));
+    return absl::Status(
+        static_cast<absl::StatusCode>(s.error_code()),
+        absl::StrCat("admitting session on worker ",
+                     ctx_->workers->address(worker), ": ", s.error_message()));
   }
   return absl::OkStatus();
 }
 
 absl::Status Call::EnsureResident() {
   const SessionSnapshot snap = lease_.Snapshot();
-  const bool has_copy = snap.worker >= 0 &&
-                        (snap.residency == specserve::v1::PARKED ||
-                         snap.residency == specserve::v1::ACTIVE ||
-                         snap.residency == specserve::v1::OFFLOADED);
+  const bool has_copy =
+      snap.worker >= 0 && (snap.residency == specserve::v1::PARKED ||
+                           snap.residency == specserve::v1::ACTIVE ||
+                           snap.residency == specserve::v1::OFFLOADED);
   if (has_copy && ctx_->workers->Available(snap.worker)) {
     worker_ = snap.worker;
     worker_has_base_ = true;
+    // Running now: counted by the gate's batch size and the sessions gauge
+    // until Park (or a failure) sets it again.
+    lease_.SetResidency(specserve::v1::ACTIVE, snap.mode, worker_);
     return absl::OkStatus();
   }
   // A new or lost session gets exactly the history it must continue from:
@@ -333,7 +365,13 @@ absl::Status Call::EnsureResident() {
     worker_ = -1;
     return admitted;
   }
+  if (has_copy && snap.worker != worker_) {
+    // The copy on the worker that stopped answering is abandoned: freed
+    // before that worker is used again, or it would stay there for good.
+    ctx_->workers->ReleaseNowOrLater(snap.worker, lease_.id());
+  }
   worker_has_base_ = true;
+  rebuilt_ = rebuilt_ || !history.empty();
   worker_rewind_ = false;  // the rebuilt copy already ends at the checkpoint
   if (snap.mode == specserve::v1::BATCHED && !history.empty()) {
     // A demoted session stays demoted (one-way) when rebuilt: hand the fresh
@@ -341,12 +379,6 @@ absl::Status Call::EnsureResident() {
     specserve::worker::v1::SessionState state;  // best effort
     ctx_->workers->Demote(worker_, lease_.id(),
                           ctx_->options.worker_call_timeout, &state);
-  }
-  if (suffix_recorded_) {
-    // The rebuilt copy's prompt checkpoint is at the end of `history`, not
-    // at this turn's prompt end: drop the rewind point rather than let a
-    // later REWIND restore a different position than the history says.
-    lease_.SetRewindPos(std::nullopt).IgnoreError();
   }
   if (snap.residency == specserve::v1::LOST || has_copy) {
     LOG(INFO) << "session " << lease_.id() << " rebuilt on worker "
@@ -435,7 +467,8 @@ absl::Status Call::RunBursts() {
     if (inject_nan_at_ > produced_) {
       b.set_inject_nan_at(inject_nan_at_ - produced_);
     }
-    for (uint32_t id : req_.stopping().stop_token_ids()) b.add_stop_token_ids(id);
+    for (uint32_t id : req_.stopping().stop_token_ids())
+      b.add_stop_token_ids(id);
     if (!req_.stopping().ignore_eos()) {
       for (uint32_t id : eos_) b.add_stop_token_ids(id);
     }
@@ -450,11 +483,18 @@ absl::Status Call::RunBursts() {
     BurstOutcome o = RunBurstOnWorker(
         ctx_->workers->stub(worker_), b, watch,
         [&](absl::Span<const uint32_t> tokens) {
+          // The copy is dropped below: nothing after the failure is kept.
+          if (!feed_status.ok()) return false;
           if (first && !suffix_recorded_) {
             // The worker has appended the suffix: record the turn.
             if (rewind_) lease_.TruncateTo(base_.size()).IgnoreError();
             lease_.AppendCommitted(input_).IgnoreError();
-            lease_.SetRewindPos(base_.size() + input_.size()).IgnoreError();
+            // The worker saves a checkpoint only where a prompt ends: an
+            // empty continuation leaves it (and so the rewind point) where
+            // the last prompt ended.
+            if (!input_.empty()) {
+              lease_.SetRewindPos(base_.size() + input_.size()).IgnoreError();
+            }
             suffix_recorded_ = true;
           }
           lease_.AppendCommitted(tokens).IgnoreError();
@@ -463,6 +503,7 @@ absl::Status Call::RunBursts() {
           ctx_->metrics->generation_tokens()->Increment(tokens.size());
           const absl::Time now = absl::Now();
           if (!last_token_time_) {
+            first_token_time_ = now;
             ctx_->metrics->time_to_first_token()->Observe(
                 absl::ToDoubleSeconds(now - start_));
           } else {
@@ -488,17 +529,24 @@ absl::Status Call::RunBursts() {
       return feed_status;
     }
     if (!o.status.ok() || !o.summary) {
-      if (o.cancelled_by == BurstOutcome::CancelledBy::kClient) {
-        DropWorkerCopy("burst cancelled by the client");
+      if (o.stop_requested) {
+        // The burst did not end with its summary (the worker took longer
+        // than the stop grace, failed, or the deadline passed): what it
+        // committed past the tokens received is unknown.
+        DropWorkerCopy(
+            absl::StrCat("burst stopped for a cancel but not "
+                         "ended by the worker (",
+                         o.status.error_message(), ")"));
         return StoppedByClient();
       }
-      const grpc::StatusCode code = o.cancelled_by ==
-              BurstOutcome::CancelledBy::kWorkerDown
-          ? grpc::StatusCode::UNAVAILABLE
-          : o.status.error_code();
+      const grpc::StatusCode code =
+          o.cancelled_by == BurstOutcome::CancelledBy::kWorkerDown
+              ? grpc::StatusCode::UNAVAILABLE
+              : o.status.error_code();
       const std::string address = ctx_->workers->address(w);
       if (code == grpc::StatusCode::UNAVAILABLE) {
-        ctx_->workers->MarkUnavailable(w, "burst failed: " + o.status.error_message());
+        ctx_->workers->MarkUnavailable(
+            w, "burst failed: " + o.status.error_message());
       }
       // Retry on a rebuilt copy when nothing of this burst reached the
       // client: the worker restarted or evicted the session (NOT_FOUND); it
@@ -516,42 +564,50 @@ absl::Status Call::RunBursts() {
       if (tokens_this_burst == 0 && rebuilds++ < ctx_->workers->size() + 2 &&
           (code == grpc::StatusCode::NOT_FOUND || cannot_rewind ||
            (code == grpc::StatusCode::UNAVAILABLE && produced_ == 0))) {
-        DropWorkerCopy(absl::StrCat("burst on worker ", address,
-                                    " failed before any token (",
-                                    o.status.error_message(),
-                                    "); rebuilding it now"));
+        DropWorkerCopy(absl::StrCat(
+            "burst on worker ", address, " failed before any token (",
+            o.status.error_message(), "); rebuilding it now"));
         SS_RETURN_IF_ERROR(EnsureResident());
         continue;
       }
       DropWorkerCopy(absl::StrCat("burst failed on worker ", address, ": ",
                                   o.status.error_message()));
+      // A one-shot request has no next turn: its own session goes with it.
       if (code == grpc::StatusCode::UNAVAILABLE) {
-        return absl::UnavailableError(absl::StrCat(
-            "worker ", address,
-            " failed during the request; the session keeps everything sent "
-            "so far and is rebuilt on its next turn"));
+        return absl::UnavailableError(
+            one_shot_ ? absl::StrCat("worker ", address,
+                                     " failed during the request; retry it")
+                      : absl::StrCat("worker ", address,
+                                     " failed during the request; the "
+                                     "session keeps everything sent so far "
+                                     "and is rebuilt on its next turn"));
       }
       if (code == grpc::StatusCode::NOT_FOUND) {
         // The worker kept losing its copy (evictions under memory pressure
         // outran the rebuilds). Public NOT_FOUND means an unknown session,
         // which this is not: say the server is out of memory.
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "worker ", address, " keeps evicting session ", lease_.id(),
-            " under memory pressure; it keeps everything sent so far: "
-            "retry later"));
+        return absl::ResourceExhaustedError(
+            one_shot_ ? absl::StrCat("worker ", address,
+                                     " keeps evicting this request's caches "
+                                     "under memory pressure: retry later")
+                      : absl::StrCat("worker ", address,
+                                     " keeps evicting session ", lease_.id(),
+                                     " under memory pressure; it keeps "
+                                     "everything sent so far: retry later"));
       }
       return absl::Status(static_cast<absl::StatusCode>(code),
                           o.status.error_message());
     }
     rebuilds = 0;  // a session evicted between bursts may be rebuilt again
     const BurstSummary& sum = *o.summary;
-    if (first) cached_ = sum.cached_tokens();
+    // A rebuilt copy reports the history it was admitted with as cached;
+    // that history was prefilled for this turn.
+    if (first) cached_ = rebuilt_ ? 0 : sum.cached_tokens();
     first = false;
     lease_.AddTelemetry(sum.telemetry_delta());
     spec_totals_.Add(sum.telemetry_delta());
     ctx_->metrics->RecordSpecTelemetry(sum.telemetry_delta());
-    if (output_->stopped() ||
-        sum.end() == specserve::worker::v1::STOP_TOKEN) {
+    if (output_->stopped() || sum.end() == specserve::worker::v1::STOP_TOKEN) {
       finish_ = specserve::v1::STOP;
       return absl::OkStatus();
     }
@@ -563,6 +619,10 @@ absl::Status Call::RunBursts() {
       finish_ = specserve::v1::LENGTH;
       return absl::OkStatus();
     }
+    // Stopped at a round boundary: the history holds every token the worker
+    // committed (after a client cancel, possibly some the client never got)
+    // and the copy is parked as it stands.
+    if (o.stop_requested) return StoppedByClient();
     if (k > 0) k = Gate();  // concurrency may have changed
   }
 }
@@ -605,9 +665,8 @@ void Call::SendFinal() {
   u->set_prompt_tokens(input_.size());
   u->set_completion_tokens(output_->shown_tokens());
   u->set_cached_prompt_tokens(cached_);
-  u->set_overshoot_tokens(max_tokens_ > 0 && produced_ > max_tokens_
-                              ? produced_ - max_tokens_
-                              : 0);
+  u->set_overshoot_tokens(
+      max_tokens_ > 0 && produced_ > max_tokens_ ? produced_ - max_tokens_ : 0);
   if (req_.response().spec_stats()) {
     const specserve::v1::SessionTelemetry t = spec_totals_.ToProto();
     auto* st = f->mutable_spec_stats();
@@ -624,6 +683,13 @@ void Call::SendFinal() {
   out_->Write(std::move(e));
   ctx_->metrics->request_success(finish_)->Increment();
   ctx_->metrics->request_generation_tokens()->Observe(output_->shown_tokens());
+  // vLLM's per-request mean: the time from the first token to the last over
+  // the tokens after the first (0 with fewer than two).
+  ctx_->metrics->request_time_per_output_token()->Observe(
+      produced_ > 1
+          ? absl::ToDoubleSeconds(*last_token_time_ - *first_token_time_) /
+                (produced_ - 1)
+          : 0.0);
 }
 
 }  // namespace

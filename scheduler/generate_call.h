@@ -3,9 +3,15 @@
 // placement and rebuild of lost sessions, the spec gate, bursts on the worker,
 // stop tokens and strings, the final event, parking.
 //
-// Consistency rule: the session table's history is exactly what the client
-// was sent (committed + any carried pending token). A burst that ends without
-// its summary (worker died, call cancelled, deadline) leaves the worker's copy
+// Consistency rule: the session table's history is exactly what the worker
+// committed (committed + any carried pending token), and the client was sent
+// all of it — except after a client cancel, when the client is gone and the
+// history also holds the tokens of the round in flight when the worker
+// stopped (GetSession's committed says how many). A cancel, an Admin.Abort
+// or the drain cut-off asks the worker to stop the burst at its next round
+// boundary and reads on to its summary, so the copy stays resident and is
+// parked. A burst that ends without its summary (worker died, a stop not
+// honoured within the stop grace, deadline) leaves the worker's copy
 // uncertain, so that copy is released and the session marked LOST: its next
 // turn rebuilds it by prefill of the history. Nothing the client saw is lost.
 #ifndef SPECSERVE_SCHEDULER_GENERATE_CALL_H_
@@ -29,8 +35,11 @@ namespace specserve::scheduler {
 // too (the worker then merges its token messages).
 class GenerateWriter {
  public:
-  GenerateWriter(grpc::ServerContext* ctx,
-                 grpc::ServerWriter<specserve::v1::GenerateEvent>* stream)
+  // `stream`: the handler's writer (a ServerWriter, or the ServerSplitStreamer
+  // of a handler that reads its request raw).
+  GenerateWriter(
+      grpc::ServerContext* ctx,
+      grpc::internal::WriterInterface<specserve::v1::GenerateEvent>* stream)
       : ctx_(ctx), stream_(stream) {}
 
   // Sends `event`; false once the client is gone (nothing more is sent).
@@ -44,7 +53,7 @@ class GenerateWriter {
 
  private:
   grpc::ServerContext* const ctx_;
-  grpc::ServerWriter<specserve::v1::GenerateEvent>* const stream_;
+  grpc::internal::WriterInterface<specserve::v1::GenerateEvent>* const stream_;
   std::atomic<bool> broken_{false};
 };
 

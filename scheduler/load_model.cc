@@ -15,8 +15,8 @@ using specserve::worker::v1::LoadModelResponse;
 
 // Worker.LoadModel on every worker; the first failure, with the worker's
 // address in its message.
-grpc::Status CallWorkers(SchedulerContext* ctx, const std::string& dir, bool validate_only,
-                         absl::Time deadline) {
+grpc::Status CallWorkers(SchedulerContext* ctx, const std::string& dir,
+                         bool validate_only, absl::Time deadline) {
   for (int i = 0; i < ctx->workers->size(); ++i) {
     grpc::ClientContext call;
     call.set_deadline(absl::ToChronoTime(deadline));
@@ -24,10 +24,12 @@ grpc::Status CallWorkers(SchedulerContext* ctx, const std::string& dir, bool val
     request.set_model_dir(dir);
     request.set_validate_only(validate_only);
     LoadModelResponse response;
-    const grpc::Status s = ctx->workers->stub(i)->LoadModel(&call, request, &response);
+    const grpc::Status s =
+        ctx->workers->stub(i)->LoadModel(&call, request, &response);
     if (!s.ok()) {
-      return grpc::Status(s.error_code(), absl::StrCat("worker ", ctx->workers->address(i),
-                                                       ": ", s.error_message()));
+      return grpc::Status(s.error_code(),
+                          absl::StrCat("worker ", ctx->workers->address(i),
+                                       ": ", s.error_message()));
     }
   }
   return grpc::Status::OK;
@@ -40,12 +42,21 @@ bool AllRestartedOn(const SchedulerContext* ctx, const std::string& dir,
   for (int i = 0; i < ctx->workers->size(); ++i) {
     if (!ctx->workers->Available(i)) return false;
     const auto info = ctx->workers->Info(i);
-    if (info.instance() == old_instances[i] || info.model().path() != dir) return false;
+    if (info.instance() == old_instances[i] || info.model().path() != dir)
+      return false;
   }
   return true;
 }
 
 }  // namespace
+
+std::string ModelDirName(const std::string& model_dir) {
+  std::string dir = model_dir;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const size_t slash = dir.rfind('/');
+  return slash == std::string::npos || dir.size() == 1 ? dir
+                                                       : dir.substr(slash + 1);
+}
 
 absl::StatusOr<std::shared_ptr<const tokenizer::Tokenizer>> LoadModelTokenizer(
     const std::string& model_dir) {
@@ -59,21 +70,27 @@ absl::StatusOr<std::shared_ptr<const tokenizer::Tokenizer>> LoadModelTokenizer(
   return std::shared_ptr<const tokenizer::Tokenizer>(std::move(*loaded));
 }
 
-grpc::Status LoadModelEverywhere(SchedulerContext* ctx, const std::string& model_dir,
-                                 absl::Time deadline, specserve::v1::ModelInfo* model) {
+grpc::Status LoadModelEverywhere(SchedulerContext* ctx,
+                                 const std::string& model_dir,
+                                 absl::Time deadline,
+                                 specserve::v1::ModelInfo* model) {
   if (model_dir.empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "LoadModel: model_dir is empty");
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "LoadModel: model_dir is empty");
   }
   if (const int running = ctx->requests->size(); running > 0) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat(running, " request(s) are running; LoadModel needs none "
-                                              "(wait for them, or Admin.Drain)"));
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat(running,
+                     " request(s) are running; LoadModel needs none "
+                     "(wait for them, or Admin.Drain)"));
   }
   for (int i = 0; i < ctx->workers->size(); ++i) {
     if (!ctx->workers->Available(i)) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          absl::StrCat("worker ", ctx->workers->address(i),
-                                       " is unavailable; LoadModel switches every worker"));
+      return grpc::Status(
+          grpc::StatusCode::UNAVAILABLE,
+          absl::StrCat("worker ", ctx->workers->address(i),
+                       " is unavailable; LoadModel switches every worker"));
     }
   }
   auto tokenizer = LoadModelTokenizer(model_dir);
@@ -81,14 +98,17 @@ grpc::Status LoadModelEverywhere(SchedulerContext* ctx, const std::string& model
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         std::string(tokenizer.status().message()));
   }
-  if (grpc::Status s = CallWorkers(ctx, model_dir, /*validate_only=*/true, deadline); !s.ok()) {
+  if (grpc::Status s =
+          CallWorkers(ctx, model_dir, /*validate_only=*/true, deadline);
+      !s.ok()) {
     return s;
   }
   std::vector<uint64_t> old_instances;
   for (int i = 0; i < ctx->workers->size(); ++i) {
     old_instances.push_back(ctx->workers->Info(i).instance());
   }
-  if (grpc::Status s = CallWorkers(ctx, model_dir, /*validate_only=*/false, deadline);
+  if (grpc::Status s =
+          CallWorkers(ctx, model_dir, /*validate_only=*/false, deadline);
       !s.ok()) {
     return s;
   }
@@ -96,9 +116,10 @@ grpc::Status LoadModelEverywhere(SchedulerContext* ctx, const std::string& model
   // The workers drain, restart and report again (the pool's health polling).
   while (!AllRestartedOn(ctx, model_dir, old_instances)) {
     if (absl::Now() > deadline) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          absl::StrCat("workers did not come back on ", model_dir,
-                                       " before the deadline; see GetServerInfo"));
+      return grpc::Status(
+          grpc::StatusCode::UNAVAILABLE,
+          absl::StrCat("workers did not come back on ", model_dir,
+                       " before the deadline; see GetServerInfo"));
     }
     absl::SleepFor(absl::Milliseconds(50));
   }

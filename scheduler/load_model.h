@@ -27,11 +27,17 @@ namespace specserve::scheduler {
 absl::StatusOr<std::shared_ptr<const tokenizer::Tokenizer>> LoadModelTokenizer(
     const std::string& model_dir);
 
+// The name a model directory is served under by default: its last path
+// component ("models/qwen3/" -> "qwen3"; a symlink keeps its own name).
+std::string ModelDirName(const std::string& model_dir);
+
 // INVALID_ARGUMENT (bad directory; nothing changed), FAILED_PRECONDITION
 // (requests are running), UNAVAILABLE (a worker is down, or did not come
 // back on the new model by `deadline`).
-grpc::Status LoadModelEverywhere(SchedulerContext* ctx, const std::string& model_dir,
-                                 absl::Time deadline, specserve::v1::ModelInfo* model);
+grpc::Status LoadModelEverywhere(SchedulerContext* ctx,
+                                 const std::string& model_dir,
+                                 absl::Time deadline,
+                                 specserve::v1::ModelInfo* model);
 
 }  // namespace specserve::scheduler
 

@@ -11,10 +11,11 @@ OutputStream::OutputStream(const tokenizer::Tokenizer* tokenizer,
                            std::set<uint32_t> stop_ids,
                            const std::vector<std::string>& stop_strings)
     : want_text_(want_text && tokenizer != nullptr),
+      decode_((want_text || !stop_strings.empty()) && tokenizer != nullptr),
       want_ids_(want_ids),
       stop_ids_(std::move(stop_ids)),
       stops_(stop_strings) {
-  if (want_text_) {
+  if (decode_) {
     detok_ = std::make_unique<tokenizer::StreamingDetokenizer>(
         tokenizer, /*skip_special=*/true);
   }
@@ -31,15 +32,14 @@ absl::StatusOr<specserve::v1::TokenDelta> OutputStream::Feed(
     }
     if (want_ids_) delta.add_ids(t);
     ++shown_;
-    if (want_text_) {
+    if (decode_) {
       SS_ASSIGN_OR_RETURN(std::string piece, detok_->Feed(t));
       if (!stops_.empty()) {
         StopStringMatcher::Result r = stops_.Feed(piece);
-        delta.mutable_text()->append(r.emit);
+        piece = std::move(r.emit);
         if (r.stopped) stopped_ = true;
-      } else {
-        delta.mutable_text()->append(piece);
       }
+      if (want_text_) delta.mutable_text()->append(piece);
     }
   }
   return delta;
@@ -51,11 +51,10 @@ specserve::v1::TokenDelta OutputStream::Finish() {
   std::string tail = detok_->Finish();
   if (!stops_.empty()) {
     StopStringMatcher::Result r = stops_.Feed(tail);
-    delta.mutable_text()->append(r.emit);
-    if (!r.stopped) delta.mutable_text()->append(stops_.Flush());
-  } else {
-    delta.mutable_text()->append(tail);
+    tail = std::move(r.emit);
+    if (!r.stopped) tail += stops_.Flush();
   }
+  delta.mutable_text()->append(tail);
   return delta;
 }
 

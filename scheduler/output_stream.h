@@ -20,7 +20,9 @@ namespace specserve::scheduler {
 
 class OutputStream {
  public:
-  // `tokenizer` may be null when `want_text` is false.
+  // `tokenizer` may be null when `want_text` is false and there are no stop
+  // strings. Stop strings are matched on the decoded text whether or not
+  // the text is sent (`want_text`).
   OutputStream(const tokenizer::Tokenizer* tokenizer, bool want_text,
                bool want_ids, std::set<uint32_t> stop_ids,
                const std::vector<std::string>& stop_strings);
@@ -37,6 +39,8 @@ class OutputStream {
 
  private:
   const bool want_text_;
+  // Text is decoded: to send it, or to match stop strings in it.
+  const bool decode_;
   const bool want_ids_;
   const std::set<uint32_t> stop_ids_;
   std::unique_ptr<tokenizer::StreamingDetokenizer> detok_;

@@ -6,12 +6,15 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "scheduler/generate_call.h"
+#include "scheduler/request_parsing.h"
+#include "scheduler/request_validation.h"
 #include "telemetry/grpc_reactors.h"
 #include "telemetry/server_lifecycle.h"
 
 namespace specserve::scheduler {
 namespace {
 
+namespace v1 = specserve::v1;
 using specserve::v1::GenerateEvent;
 using telemetry::ToGrpc;
 
@@ -27,9 +30,19 @@ grpc::Status NoTokenizer() {
 
 }  // namespace
 
-grpc::Status GenerationService::Generate(
-    grpc::ServerContext* ctx, const specserve::v1::GenerateRequest* request,
-    grpc::ServerWriter<GenerateEvent>* stream) {
+GenerationService::GenerationService(SchedulerContext* ctx) : ctx_(ctx) {
+  MarkMethodStreamed(
+      MethodIndex("specserve.v1.Generation", "Generate"),
+      new grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer,
+                                                      GenerateEvent>(
+          [this](grpc::ServerContext* context,
+                 grpc::ServerSplitStreamer<grpc::ByteBuffer, GenerateEvent>*
+                     stream) { return HandleGenerate(context, stream); }));
+}
+
+grpc::Status GenerationService::HandleGenerate(
+    grpc::ServerContext* ctx,
+    grpc::ServerSplitStreamer<grpc::ByteBuffer, GenerateEvent>* stream) {
   auto refuse = [this](absl::Status s) {
     ctx_->metrics->requests_rejected(s.code())->Increment();
     return ToGrpc(s);
@@ -45,6 +58,18 @@ grpc::Status GenerationService::Generate(
     return refuse(
         absl::UnavailableError("no worker has reported its model yet"));
   }
+  // A server-streaming call carries exactly one request message; none means
+  // the client half-closed without one (or went away).
+  grpc::ByteBuffer raw;
+  if (!stream->Read(&raw)) {
+    return refuse(
+        absl::InvalidArgumentError("Generate got no request message"));
+  }
+  specserve::v1::GenerateRequest parsed;
+  if (absl::Status s = ParseRequest(&raw, &parsed); !s.ok()) {
+    return refuse(s);
+  }
+  const specserve::v1::GenerateRequest* const request = &parsed;
   absl::Status valid = ValidateGenerateRequest(*request, limits);
   if (!valid.ok()) return refuse(valid);
   uint32_t inject_nan_at = 0;
@@ -69,6 +94,26 @@ grpc::Status GenerationService::Generate(
                          std::move(*ticket), &writer, inject_nan_at);
 }
 
+SessionsService::SessionsService(SchedulerContext* ctx) : ctx_(ctx) {
+  constexpr char kService[] = "specserve.v1.Sessions";
+  MarkMethodStreamed(
+      MethodIndex(kService, "OpenSession"),
+      ParsingUnaryHandler<v1::OpenSessionRequest, v1::SessionInfo>(
+          [this](auto* c, auto* q, auto* r) { return OpenSession(c, q, r); }));
+  MarkMethodStreamed(
+      MethodIndex(kService, "GetSession"),
+      ParsingUnaryHandler<v1::GetSessionRequest, v1::SessionInfo>(
+          [this](auto* c, auto* q, auto* r) { return GetSession(c, q, r); }));
+  MarkMethodStreamed(
+      MethodIndex(kService, "ListSessions"),
+      ParsingUnaryHandler<v1::ListSessionsRequest, v1::ListSessionsResponse>(
+          [this](auto* c, auto* q, auto* r) { return ListSessions(c, q, r); }));
+  MarkMethodStreamed(
+      MethodIndex(kService, "CloseSession"),
+      ParsingUnaryHandler<v1::CloseSessionRequest, v1::CloseSessionResponse>(
+          [this](auto* c, auto* q, auto* r) { return CloseSession(c, q, r); }));
+}
+
 std::vector<std::string> SessionsService::WorkerAddresses() const {
   std::vector<std::string> out;
   for (int i = 0; i < ctx_->workers->size(); ++i) {
@@ -82,12 +127,10 @@ grpc::Status SessionsService::OpenSession(
     specserve::v1::SessionInfo* response) {
   if (telemetry::DrainRequested()) return Draining();
   Limits limits;
-  if (ctx_->CurrentLimits(&limits) &&
-      request->capacity() > limits.max_context) {
-    return grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("capacity ", request->capacity(),
-                     " exceeds the model context of ", limits.max_context));
+  if (ctx_->CurrentLimits(&limits)) {
+    absl::Status valid =
+        ValidateSessionCapacity(request->capacity(), limits, "capacity");
+    if (!valid.ok()) return ToGrpc(valid);
   }
   auto snap = ctx_->sessions->Open(request->capacity(), "");
   if (!snap.ok()) return ToGrpc(snap.status());
@@ -126,6 +169,18 @@ grpc::Status SessionsService::CloseSession(
     ctx_->workers->ReleaseNowOrLater(closed->worker, request->session_id());
   }
   return grpc::Status::OK;
+}
+
+TokenizationService::TokenizationService(SchedulerContext* ctx) : ctx_(ctx) {
+  constexpr char kService[] = "specserve.v1.Tokenization";
+  MarkMethodStreamed(
+      MethodIndex(kService, "Tokenize"),
+      ParsingUnaryHandler<v1::TokenizeRequest, v1::TokenizeResponse>(
+          [this](auto* c, auto* q, auto* r) { return Tokenize(c, q, r); }));
+  MarkMethodStreamed(
+      MethodIndex(kService, "Detokenize"),
+      ParsingUnaryHandler<v1::DetokenizeRequest, v1::DetokenizeResponse>(
+          [this](auto* c, auto* q, auto* r) { return Detokenize(c, q, r); }));
 }
 
 grpc::Status TokenizationService::Tokenize(

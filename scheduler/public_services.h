@@ -12,20 +12,30 @@
 
 namespace specserve::scheduler {
 
+// Generate reads its request raw (the method is registered as split
+// streamed over bytes) and parses it itself: a request that does not parse
+// gets INVALID_ARGUMENT naming the field (scheduler/request_parsing.h), where
+// gRPC's own deserializer answers INTERNAL with no message before any
+// handler runs. On the wire it is the same server-streaming method.
 class GenerationService final : public specserve::v1::Generation::Service {
  public:
-  explicit GenerationService(SchedulerContext* ctx) : ctx_(ctx) {}
-  grpc::Status Generate(
-      grpc::ServerContext* ctx, const specserve::v1::GenerateRequest* request,
-      grpc::ServerWriter<specserve::v1::GenerateEvent>* stream) override;
+  explicit GenerationService(SchedulerContext* ctx);
 
  private:
+  grpc::Status HandleGenerate(
+      grpc::ServerContext* ctx,
+      grpc::ServerSplitStreamer<grpc::ByteBuffer, specserve::v1::GenerateEvent>*
+          stream);
+
   SchedulerContext* const ctx_;
 };
 
+// Sessions and Tokenization parse their requests themselves too (each method
+// is registered as streamed over bytes, request_parsing.h), so every RPC of
+// theirs answers a request that does not parse with INVALID_ARGUMENT.
 class SessionsService final : public specserve::v1::Sessions::Service {
  public:
-  explicit SessionsService(SchedulerContext* ctx) : ctx_(ctx) {}
+  explicit SessionsService(SchedulerContext* ctx);
   grpc::Status OpenSession(grpc::ServerContext* ctx,
                            const specserve::v1::OpenSessionRequest* request,
                            specserve::v1::SessionInfo* response) override;
@@ -48,7 +58,7 @@ class SessionsService final : public specserve::v1::Sessions::Service {
 
 class TokenizationService final : public specserve::v1::Tokenization::Service {
  public:
-  explicit TokenizationService(SchedulerContext* ctx) : ctx_(ctx) {}
+  explicit TokenizationService(SchedulerContext* ctx);
   grpc::Status Tokenize(grpc::ServerContext* ctx,
                         const specserve::v1::TokenizeRequest* request,
                         specserve::v1::TokenizeResponse* response) override;

@@ -16,8 +16,8 @@ class RequestRegistry {
  public:
   using CancelFlag = std::shared_ptr<std::atomic<bool>>;
 
-  // Registers a request; ALREADY_EXISTS semantics are the caller's: a
-  // duplicate id returns nullptr.
+  // Registers a request; nullptr while another request with the same id is
+  // registered (the caller refuses it: ABORTED, proto/specserve.proto).
   CancelFlag Register(const std::string& request_id);
   void SetSession(const std::string& request_id, const std::string& session_id);
   void Unregister(const std::string& request_id);

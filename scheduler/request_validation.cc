@@ -139,10 +139,8 @@ absl::Status ValidateSessionParams(const v1::GenerateRequest& req,
   }
   // capacity only applies when this request creates the session; for an
   // existing session it is ignored.
-  if (turn.session_id().empty() && turn.capacity() > limits.max_context) {
-    return Invalid(absl::StrCat("session.capacity = ", turn.capacity(),
-                                " exceeds the model context (",
-                                limits.max_context, ")"));
+  if (turn.session_id().empty()) {
+    return ValidateSessionCapacity(turn.capacity(), limits, "session.capacity");
   }
   return absl::OkStatus();
 }
@@ -172,6 +170,25 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& req,
   if (req.input_case() == v1::GenerateRequest::kTokenIds) {
     SS_RETURN_IF_ERROR(ValidatePromptLength(
         req.token_ids().ids_size(), req.stopping().max_tokens(), limits));
+  }
+  return absl::OkStatus();
+}
+
+uint32_t MinSessionCapacity(const Limits& limits) { return limits.max_k + 2; }
+
+absl::Status ValidateSessionCapacity(uint32_t capacity, const Limits& limits,
+                                     absl::string_view field) {
+  if (capacity > limits.max_context) {
+    return Invalid(absl::StrCat(field, " = ", capacity,
+                                " exceeds the model context (",
+                                limits.max_context, ")"));
+  }
+  if (capacity != 0 && capacity < MinSessionCapacity(limits)) {
+    return Invalid(absl::StrCat(
+        field, " = ", capacity, " is below the minimum of ",
+        MinSessionCapacity(limits),
+        " rows (one prompt token and one round at the largest draft depth, ",
+        limits.max_k, "); use 0 for the server's default"));
   }
   return absl::OkStatus();
 }

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "proto/specserve.pb.h"
 
 namespace specserve::scheduler {
@@ -47,6 +48,17 @@ absl::Status ValidateGenerateRequest(const specserve::v1::GenerateRequest& req,
 // Whether the request continues an existing session (a session id is given),
 // the only case where an empty input is allowed.
 bool IsSessionContinuation(const specserve::v1::GenerateRequest& req);
+
+// The smallest capacity a session may have: one prompt token plus one
+// speculative round at the largest draft depth (max_k drafts and the bonus
+// token), max_k + 2 rows (10 with the default max_k of 8).
+uint32_t MinSessionCapacity(const Limits& limits);
+
+// A capacity to open a session with (`field` names it in the message): 0
+// (the server's default) or MinSessionCapacity..max_context; otherwise
+// INVALID_ARGUMENT.
+absl::Status ValidateSessionCapacity(uint32_t capacity, const Limits& limits,
+                                     absl::string_view field);
 
 // After tokenizing: `prompt_tokens` (this turn's new tokens) + `max_tokens`
 // must fit the model context. max_tokens == 0 ("up to the limit") only needs

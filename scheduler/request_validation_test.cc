@@ -183,6 +183,18 @@ TEST(RequestValidationTest, SessionParams) {
   big.mutable_session()->set_capacity(4097);
   ExpectInvalid(big, "session.capacity = 4097 exceeds the model context");
 
+  // Room for one prompt token and one round at the largest k (8): 10 rows.
+  v1::GenerateRequest tiny = TextRequest();
+  tiny.mutable_session()->set_capacity(9);
+  ExpectInvalid(tiny, "session.capacity = 9 is below the minimum of 10");
+  tiny.mutable_session()->set_capacity(10);
+  EXPECT_TRUE(ValidateGenerateRequest(tiny, TestLimits()).ok());
+  tiny.mutable_session()->set_capacity(0);  // the server's default
+  EXPECT_TRUE(ValidateGenerateRequest(tiny, TestLimits()).ok());
+  EXPECT_EQ(MinSessionCapacity(TestLimits()), 10u);
+  EXPECT_EQ(ValidateSessionCapacity(1, TestLimits(), "capacity").code(),
+            absl::StatusCode::kInvalidArgument);
+
   v1::GenerateRequest rewind_new = TextRequest();
   rewind_new.mutable_session()->set_mode(v1::SessionTurn::REWIND);
   ExpectInvalid(rewind_new, "REWIND needs session.session_id");

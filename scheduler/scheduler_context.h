@@ -101,7 +101,8 @@ struct SchedulerContext {
 
  private:
   mutable absl::Mutex tokenizer_mu_;
-  std::shared_ptr<const tokenizer::Tokenizer> tokenizer_ ABSL_GUARDED_BY(tokenizer_mu_);
+  std::shared_ptr<const tokenizer::Tokenizer> tokenizer_
+      ABSL_GUARDED_BY(tokenizer_mu_);
 };
 
 }  // namespace specserve::scheduler

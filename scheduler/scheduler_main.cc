@@ -4,27 +4,28 @@
 // drains.
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
-#include "glog/logging.h"
-#include "grpcpp/grpcpp.h"
-#include <thread>
-
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "glog/logging.h"
+#include "grpcpp/grpcpp.h"
 #include "scheduler/admin_service.h"
 #include "scheduler/admission.h"
 #include "scheduler/idle_poller.h"
 #include "scheduler/load_model.h"
 #include "scheduler/public_services.h"
 #include "scheduler/request_registry.h"
+#include "scheduler/residency_sync.h"
 #include "scheduler/scheduler_context.h"
 #include "scheduler/session_table.h"
 #include "scheduler/tokenizer/tokenizer.h"
@@ -41,10 +42,24 @@ ABSL_FLAG(std::string, workers, "127.0.0.1:50061",
           "Comma-separated worker addresses (host:port).");
 ABSL_FLAG(std::string, model, "models/default",
           "Model directory (the scheduler reads tokenizer.json from it).");
+ABSL_FLAG(std::string, served_model_name, "",
+          "The model_name label of the vllm: metrics (vLLM's "
+          "--served-model-name), fixed for the process's life: Admin."
+          "LoadModel does not change it. Empty = the last component of "
+          "--model.");
 ABSL_FLAG(int, worker_poll_ms, 500,
           "How often worker health is polled, in milliseconds.");
+ABSL_FLAG(int, worker_poll_deadline_ms, 1000,
+          "A health poll that takes longer marks the worker unavailable: "
+          "new work goes elsewhere and calls in flight to it are cancelled.");
+ABSL_FLAG(int, worker_lost_after_ms, 10000,
+          "A worker that has not answered for this long (hung) has its "
+          "sessions marked LOST; one that cannot be reached at all (its "
+          "process is gone) loses them at once.");
 ABSL_FLAG(int, drain_grace_seconds, 30,
-          "On SIGTERM: seconds in-flight requests get to finish.");
+          "On a drain (SIGTERM or Admin.Drain): seconds in-flight requests "
+          "get to finish before they are stopped at a round boundary "
+          "(final event CANCELLED).");
 ABSL_FLAG(int, metrics_port, -1,
           "Serve Prometheus metrics on http://127.0.0.1:PORT/metrics "
           "(0 = a free port, printed; -1 = off).");
@@ -81,10 +96,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   namespace sched = specserve::scheduler;
-  sched::WorkerPoolOptions pool_options;
-  pool_options.poll_interval =
-      absl::Milliseconds(absl::GetFlag(FLAGS_worker_poll_ms));
-  sched::WorkerPool pool(addresses, pool_options);
 
   // The tokenizer is optional: without tokenizer.json the API takes ids only.
   auto loaded_tokenizer = sched::LoadModelTokenizer(absl::GetFlag(FLAGS_model));
@@ -99,11 +110,30 @@ int main(int argc, char** argv) {
                  << "/tokenizer.json not found: text input disabled";
   }
 
-  specserve::telemetry::SchedulerMetrics metrics;
+  specserve::telemetry::SchedulerMetricsOptions metrics_options;
+  metrics_options.model_name = absl::GetFlag(FLAGS_served_model_name);
+  if (metrics_options.model_name.empty()) {
+    metrics_options.model_name =
+        sched::ModelDirName(absl::GetFlag(FLAGS_model));
+  }
+  specserve::telemetry::SchedulerMetrics metrics(metrics_options);
   sched::SessionTableOptions table_options;
-  table_options.default_capacity = absl::GetFlag(FLAGS_default_session_capacity);
-  table_options.max_capacity = 1 << 24;  // the model context is checked per request
+  table_options.default_capacity =
+      absl::GetFlag(FLAGS_default_session_capacity);
+  table_options.max_capacity =
+      1 << 24;  // the model context is checked per request
   sched::SessionTable sessions(table_options);
+  // Declared after the table: the pool's monitor threads, which update it,
+  // stop first.
+  sched::ResidencySync residency_sync(&sessions);
+  sched::WorkerPoolOptions pool_options;
+  pool_options.poll_interval =
+      absl::Milliseconds(absl::GetFlag(FLAGS_worker_poll_ms));
+  pool_options.poll_deadline =
+      absl::Milliseconds(absl::GetFlag(FLAGS_worker_poll_deadline_ms));
+  pool_options.lost_after =
+      absl::Milliseconds(absl::GetFlag(FLAGS_worker_lost_after_ms));
+  sched::WorkerPool pool(addresses, pool_options, &residency_sync);
   sched::AdmissionOptions admission_options;
   admission_options.max_running = absl::GetFlag(FLAGS_max_running);
   admission_options.max_queued = absl::GetFlag(FLAGS_max_queued);
@@ -139,16 +169,25 @@ int main(int argc, char** argv) {
   // Housekeeping: idle-session expiry and the gauges that mirror state.
   absl::Notification stop_housekeeping;
   std::thread housekeeping([&] {
-    while (!stop_housekeeping.WaitForNotificationWithTimeout(absl::Seconds(1))) {
-      for (const auto& e : sessions.ExpireIdle(context.options.session_idle_ttl)) {
+    while (
+        !stop_housekeeping.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+      for (const auto& e :
+           sessions.ExpireIdle(context.options.session_idle_ttl)) {
         if (e.worker >= 0) pool.ReleaseNowOrLater(e.worker, e.id);
       }
-      for (const auto& [residency, n] : sessions.CountByResidency()) {
-        metrics.sessions(residency)->Set(n);
+      // Every residency is set, zero included: a count that fell to zero
+      // (every PARKED session LOST) must not keep showing its last value.
+      std::map<specserve::v1::Residency, int> counts =
+          sessions.CountByResidency();
+      for (specserve::v1::Residency r :
+           {specserve::v1::NEW, specserve::v1::ACTIVE, specserve::v1::PARKED,
+            specserve::v1::OFFLOADED, specserve::v1::LOST}) {
+        metrics.sessions(r)->Set(counts[r]);
       }
       uint64_t used = 0, budget = 0;
       for (int i = 0; i < pool.size(); ++i) {
-        metrics.worker_available(pool.address(i))->Set(pool.Available(i) ? 1 : 0);
+        metrics.worker_available(pool.address(i))
+            ->Set(pool.Available(i) ? 1 : 0);
         const auto info = pool.Info(i);
         used += info.memory_used_bytes();
         budget += info.memory_budget_bytes();
@@ -196,14 +235,24 @@ int main(int argc, char** argv) {
   std::printf("specserve_scheduler listening on port %d\n", port);
   std::fflush(stdout);
 
+  // At the end of the drain grace, requests still running are aborted: each
+  // stops its burst at the next round boundary and ends with a final event
+  // (CANCELLED), its session parked (bounded by the bursts' stop grace).
+  auto cut_off = [&requests] {
+    requests.AbortAll();
+    const absl::Time until = absl::Now() + absl::Seconds(5);
+    while (specserve::telemetry::InFlightCount() > 0 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  };
   specserve::telemetry::ServeUntilDrained(
       server.get(),
       {"specserve.v1.Generation", "specserve.v1.Sessions",
        "specserve.v1.Tokenization", "specserve.v1.Admin"},
-      absl::Seconds(absl::GetFlag(FLAGS_drain_grace_seconds)));
+      absl::Seconds(absl::GetFlag(FLAGS_drain_grace_seconds)), cut_off);
   idle_poller.Stop();
-  // Requests cut off at the end of the grace period still run on the
-  // server's handler threads and use what main() owns (admission, sessions, workers): stop
+  // Requests the cut-off did not end still run on the server's handler
+  // threads and use what main() owns (admission, sessions, workers): stop
   // them and wait before tearing that down (destroying the admission
   // controller under a live ticket aborted the process). One stuck in a
   // worker call past the bound would touch freed state: exit without

@@ -133,6 +133,7 @@ void SessionLease::SetResidency(v1::Residency residency, v1::DecodeMode mode,
   record_->meta.residency = residency;
   record_->meta.mode = mode;
   record_->meta.worker = worker;
+  record_->meta.residency_since = table_->options_.now();
 }
 
 absl::Status SessionLease::AppendCommitted(absl::Span<const uint32_t> tokens) {
@@ -239,7 +240,8 @@ absl::StatusOr<std::shared_ptr<SessionTable::Record>> SessionTable::OpenLocked(
   record->meta.id = id;
   record->meta.tenant = tenant;
   record->meta.capacity = capacity;
-  record->meta.created = record->meta.last_used = options_.now();
+  record->meta.created = record->meta.last_used = record->meta.residency_since =
+      options_.now();
   sessions_.emplace(id, record);
   return record;
 }
@@ -328,18 +330,61 @@ absl::StatusOr<SessionLease> SessionTable::Acquire(const std::string& id,
   return SessionLease(this, *std::move(found));
 }
 
-std::vector<std::string> SessionTable::MarkWorkerLost(int worker) {
+std::vector<std::string> SessionTable::MarkWorkerLost(int worker,
+                                                      absl::Time as_of) {
   std::vector<std::string> lost;
   absl::MutexLock lock(&mu_);
+  const absl::Time now = options_.now();
   for (auto& [id, record] : sessions_) {
     SessionSnapshot& m = record->meta;
-    if (m.worker == worker && IsResident(m.residency)) {
+    if (m.worker == worker && IsResident(m.residency) && !m.busy &&
+        m.residency_since < as_of) {
       m.residency = v1::LOST;
       m.worker = -1;
+      m.residency_since = now;
       lost.push_back(id);
     }
   }
   return lost;
+}
+
+SessionTable::Reconciled SessionTable::ReconcileWorker(
+    int worker, absl::Span<const WorkerCopy> copies, absl::Time as_of) {
+  Reconciled out;
+  absl::flat_hash_map<std::string, v1::Residency> held;
+  for (const WorkerCopy& c : copies) held[c.id] = c.residency;
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = options_.now();
+  // A record the list can speak for: idle, and unchanged since the ask.
+  auto settled = [as_of](const SessionSnapshot& m) {
+    return !m.busy && m.residency_since < as_of;
+  };
+  for (auto& [id, record] : sessions_) {
+    SessionSnapshot& m = record->meta;
+    if (m.worker != worker || !IsResident(m.residency) || !settled(m)) {
+      continue;
+    }
+    auto it = held.find(id);
+    if (it == held.end()) {
+      m.residency = v1::LOST;
+      m.worker = -1;
+      m.residency_since = now;
+      out.lost.push_back(id);
+    } else if ((it->second == v1::PARKED || it->second == v1::OFFLOADED) &&
+               it->second != m.residency) {
+      m.residency = it->second;
+      m.residency_since = now;
+    }
+  }
+  for (const WorkerCopy& c : copies) {
+    auto it = sessions_.find(c.id);
+    if (it == sessions_.end()) continue;
+    const SessionSnapshot& m = it->second->meta;
+    if (settled(m) && (m.worker != worker || !IsResident(m.residency))) {
+      out.abandoned.push_back(c.id);
+    }
+  }
+  return out;
 }
 
 std::vector<SessionTable::Expired> SessionTable::ExpireIdle(

@@ -41,11 +41,10 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "proto/specserve.pb.h"
-#include "telemetry/spec_telemetry.h"
 #include "scheduler/spec_gate.h"
+#include "telemetry/spec_telemetry.h"
 
 namespace specserve::scheduler {
-
 
 // A copy of one session's state, without its token history.
 struct SessionSnapshot {
@@ -66,6 +65,9 @@ struct SessionSnapshot {
   SpecGateState gate_state;
   absl::Time created;
   absl::Time last_used;
+  // When `residency` (or `worker`) was last set: what a worker reported
+  // before then does not describe it (MarkWorkerLost, ReconcileWorker).
+  absl::Time residency_since;
   bool busy = false;
 
   // `worker_addresses` maps worker indexes to addresses (the pool's order).
@@ -165,9 +167,37 @@ class SessionTable {
                                        const std::string& tenant);
 
   // Worker `worker` died or lost its sessions: every session resident there
-  // becomes LOST (history kept; the next turn rebuilds it). Returns their ids
-  // (busy ones included: their requests are failing UNAVAILABLE).
-  std::vector<std::string> MarkWorkerLost(int worker);
+  // since before `as_of` becomes LOST (history kept; the next turn rebuilds
+  // it). Returns their ids. Busy sessions are left to their requests, whose
+  // own failure handling marks them (a request owns its session's residency
+  // while it runs).
+  std::vector<std::string> MarkWorkerLost(
+      int worker, absl::Time as_of = absl::InfiniteFuture());
+
+  // One session copy a worker reported holding: PARKED or OFFLOADED, or
+  // ACTIVE while a call there holds it.
+  struct WorkerCopy {
+    std::string id;
+    specserve::v1::Residency residency = specserve::v1::PARKED;
+  };
+  struct Reconciled {
+    // Placed on the worker per the table but not held there (its pool
+    // dropped them, or it restarted): now LOST.
+    std::vector<std::string> lost;
+    // Sessions of this table held there but placed elsewhere (moved, or
+    // LOST): nothing will use those copies; release them. Ids the table
+    // does not know are left alone: a worker may serve several schedulers,
+    // and closed sessions are released by their Close.
+    std::vector<std::string> abandoned;
+  };
+  // Brings the table in line with `copies`, the complete list of what
+  // worker `worker` held when asked at `as_of`: idle sessions there whose
+  // residency was set before `as_of` take the reported residency (PARKED or
+  // OFFLOADED) or become LOST when absent. Busy sessions, and sessions
+  // whose residency changed after `as_of` (the list may predate it), are
+  // left alone on both counts.
+  Reconciled ReconcileWorker(int worker, absl::Span<const WorkerCopy> copies,
+                             absl::Time as_of);
 
   struct Expired {
     std::string id;

@@ -285,6 +285,88 @@ TEST_F(SessionTableTest, MarkWorkerLostKeepsHistory) {
   EXPECT_TRUE(table.MarkWorkerLost(0).empty());  // idempotent
 }
 
+TEST_F(SessionTableTest, MarkWorkerLostLeavesBusyAndNewerSessions) {
+  SessionTable table(Options());
+  auto parked = table.OpenAndAcquire(0, "");
+  ASSERT_TRUE(parked.ok());
+  parked->SetResidency(v1::PARKED, v1::SPECULATIVE, 0);
+  const std::string parked_id = parked->id();
+  parked->Release();
+  // A request runs on the worker: its own failure handling marks it.
+  auto busy = table.OpenAndAcquire(0, "");
+  ASSERT_TRUE(busy.ok());
+  busy->SetResidency(v1::ACTIVE, v1::SPECULATIVE, 0);
+  const absl::Time as_of = now_ + absl::Seconds(1);
+  // Parked after the poll that found the worker gone was sent: the worker
+  // answered that Park, so the poll does not speak for it.
+  now_ += absl::Seconds(2);
+  auto newer = table.OpenAndAcquire(0, "");
+  ASSERT_TRUE(newer.ok());
+  newer->SetResidency(v1::PARKED, v1::SPECULATIVE, 0);
+  const std::string newer_id = newer->id();
+  newer->Release();
+
+  EXPECT_THAT(table.MarkWorkerLost(0, as_of), ElementsAre(parked_id));
+  EXPECT_EQ(table.Get(parked_id, "")->residency, v1::LOST);
+  EXPECT_EQ(busy->Snapshot().residency, v1::ACTIVE);
+  EXPECT_EQ(busy->Snapshot().worker, 0);
+  EXPECT_EQ(table.Get(newer_id, "")->residency, v1::PARKED);
+  // A later poll (the worker still gone) covers it.
+  EXPECT_THAT(table.MarkWorkerLost(0, now_ + absl::Seconds(1)),
+              ElementsAre(newer_id));
+}
+
+TEST_F(SessionTableTest, ReconcileWorkerFollowsTheWorkersList) {
+  SessionTable table(Options());
+  auto place = [&](v1::Residency r, int worker) {
+    auto lease = table.OpenAndAcquire(0, "");
+    EXPECT_TRUE(lease.ok());
+    lease->SetResidency(r, v1::SPECULATIVE, worker);
+    return lease->id();  // the lease ends here: idle
+  };
+  const std::string offloaded = place(v1::PARKED, 0);   // the pool offloaded it
+  const std::string dropped = place(v1::OFFLOADED, 0);  // the pool dropped it
+  const std::string moved = place(v1::PARKED, 1);  // its copy on 0 is stale
+  auto busy = table.OpenAndAcquire(0, "");         // being admitted on worker 0
+  ASSERT_TRUE(busy.ok());
+  busy->SetResidency(v1::LOST, v1::SPECULATIVE, -1);
+  const absl::Time as_of = now_ + absl::Seconds(1);
+  now_ += absl::Seconds(2);
+
+  std::vector<SessionTable::WorkerCopy> copies = {
+      {offloaded, v1::OFFLOADED},
+      {moved, v1::PARKED},
+      {busy->id(), v1::ACTIVE},
+      {"ses_of_another_scheduler", v1::PARKED},
+  };
+  SessionTable::Reconciled r = table.ReconcileWorker(0, copies, as_of);
+  EXPECT_THAT(r.lost, ElementsAre(dropped));
+  // Another scheduler's session (the worker may serve several) is not ours
+  // to release; our stale copy of a moved session is.
+  EXPECT_THAT(r.abandoned, ElementsAre(moved));
+  EXPECT_EQ(table.Get(offloaded, "")->residency, v1::OFFLOADED);
+  EXPECT_EQ(table.Get(offloaded, "")->worker, 0);
+  EXPECT_EQ(table.Get(dropped, "")->residency, v1::LOST);
+  EXPECT_EQ(table.Get(dropped, "")->worker, -1);
+  EXPECT_EQ(table.Get(moved, "")->residency, v1::PARKED);
+  EXPECT_EQ(table.Get(moved, "")->worker, 1);
+  EXPECT_EQ(busy->Snapshot().residency, v1::LOST);  // its request decides
+  std::map<v1::Residency, int> counts = table.CountByResidency();
+  EXPECT_EQ(counts[v1::LOST], 2);
+  EXPECT_EQ(counts[v1::OFFLOADED], 1);
+
+  // A list taken before a session's last change says nothing about it: a
+  // restarted worker's list lacks a session parked there after the ask.
+  const absl::Time second_ask = now_ + absl::Seconds(1);
+  now_ += absl::Seconds(2);
+  busy->SetResidency(v1::PARKED, v1::SPECULATIVE, 0);
+  busy->Release();
+  r = table.ReconcileWorker(0, {}, second_ask);
+  EXPECT_THAT(r.lost, ElementsAre(offloaded));
+  EXPECT_TRUE(r.abandoned.empty());
+  EXPECT_EQ(table.CountOnWorker(0, v1::PARKED), 1);
+}
+
 TEST_F(SessionTableTest, ExpireIdleSkipsBusyAndRecent) {
   SessionTable table(Options());
   auto old_idle = table.Open(0, "");

@@ -23,8 +23,9 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
 }  // namespace
 
 WorkerPool::WorkerPool(const std::vector<std::string>& addresses,
-                       WorkerPoolOptions options)
-    : options_(options) {
+                       WorkerPoolOptions options,
+                       WorkerSessionsListener* listener)
+    : options_(options), listener_(listener) {
   for (const std::string& address : addresses) {
     auto w = std::make_unique<Worker>();
     w->address = address;
@@ -38,7 +39,9 @@ WorkerPool::WorkerPool(const std::vector<std::string>& addresses,
     observed_.resize(workers_.size());
     pending_release_.resize(workers_.size());
   }
-  monitor_ = std::thread([this] { MonitorLoop(); });
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    monitors_.emplace_back([this, i] { MonitorLoop(static_cast<int>(i)); });
+  }
 }
 
 WorkerPool::~WorkerPool() {
@@ -46,10 +49,11 @@ WorkerPool::~WorkerPool() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  monitor_.join();
+  for (std::thread& t : monitors_) t.join();
 }
 
-WorkerPool::Observed WorkerPool::Poll(const Worker& w) const {
+WorkerPool::Observed WorkerPool::Poll(const Worker& w, uint64_t list_instance,
+                                      uint64_t list_epoch) const {
   Observed o;
   const auto deadline = std::chrono::system_clock::now() +
                         absl::ToChronoMilliseconds(options_.poll_deadline);
@@ -61,6 +65,9 @@ WorkerPool::Observed WorkerPool::Poll(const Worker& w) const {
     grpc::Status s = w.health->Check(&ctx, req, &resp);
     if (!s.ok()) {
       o.detail = "health check failed: " + s.error_message();
+      // UNAVAILABLE: no connection could be made or kept (refused, reset);
+      // a hung process still accepts connections and times out instead.
+      o.unreachable = s.error_code() == grpc::StatusCode::UNAVAILABLE;
       return o;
     }
     if (resp.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
@@ -71,8 +78,11 @@ WorkerPool::Observed WorkerPool::Poll(const Worker& w) const {
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(deadline);
-  grpc::Status s = w.stub->GetWorkerInfo(
-      &ctx, specserve::worker::v1::WorkerInfoRequest(), &o.info);
+  specserve::worker::v1::WorkerInfoRequest req;
+  req.set_claim_sessions(true);  // renews the worker's session lease
+  req.set_sessions_instance(list_instance);
+  req.set_sessions_epoch(list_epoch);
+  grpc::Status s = w.stub->GetWorkerInfo(&ctx, req, &o.info);
   if (!s.ok()) {
     o.detail = "GetWorkerInfo failed: " + s.error_message();
     return o;
@@ -83,55 +93,6 @@ WorkerPool::Observed WorkerPool::Poll(const Worker& w) const {
   return o;
 }
 
-namespace {
-
-grpc::ClientContext* WithTimeout(grpc::ClientContext* ctx,
-                                 absl::Duration timeout) {
-  ctx->set_deadline(std::chrono::system_clock::now() +
-                    absl::ToChronoMilliseconds(timeout));
-  return ctx;
-}
-
-specserve::worker::v1::SessionRef Ref(const std::string& session_id) {
-  specserve::worker::v1::SessionRef ref;
-  ref.set_session_id(session_id);
-  return ref;
-}
-
-}  // namespace
-
-grpc::Status WorkerPool::Release(int index, const std::string& session_id,
-                                 absl::Duration timeout) const {
-  grpc::ClientContext ctx;
-  specserve::worker::v1::ReleaseResponse rr;
-  return workers_[index]->stub->Release(WithTimeout(&ctx, timeout),
-                                        Ref(session_id), &rr);
-}
-
-void WorkerPool::ReleaseNowOrLater(int index, const std::string& session_id) {
-  grpc::Status s(grpc::StatusCode::UNAVAILABLE, "worker unavailable");
-  if (Available(index)) s = Release(index, session_id, absl::Seconds(5));
-  if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
-    ReleaseLater(index, session_id);
-  }
-}
-
-grpc::Status WorkerPool::Park(int index, const std::string& session_id,
-                              absl::Duration timeout,
-                              specserve::worker::v1::SessionState* state) const {
-  grpc::ClientContext ctx;
-  return workers_[index]->stub->Park(WithTimeout(&ctx, timeout),
-                                     Ref(session_id), state);
-}
-
-grpc::Status WorkerPool::Demote(int index, const std::string& session_id,
-                                absl::Duration timeout,
-                                specserve::worker::v1::SessionState* state) const {
-  grpc::ClientContext ctx;
-  return workers_[index]->stub->Demote(WithTimeout(&ctx, timeout),
-                                       Ref(session_id), state);
-}
-
 bool WorkerPool::SendPendingReleases(int i) {
   std::vector<std::string> ids;
   {
@@ -140,7 +101,7 @@ bool WorkerPool::SendPendingReleases(int i) {
   }
   std::vector<std::string> left;
   for (const std::string& id : ids) {
-    grpc::Status s = Release(i, id, options_.poll_deadline);
+    grpc::Status s = ReleaseCall(i, id, options_.poll_deadline);
     if (s.ok() || s.error_code() == grpc::StatusCode::NOT_FOUND) {
       LOG(INFO) << "released abandoned session " << id << " on worker "
                 << workers_[i]->address;
@@ -154,32 +115,66 @@ bool WorkerPool::SendPendingReleases(int i) {
   return pending.empty();
 }
 
-void WorkerPool::PollOnce() {
-  for (size_t i = 0; i < workers_.size(); ++i) {
-    Observed o = Poll(*workers_[i]);
-    if (o.available && !SendPendingReleases(static_cast<int>(i))) {
-      // Stay unavailable until the abandoned copies are gone (see
-      // ReleaseLater).
-      o.available = false;
-      o.detail = "releasing sessions abandoned while it was unreachable";
-    }
+void WorkerPool::PollWorker(int i) {
+  uint64_t list_instance = 0, list_epoch = 0;
+  absl::Time last_seen;
+  {
     absl::MutexLock lock(&mu_);
-    Observed& prev = observed_[i];
-    if (prev.available != o.available) {
-      LOG(INFO) << "worker " << workers_[i]->address << " is now "
-                << (o.available ? "available" : "unavailable: " + o.detail);
-    }
-    if (!o.available && o.last_seen == absl::InfinitePast()) {
-      o.last_seen = prev.last_seen;  // keep when we last heard from it
-    }
-    if (!o.available && !o.info.has_model()) o.info = prev.info;
-    prev = std::move(o);
+    list_instance = observed_[i].list_instance;
+    list_epoch = observed_[i].list_epoch;
+    last_seen = observed_[i].last_seen;
   }
+  const absl::Time sent = absl::Now();
+  Observed o = Poll(*workers_[i], list_instance, list_epoch);
+  // The listener hears first, and its releases go out, before the worker
+  // can be marked available: no request places a session there while the
+  // table still shows what the worker no longer holds.
+  std::vector<std::string> release;
+  const bool silent_too_long = o.last_seen == absl::InfinitePast() &&
+                               last_seen != absl::InfinitePast() &&
+                               sent - last_seen >= options_.lost_after;
+  if (listener_ != nullptr && (o.unreachable || silent_too_long)) {
+    release = listener_->WorkerLost(i, sent);
+  } else if (listener_ != nullptr && o.info.has_session_list()) {
+    release = listener_->WorkerSessions(i, sent, o.info.session_list());
+  }
+  if (o.info.has_session_list()) {
+    o.list_instance = o.info.instance();
+    o.list_epoch = o.info.pool_epoch();
+    o.info.clear_session_list();  // Info() copies stay small
+  } else {
+    o.list_instance = list_instance;
+    o.list_epoch = list_epoch;
+  }
+  for (const std::string& id : release) ReleaseLater(i, id);
+  if (o.available && !SendPendingReleases(i)) {
+    // Stay unavailable until the abandoned copies are gone (see
+    // ReleaseLater).
+    o.available = false;
+    o.detail = "releasing sessions abandoned while it was unreachable";
+  }
+  absl::MutexLock lock(&mu_);
+  Observed& prev = observed_[i];
+  if (o.available && prev.marked_unavailable >= sent) {
+    // A call failed while this poll was in flight: the next poll decides.
+    o.available = false;
+    o.detail = prev.detail;
+  }
+  if (prev.available != o.available) {
+    LOG(INFO) << "worker " << workers_[i]->address << " is now "
+              << (o.available ? "available" : "unavailable: " + o.detail);
+  }
+  if (!o.available && o.last_seen == absl::InfinitePast()) {
+    o.last_seen = prev.last_seen;  // keep when we last heard from it
+  }
+  if (!o.available && !o.info.has_model()) o.info = prev.info;
+  o.marked_unavailable = prev.marked_unavailable;
+  prev = std::move(o);
 }
 
-void WorkerPool::MonitorLoop() {
+void WorkerPool::MonitorLoop(int i) {
   while (true) {
-    PollOnce();
+    PollWorker(i);
     absl::MutexLock lock(&mu_);
     if (mu_.AwaitWithTimeout(absl::Condition(&stopping_),
                              options_.poll_interval)) {
@@ -227,6 +222,7 @@ void WorkerPool::MarkUnavailable(int index, const std::string& detail) {
   }
   observed_[index].available = false;
   observed_[index].detail = detail;
+  observed_[index].marked_unavailable = absl::Now();
 }
 
 void WorkerPool::ReleaseLater(int index, const std::string& session_id) {

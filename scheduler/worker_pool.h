@@ -1,11 +1,23 @@
 // The scheduler's view of its workers: one gRPC channel per worker address,
-// watched by a monitor thread that polls health and GetWorkerInfo.
+// each watched by its own monitor thread that polls health and GetWorkerInfo
+// (so a hung worker delays no other worker's poll).
 //
 // A worker is `available` while its health check answers SERVING and its info
 // call succeeds within the poll deadline. A worker that dies is marked
-// unavailable within one poll interval; gRPC channels reconnect on their own
-// (with a short maximum backoff set here), so a restarted worker at the same
-// address becomes available again without restarting the scheduler.
+// unavailable within one poll interval, one that hangs within an interval
+// plus the poll deadline; gRPC channels reconnect on their own (with a short
+// maximum backoff set here), so a restarted worker at the same address
+// becomes available again without restarting the scheduler.
+//
+// Session calls made through the pool (Admit, Park, Demote, Release) are
+// watched like bursts (scheduler/burst_client.h): one still running when its
+// worker is marked unavailable is cancelled at once and fails UNAVAILABLE, so
+// no request waits on a hung worker past the poll that noticed it.
+//
+// Sessions: the monitor tells a WorkerSessionsListener (the session table,
+// scheduler/residency_sync.h) what it learns about the sessions on a worker —
+// that it is gone, or the exact list it holds after a restart or a change its
+// pool made on its own — before that worker can be marked available again.
 #ifndef SPECSERVE_SCHEDULER_WORKER_POOL_H_
 #define SPECSERVE_SCHEDULER_WORKER_POOL_H_
 
@@ -25,18 +37,41 @@ namespace specserve::scheduler {
 struct WorkerPoolOptions {
   absl::Duration poll_interval = absl::Milliseconds(500);
   absl::Duration poll_deadline = absl::Milliseconds(1000);
+  // A worker whose polls time out (hung, frozen, overloaded) still holds its
+  // sessions and may come back: they count as lost only after it has not
+  // answered for this long. One that cannot be reached at all (connection
+  // refused or reset: its process is gone) loses them at once.
+  absl::Duration lost_after = absl::Seconds(10);
+};
+
+// What the monitor learns about the sessions on a worker. Called on the
+// monitor's thread, before the worker can be marked available again; each
+// returns the ids of copies on that worker that must be released (the pool
+// releases them later, like ReleaseLater). `as_of` is when the poll that
+// learned it was sent: what changed after it is not described.
+class WorkerSessionsListener {
+ public:
+  virtual ~WorkerSessionsListener() = default;
+  // Worker `index` is gone (unreachable), or has not answered for
+  // lost_after: no session placed there before `as_of` can be trusted.
+  // Called after every such poll.
+  virtual std::vector<std::string> WorkerLost(int index, absl::Time as_of) = 0;
+  // Worker `index` holds exactly `list`: it restarted (a new instance), or
+  // its pool changed idle sessions on its own (pool_epoch moved).
+  virtual std::vector<std::string> WorkerSessions(
+      int index, absl::Time as_of,
+      const specserve::worker::v1::SessionList& list) = 0;
 };
 
 class WorkerPool {
  public:
+  // `listener` (may be null) must outlive the pool.
   WorkerPool(const std::vector<std::string>& addresses,
-             WorkerPoolOptions options);
-  ~WorkerPool();  // stops the monitor thread
+             WorkerPoolOptions options,
+             WorkerSessionsListener* listener = nullptr);
+  ~WorkerPool();  // stops the monitor threads
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
-
-  // Polls every worker once, synchronously (also done by the monitor).
-  void PollOnce();
 
   // A snapshot of every worker's status, in the order given at construction.
   std::vector<specserve::v1::WorkerStatus> Snapshot() const;
@@ -49,7 +84,8 @@ class WorkerPool {
     return workers_[index]->address;
   }
   // Marks a worker unavailable now (a call to it failed with UNAVAILABLE);
-  // the monitor marks it available again when it answers.
+  // the monitor marks it available again when a poll sent after this
+  // answers (one already in flight may predate the failure).
   void MarkUnavailable(int index, const std::string& detail);
   // Frees `session_id`'s copy on worker `index` once it answers again: the
   // copy was abandoned while the worker could not be reached (hung, or
@@ -59,6 +95,16 @@ class WorkerPool {
   // first. A restarted worker answers NOT_FOUND, which also settles it.
   void ReleaseLater(int index, const std::string& session_id);
 
+  // Session calls, watched (see the top of this file): each fails
+  // UNAVAILABLE as soon as worker `index` is marked unavailable.
+  //
+  // Admit: create (and prefill) a session copy until `deadline`. A call
+  // given up on (worker unavailable, deadline, cancelled) may still leave a
+  // copy there: it is released now or later (ReleaseNowOrLater).
+  grpc::Status Admit(int index,
+                     const specserve::worker::v1::AdmitRequest& request,
+                     absl::Time deadline,
+                     specserve::worker::v1::SessionState* state);
   // One Release RPC for `session_id` on worker `index`.
   grpc::Status Release(int index, const std::string& session_id,
                        absl::Duration timeout) const;
@@ -91,15 +137,32 @@ class WorkerPool {
     bool available = false;
     std::string detail = "not polled yet";
     absl::Time last_seen = absl::InfinitePast();
-    specserve::worker::v1::WorkerInfo info;
+    specserve::worker::v1::WorkerInfo info;  // without its session_list
+    // The poll could not reach the process at all (its port refuses or
+    // resets connections), as opposed to a call that timed out.
+    bool unreachable = false;
+    // The (instance, pool_epoch) of the last session list handed to the
+    // listener: the worker sends a new list only when either moves.
+    uint64_t list_instance = 0;
+    uint64_t list_epoch = 0;
+    // When MarkUnavailable was last called: a poll sent before it cannot
+    // make the worker available again.
+    absl::Time marked_unavailable = absl::InfinitePast();
   };
 
-  Observed Poll(const Worker& w) const;
+  Observed Poll(const Worker& w, uint64_t list_instance,
+                uint64_t list_epoch) const;
+  // One poll of worker i and what follows from it (listener, releases).
+  void PollWorker(int i);
   // Sends worker i's pending releases; returns false if any is left.
   bool SendPendingReleases(int i);
-  void MonitorLoop();
+  // Release without the watch (the monitor's, while i is unavailable).
+  grpc::Status ReleaseCall(int index, const std::string& session_id,
+                           absl::Duration timeout) const;
+  void MonitorLoop(int i);
 
   const WorkerPoolOptions options_;
+  WorkerSessionsListener* const listener_;
   std::vector<std::unique_ptr<Worker>> workers_;
 
   mutable absl::Mutex mu_;
@@ -107,7 +170,7 @@ class WorkerPool {
   // ReleaseLater's session ids, per worker.
   std::vector<std::vector<std::string>> pending_release_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread monitor_;
+  std::vector<std::thread> monitors_;  // one per worker
 };
 
 }  // namespace specserve::scheduler

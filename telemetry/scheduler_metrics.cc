@@ -124,6 +124,10 @@ SchedulerMetrics::SchedulerMetrics(const SchedulerMetricsOptions& options)
       "Histogram of time per output token in seconds. DEPRECATED: Use "
       "vllm:inter_token_latency_seconds instead.",
       InterTokenBuckets(), model);
+  request_time_per_output_token_ =
+      r.AddHistogram(kRequestTimePerOutputToken,
+                     "Histogram of time_per_output_token_seconds per request.",
+                     InterTokenBuckets(), model);
   e2e_request_latency_ = r.AddHistogram(
       kE2eRequestLatency, "Histogram of e2e request latency in seconds.",
       RequestLatencyBuckets(), model);

@@ -69,8 +69,15 @@ class SchedulerMetrics {
   Histogram* time_to_first_token() const { return time_to_first_token_; }
   // Time between consecutive token deliveries of one request; recorded under
   // both vLLM names (inter_token_latency_seconds and the deprecated
-  // time_per_output_token_seconds) so old and new dashboards work.
+  // time_per_output_token_seconds, which vLLM V1 observes per token too) so
+  // old and new dashboards work.
   void ObserveInterTokenLatency(double seconds);
+  // Once per finished request: its mean time per output token after the
+  // first, (last token time - first token time) / (tokens - 1), 0 with fewer
+  // than two tokens (vLLM's mean_time_per_output_token).
+  Histogram* request_time_per_output_token() const {
+    return request_time_per_output_token_;
+  }
   Histogram* e2e_request_latency() const { return e2e_request_latency_; }
   Histogram* request_queue_time() const { return request_queue_time_; }
   Histogram* request_prompt_tokens() const { return request_prompt_tokens_; }
@@ -116,6 +123,7 @@ class SchedulerMetrics {
   Histogram* time_to_first_token_;
   Histogram* inter_token_latency_;
   Histogram* time_per_output_token_;
+  Histogram* request_time_per_output_token_;
   Histogram* e2e_request_latency_;
   Histogram* request_queue_time_;
   Histogram* request_prompt_tokens_;
@@ -136,6 +144,8 @@ inline constexpr char kTimeToFirstToken[] = "vllm:time_to_first_token_seconds";
 inline constexpr char kInterTokenLatency[] = "vllm:inter_token_latency_seconds";
 inline constexpr char kTimePerOutputToken[] =
     "vllm:time_per_output_token_seconds";
+inline constexpr char kRequestTimePerOutputToken[] =
+    "vllm:request_time_per_output_token_seconds";
 inline constexpr char kE2eRequestLatency[] = "vllm:e2e_request_latency_seconds";
 inline constexpr char kRequestQueueTime[] = "vllm:request_queue_time_seconds";
 inline constexpr char kRequestPromptTokens[] = "vllm:request_prompt_tokens";

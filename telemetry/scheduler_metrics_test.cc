@@ -53,6 +53,28 @@ TEST(SchedulerMetricsTest, ExportsVllmNamesWithModelLabel) {
   EXPECT_THAT(text, HasSubstr("# TYPE vllm:request_prompt_tokens histogram\n"));
 }
 
+TEST(SchedulerMetricsTest, TimePerOutputTokenPerChunkAndPerRequest) {
+  // One request whose tokens came in three chunks after the first: vLLM
+  // observes inter-token latency (and its deprecated alias
+  // time_per_output_token) per chunk, and the per-request mean once.
+  SchedulerMetricsOptions options;
+  options.model_name = "m";
+  SchedulerMetrics m(options);
+  for (double s : {0.002, 0.004, 0.003}) m.ObserveInterTokenLatency(s);
+  m.request_time_per_output_token()->Observe(0.003);
+  const std::string text = m.RenderText();
+  EXPECT_THAT(text, HasSubstr("vllm:inter_token_latency_seconds_count{"
+                              "model_name=\"m\"} 3\n"));
+  EXPECT_THAT(text, HasSubstr("vllm:time_per_output_token_seconds_count{"
+                              "model_name=\"m\"} 3\n"));
+  EXPECT_THAT(text, HasSubstr("# TYPE vllm:request_time_per_output_token_"
+                              "seconds histogram\n"));
+  EXPECT_THAT(text, HasSubstr("vllm:request_time_per_output_token_seconds_"
+                              "count{model_name=\"m\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("vllm:request_time_per_output_token_seconds_"
+                              "sum{model_name=\"m\"} 0.003\n"));
+}
+
 TEST(SchedulerMetricsTest, SpecDecodeCountersFromTelemetryDelta) {
   SchedulerMetricsOptions options;
   options.max_k = 2;

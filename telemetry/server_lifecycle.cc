@@ -13,12 +13,16 @@
 namespace specserve::telemetry {
 namespace {
 
-// Written from the signal handler: only a lock-free atomic store happens there.
+// Written from the signal handler: only lock-free atomic stores happen there.
 std::atomic<bool> g_drain_requested{false};
+std::atomic<bool> g_shutdown_requested{false};
 
 std::atomic<int> g_in_flight{0};
 
-void OnSignal(int) { g_drain_requested.store(true); }
+void OnSignal(int) {
+  g_drain_requested.store(true);
+  g_shutdown_requested.store(true);
+}
 
 }  // namespace
 
@@ -45,9 +49,17 @@ bool DrainRequested() { return g_drain_requested.load(); }
 
 void RequestDrain() { g_drain_requested.store(true); }
 
+void RequestShutdown() {
+  g_drain_requested.store(true);
+  g_shutdown_requested.store(true);
+}
+
+bool ShutdownRequested() { return g_shutdown_requested.load(); }
+
 void ServeUntilDrained(grpc::Server* server,
                        const std::vector<std::string>& services,
-                       absl::Duration grace) {
+                       absl::Duration grace,
+                       const std::function<void()>& cut_off) {
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   CHECK(health != nullptr) << "EnableHealthAndReflection() was not called";
   health->SetServingStatus("", true);
@@ -71,7 +83,14 @@ void ServeUntilDrained(grpc::Server* server,
   }
   if (InFlightCount() > 0) {
     LOG(WARNING) << InFlightCount() << " RPC(s) still running after the grace "
-                 << "period; cancelling them";
+                 << "period; cutting them off";
+    if (cut_off) cut_off();
+  }
+  if (!ShutdownRequested()) {
+    LOG(INFO) << "drained: refusing new work until SIGTERM";
+    while (!ShutdownRequested()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   }
   // Shutdown(deadline) stops accepting RPCs and cancels whatever is still
   // running at the deadline.

@@ -1,14 +1,18 @@
 // Process lifecycle shared by the scheduler and the worker: health status,
-// reflection, and the SIGTERM drain.
+// reflection, the drain and the SIGTERM shutdown.
 //
-// Drain contract (docs/RELIABILITY.md row 15): on SIGTERM/SIGINT the process
-// marks every health status NOT_SERVING, services refuse new work with
-// UNAVAILABLE (they poll draining()), in-flight RPCs get up to `grace` to
-// finish, then the server shuts down and the process exits 0.
+// Drain contract (docs/RELIABILITY.md row 15): once a drain is requested the
+// process marks every health status NOT_SERVING, services refuse new work
+// with UNAVAILABLE (they poll DrainRequested()), and in-flight RPCs get up
+// to `grace` to finish; what still runs then is cut off. A drain alone
+// (Admin.Drain) leaves the process up, refusing new work, so an operator can
+// inspect it before stopping it; SIGTERM/SIGINT (or RequestShutdown) drains
+// and then shuts the server down, and the process exits 0.
 #ifndef SPECSERVE_TELEMETRY_SERVER_LIFECYCLE_H_
 #define SPECSERVE_TELEMETRY_SERVER_LIFECYCLE_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,14 +26,18 @@ namespace specserve::telemetry {
 // and the reflection plugin for every server built afterwards.
 void EnableHealthAndReflection();
 
-// Installs SIGTERM/SIGINT handlers that request a drain (async-signal-safe).
+// Installs SIGTERM/SIGINT handlers that request a shutdown
+// (async-signal-safe).
 void InstallDrainSignalHandlers();
 
-// Whether a drain was requested (signal or Drain RPC). Services refuse new
-// work while true.
+// Whether a drain was requested (signal, Drain RPC, RequestShutdown).
+// Services refuse new work while true; it stays true.
 bool DrainRequested();
-// Requests a drain programmatically (e.g. the Admin.Drain RPC).
+// Stops taking new work; the process stays up (the Admin.Drain RPC).
 void RequestDrain();
+// Drains, then stops the server (what SIGTERM does).
+void RequestShutdown();
+bool ShutdownRequested();
 
 // Counts a long-running RPC (a Generate or Burst stream) as in flight for
 // the drain: ServeUntilDrained waits for the count to reach zero (up to the
@@ -45,11 +53,16 @@ class InFlightGuard {
 int InFlightCount();
 
 // Marks `services` (fully-qualified names) and "" SERVING, blocks until a
-// drain is requested, then marks them NOT_SERVING, waits up to `grace` for in-flight
-// RPCs (InFlightGuard) to finish and shuts the server down. Returns when the server has stopped.
+// drain is requested, then marks them NOT_SERVING and waits up to `grace`
+// for in-flight RPCs (InFlightGuard) to finish. If some still run then,
+// calls `cut_off` (null: nothing), which should end them and return when
+// they are over (the server still answers meanwhile). Then blocks until a
+// shutdown is requested and shuts the server down, cancelling whatever
+// still runs. Returns when the server has stopped.
 void ServeUntilDrained(grpc::Server* server,
                        const std::vector<std::string>& services,
-                       absl::Duration grace);
+                       absl::Duration grace,
+                       const std::function<void()>& cut_off = nullptr);
 
 }  // namespace specserve::telemetry
 

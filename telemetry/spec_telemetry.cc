@@ -5,7 +5,8 @@ namespace {
 
 void AddInto(std::vector<uint64_t>* into,
              const google::protobuf::RepeatedField<uint64_t>& from) {
-  if (into->size() < static_cast<size_t>(from.size())) into->resize(from.size());
+  if (into->size() < static_cast<size_t>(from.size()))
+    into->resize(from.size());
   for (int i = 0; i < from.size(); ++i) (*into)[i] += from.Get(i);
 }
 

@@ -10,10 +10,10 @@
 #define SS_CONCAT_(a, b) SS_CONCAT_INNER_(a, b)
 
 // Returns the status from the enclosing function if `expr` is not OK.
-#define SS_RETURN_IF_ERROR(expr)                  \
-  do {                                            \
-    ::absl::Status ss_status_ = (expr);           \
-    if (!ss_status_.ok()) return ss_status_;      \
+#define SS_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::absl::Status ss_status_ = (expr);      \
+    if (!ss_status_.ok()) return ss_status_; \
   } while (0)
 
 // `SS_ASSIGN_OR_RETURN(auto x, F());` assigns the value of a StatusOr or

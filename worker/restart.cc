@@ -51,11 +51,13 @@ std::vector<std::string> RestartArgs(const std::vector<std::string>& args,
 
 absl::Status ExecSelf(const std::vector<std::string>& args) {
   std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : args)
+    argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   std::fflush(nullptr);
   ::execv("/proc/self/exe", argv.data());
-  return absl::InternalError(absl::StrCat("cannot restart: execv: ", std::strerror(errno)));
+  return absl::InternalError(
+      absl::StrCat("cannot restart: execv: ", std::strerror(errno)));
 }
 
 }  // namespace specserve::worker

@@ -12,12 +12,27 @@ SessionPool::SessionPool(SessionPoolOptions options,
                          spec::ModelExecutor* executor)
     : options_(options), executor_(executor) {}
 
+namespace {
+
+// The session's saved recurrent/conv state (null without a checkpoint).
+model::TrunkCheckpoint* TrunkOf(spec::SpecSession* s) {
+  spec::TurnCheckpoint* c = s->checkpoint();
+  return c == nullptr ? nullptr : c->trunk.get();
+}
+
+}  // namespace
+
 uint64_t SessionPool::BytesOf(const spec::SpecSession& s) const {
   uint64_t bytes = executor_->model()->StateBytes(*s.caches());
-  const spec::TurnCheckpoint* c =
-      const_cast<spec::SpecSession&>(s).checkpoint();
-  if (c != nullptr && c->trunk != nullptr) bytes += c->trunk->bytes();
+  const model::TrunkCheckpoint* c = TrunkOf(const_cast<spec::SpecSession*>(&s));
+  if (c != nullptr) bytes += c->bytes();
   return bytes;
+}
+
+uint64_t SessionPool::HostBytesOf(const Entry& e) {
+  if (e.snapshot == nullptr) return 0;
+  const model::TrunkCheckpoint* c = TrunkOf(e.session.get());
+  return e.snapshot->bytes() + (c == nullptr ? 0 : c->host_bytes());
 }
 
 void SessionPool::TouchLocked(const std::string& id, Entry* e) {
@@ -66,10 +81,26 @@ absl::StatusOr<SessionPool::Lease> SessionPool::Acquire(const std::string& id) {
         "session ", id, " is already running a request on this worker"));
   }
   if (e.residency == Residency::kOffloaded) {
+    const model::Model* model = executor_->model();
+    model::TrunkCheckpoint* checkpoint = TrunkOf(e.session.get());
     absl::Status s = executor_->Exclusive([&] {
-      return executor_->model()->Restore(e.session->caches(), *e.snapshot);
+      // The checkpoint first: a failure of either leaves the session
+      // offloaded as a whole.
+      if (checkpoint != nullptr) {
+        absl::Status c = model->ReloadCheckpoint(checkpoint);
+        if (!c.ok()) return c;
+      }
+      absl::Status r = model->Restore(e.session->caches(), *e.snapshot);
+      if (!r.ok() && checkpoint != nullptr) {
+        // Best effort; a checkpoint left on the device is counted there.
+        model->OffloadCheckpoint(checkpoint).IgnoreError();
+      }
+      return r;
     });
-    if (!s.ok()) return s;
+    if (!s.ok()) {
+      e.device_bytes = BytesOf(*e.session);
+      return s;
+    }
     e.snapshot.reset();
     e.residency = Residency::kResident;
     e.device_bytes = BytesOf(*e.session);
@@ -120,8 +151,8 @@ void SessionPool::EnforceBudgetsLocked() {
   auto totals = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::pair<uint64_t, uint64_t> t{0, 0};
     for (auto& [id, e] : entries_) {
-      if (e.residency == Residency::kResident) t.first += e.device_bytes;
-      if (e.snapshot != nullptr) t.second += e.snapshot->bytes();
+      t.first += e.device_bytes;
+      t.second += HostBytesOf(e);
     }
     return t;
   };
@@ -133,22 +164,34 @@ void SessionPool::EnforceBudgetsLocked() {
     Entry& e = entries_.at(*it);
     if (e.residency != Residency::kResident) continue;
     absl::StatusOr<std::unique_ptr<model::HostStateSnapshot>> snap;
+    const model::Model* model = executor_->model();
+    model::TrunkCheckpoint* checkpoint = TrunkOf(e.session.get());
     // Lock order: pool, then model (nothing takes them the other way).
     absl::Status st = executor_->Exclusive([&] {
-      snap = executor_->model()->Offload(e.session->caches());
-      return snap.status();
+      snap = model->Offload(e.session->caches());
+      if (!snap.ok()) return snap.status();
+      // The checkpoint goes too: offloading exists to free device memory.
+      if (checkpoint != nullptr) {
+        absl::Status c = model->OffloadCheckpoint(checkpoint);
+        if (!c.ok()) {
+          LOG(WARNING) << "session " << *it << ": its checkpoint stays in "
+                       << "device memory: " << c;
+        }
+      }
+      return absl::OkStatus();
     });
     if (!st.ok()) {
-      LOG(WARNING) << "offload of session " << *it
-                   << " failed: " << snap.status();
+      LOG(WARNING) << "offload of session " << *it << " failed: " << st;
       continue;
     }
     device -= e.device_bytes;
-    host += (*snap)->bytes();
     e.snapshot = std::move(*snap);
     e.residency = Residency::kOffloaded;
-    e.device_bytes = 0;
+    e.device_bytes = BytesOf(*e.session);  // 0 unless the checkpoint stayed
+    device += e.device_bytes;
+    host += HostBytesOf(e);
     ++counters_.offloads;
+    ++epoch_;
   }
   // Drop offloaded sessions, oldest first, until the host budget holds. The
   // most recently used session is never dropped: with a budget smaller than
@@ -161,13 +204,15 @@ void SessionPool::EnforceBudgetsLocked() {
       ++it;
       continue;
     }
-    host -= e.snapshot->bytes();
+    host -= HostBytesOf(e);
+    device -= e.device_bytes;
     const std::string id = *it;
     it = lru_.erase(it);
     e.in_lru = false;
     entries_.erase(id);
     evicted_.insert(id);
     ++counters_.drops;
+    ++epoch_;
     LOG(INFO) << "dropped session " << id << " (host memory budget)";
   }
 }
@@ -178,12 +223,9 @@ SessionPool::Stats SessionPool::stats() const {
   for (const auto& [id, e] : entries_) {
     ++s.sessions;
     if (e.busy) ++s.busy;
-    if (e.residency == Residency::kOffloaded) {
-      ++s.offloaded;
-      s.host_bytes += e.snapshot->bytes();
-    } else {
-      s.device_bytes += e.device_bytes;
-    }
+    if (e.residency == Residency::kOffloaded) ++s.offloaded;
+    s.host_bytes += HostBytesOf(e);
+    s.device_bytes += e.device_bytes;
   }
   for (const auto& [session, e] : releasing_) {  // freed once returned
     ++s.sessions;
@@ -193,13 +235,46 @@ SessionPool::Stats SessionPool::stats() const {
   return s;
 }
 
-absl::StatusOr<Residency> SessionPool::ResidencyOf(const std::string& id) const {
+absl::StatusOr<Residency> SessionPool::ResidencyOf(
+    const std::string& id) const {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it == entries_.end()) {
     return absl::NotFoundError(absl::StrCat("session ", id, " is unknown"));
   }
   return it->second.residency;
+}
+
+SessionPool::Listing SessionPool::List() const {
+  absl::MutexLock lock(&mu_);
+  Listing out;
+  out.epoch = epoch_;
+  out.sessions.reserve(entries_.size());
+  for (const auto& [id, e] : entries_) {
+    out.sessions.push_back({id, e.busy, e.residency});
+  }
+  return out;
+}
+
+uint64_t SessionPool::epoch() const {
+  absl::MutexLock lock(&mu_);
+  return epoch_;
+}
+
+int SessionPool::ReleaseIdle() {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second.busy) {
+      ++it;
+      continue;
+    }
+    UnlinkLocked(&it->second);
+    it = entries_.erase(it);
+    ++n;
+  }
+  if (n > 0) ++epoch_;
+  return n;
 }
 
 SessionPool::Lease::Lease(Lease&& other) noexcept

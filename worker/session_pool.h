@@ -20,6 +20,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -59,7 +60,7 @@ class SessionPool {
     int busy = 0;
     int offloaded = 0;
     uint64_t device_bytes = 0;  // caches + checkpoints of resident sessions
-    uint64_t host_bytes = 0;    // offloaded snapshots
+    uint64_t host_bytes = 0;    // offloaded snapshots and their checkpoints
     uint64_t offloads = 0;
     uint64_t restores = 0;
     uint64_t drops = 0;
@@ -68,6 +69,25 @@ class SessionPool {
   uint64_t device_budget_bytes() const { return options_.device_budget_bytes; }
   // Residency of an idle session (NOT_FOUND if unknown).
   absl::StatusOr<Residency> ResidencyOf(const std::string& id) const;
+
+  // Every session with where it is, and the epoch this list belongs to: the
+  // count of changes the pool made to idle sessions on its own (offloads,
+  // drops, ReleaseIdle). A caller that tracks sessions by the calls it makes
+  // needs a new list only when the epoch moved.
+  struct Listed {
+    std::string id;
+    bool busy = false;
+    Residency residency = Residency::kResident;
+  };
+  struct Listing {
+    uint64_t epoch = 0;
+    std::vector<Listed> sessions;
+  };
+  Listing List() const;
+  uint64_t epoch() const;
+  // Frees every idle (not leased) session; returns how many. Leased ones
+  // (a burst running) are left: they are idle again once it ends.
+  int ReleaseIdle();
 
   // Exclusive use of one session; returns it to the pool when destroyed.
   class Lease {
@@ -96,8 +116,12 @@ class SessionPool {
     std::unique_ptr<spec::SpecSession> session;
     bool busy = false;
     Residency residency = Residency::kResident;
-    std::unique_ptr<model::HostStateSnapshot> snapshot;  // when offloaded
-    uint64_t device_bytes = 0;  // accounted while resident
+    // When offloaded; the session's checkpoint then holds its own host copy
+    // (model::TrunkCheckpoint::offloaded).
+    std::unique_ptr<model::HostStateSnapshot> snapshot;
+    // Backend bytes it holds now: caches and checkpoint while resident, 0
+    // once offloaded.
+    uint64_t device_bytes = 0;
     // Position in lru_ (idle sessions only; front = least recently used).
     std::list<std::string>::iterator lru_pos;
     bool in_lru = false;
@@ -105,6 +129,8 @@ class SessionPool {
 
   void Return(spec::SpecSession* session, bool discard);
   uint64_t BytesOf(const spec::SpecSession& s) const;
+  // Host bytes of an offloaded entry: its snapshot and its checkpoint's copy.
+  static uint64_t HostBytesOf(const Entry& e);
   // Offloads/drops idle sessions until the budgets hold (or none is idle).
   void EnforceBudgetsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchLocked(const std::string& id, Entry* e)
@@ -123,6 +149,7 @@ class SessionPool {
   // Ids dropped under memory pressure, so Acquire can say why.
   std::set<std::string> evicted_ ABSL_GUARDED_BY(mu_);
   Stats counters_ ABSL_GUARDED_BY(mu_);
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace specserve::worker

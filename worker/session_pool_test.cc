@@ -3,11 +3,13 @@
 // are exclusive, and telemetry carries across resumes.
 #include "worker/session_pool.h"
 
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "worker/model/model.h"
@@ -186,12 +188,169 @@ TEST_F(SessionPoolTest, ReleaseWhileLeasedDetachesAndFreesOnReturn) {
     EXPECT_EQ(pool.Acquire("r").status().code(), absl::StatusCode::kNotFound);
     auto again = engine_->Admit("r", 128, Prompt(5));
     ASSERT_TRUE(again.ok());
-    { auto fresh = pool.Insert(std::move(*again)); ASSERT_TRUE(fresh.ok()); }
+    {
+      auto fresh = pool.Insert(std::move(*again));
+      ASSERT_TRUE(fresh.ok());
+    }
     EXPECT_EQ(pool.stats().sessions, 2);
   }
   // The old lease returned: the detached copy is freed, the new one stays.
   EXPECT_EQ(pool.stats().sessions, 1);
   EXPECT_TRUE(pool.Acquire("r").ok());
+}
+
+TEST_F(SessionPoolTest, ListingEpochAndReleaseIdle) {
+  // The epoch moves only when the pool changes an idle session on its own
+  // (offload, drop, ReleaseIdle), so a scheduler re-reads the list only then.
+  SessionPoolOptions o;
+  o.device_budget_bytes = 0;  // every idle session is offloaded
+  SessionPool pool(o, executor_.get());
+  EXPECT_EQ(pool.epoch(), 0u);
+  auto a = engine_->Admit("a", 128, Prompt(6));
+  auto b = engine_->Admit("b", 128, Prompt(7));
+  ASSERT_TRUE(a.ok() && b.ok());
+  {
+    auto lease = pool.Insert(std::move(*a));
+    ASSERT_TRUE(lease.ok());
+  }
+  const uint64_t after_offload = pool.epoch();
+  EXPECT_EQ(after_offload, 1u);  // "a" went to host memory
+  auto busy = pool.Insert(std::move(*b));
+  ASSERT_TRUE(busy.ok());
+  SessionPool::Listing l = pool.List();
+  EXPECT_EQ(l.epoch, after_offload);
+  ASSERT_EQ(l.sessions.size(), 2u);
+  EXPECT_EQ(l.sessions[0].id, "a");
+  EXPECT_FALSE(l.sessions[0].busy);
+  EXPECT_EQ(l.sessions[0].residency, Residency::kOffloaded);
+  EXPECT_EQ(l.sessions[1].id, "b");
+  EXPECT_TRUE(l.sessions[1].busy);
+  // A release the caller asked for leaves the epoch alone.
+  EXPECT_TRUE(pool.Release("a").ok());
+  EXPECT_EQ(pool.epoch(), after_offload);
+  // ReleaseIdle frees idle sessions only; the leased one stays.
+  auto c = engine_->Admit("c", 128, Prompt(8));
+  ASSERT_TRUE(c.ok());
+  {
+    auto lease = pool.Insert(std::move(*c));
+    ASSERT_TRUE(lease.ok());
+  }
+  const uint64_t before = pool.epoch();
+  EXPECT_EQ(pool.ReleaseIdle(), 1);
+  EXPECT_GT(pool.epoch(), before);
+  EXPECT_EQ(pool.stats().sessions, 1);
+  EXPECT_EQ(pool.Acquire("c").status().code(), absl::StatusCode::kNotFound);
+  const uint64_t settled = pool.epoch();
+  EXPECT_EQ(pool.ReleaseIdle(), 0);  // nothing idle: no change to report
+  EXPECT_EQ(pool.epoch(), settled);
+}
+
+// A CPU backend that counts the bytes it has allocated and not yet freed:
+// the device memory a session really holds, whatever the pool reports.
+class CountingCpuBackend : public kernels::cpu::CpuBackend {
+ public:
+  absl::StatusOr<kernels::Buffer> Allocate(size_t bytes) override {
+    absl::StatusOr<kernels::Buffer> b = CpuBackend::Allocate(bytes);
+    if (b.ok()) {
+      absl::MutexLock lock(&mu_);
+      sizes_[b->data()] = bytes;
+      live_ += bytes;
+    }
+    return b;
+  }
+  uint64_t live_bytes() const {
+    absl::MutexLock lock(&mu_);
+    return live_;
+  }
+
+ protected:
+  void Free(void* data) override {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = sizes_.find(data);
+      if (it != sizes_.end()) {
+        live_ -= it->second;
+        sizes_.erase(it);
+      }
+    }
+    CpuBackend::Free(data);
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<void*, size_t> sizes_ ABSL_GUARDED_BY(mu_);
+  uint64_t live_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST(SessionPoolMemoryTest, OffloadMovesTheCheckpointToHostMemory) {
+  CountingCpuBackend backend;
+  auto m = model::Model::Load(
+      model::testing::RepoPath("models/specserve-tiny-py"), &backend);
+  ASSERT_TRUE(m.ok()) << m.status();
+  spec::ModelExecutor executor(m->get());
+  spec::SpecEngine engine(&executor);
+  std::mt19937 rng(9);
+  std::vector<int32_t> prompt(12);
+  for (auto& t : prompt) t = rng() % (*m)->config().vocab_size;
+  BurstParams first;
+  first.k = 3;
+  first.max_new = 9;
+  BurstParams rewind = first;
+  rewind.rewind = true;
+  rewind.suffix = {prompt[3], prompt[5]};
+  auto run = [&](spec::SpecSession* s, const BurstParams& p) {
+    std::vector<int32_t> got;
+    auto r = engine.RunBurst(s, p, [&](absl::Span<const int32_t> t) {
+      got.insert(got.end(), t.begin(), t.end());
+      return true;
+    });
+    EXPECT_TRUE(r.ok()) << r.status();
+    return got;
+  };
+
+  // [first burst, park, rewind burst] in a pool that offloads every idle
+  // session (budget 1 byte) and in one that never does.
+  std::vector<std::vector<int32_t>> outputs;
+  for (bool offload : {false, true}) {
+    SessionPoolOptions o;
+    o.device_budget_bytes = offload ? 1 : (1ull << 40);
+    o.host_budget_bytes = 1ull << 40;
+    SessionPool pool(o, &executor);
+    // Lazily made buffers (workspace, sampling rows) exist before `idle`.
+    const uint64_t idle = backend.live_bytes();
+    auto admitted = engine.Admit("s", 256, prompt);
+    ASSERT_TRUE(admitted.ok()) << admitted.status();
+    std::vector<int32_t> out;
+    uint64_t checkpoint_bytes = 0;
+    {
+      auto lease = pool.Insert(std::move(*admitted));
+      ASSERT_TRUE(lease.ok());
+      out = run(lease->get(), first);
+      ASSERT_TRUE(engine.Flush(lease->get()).ok());
+      ASSERT_NE((*lease)->checkpoint(), nullptr);
+      checkpoint_bytes = (*lease)->checkpoint()->trunk->bytes();
+      ASSERT_GT(checkpoint_bytes, 0u);
+    }
+    if (offload) {
+      const SessionPool::Stats st = pool.stats();
+      EXPECT_EQ(st.offloaded, 1);
+      // The pool's figure and the backend agree: the session, checkpoint
+      // included, holds no device memory while offloaded.
+      EXPECT_EQ(st.device_bytes, 0u);
+      EXPECT_EQ(backend.live_bytes(), idle);
+      EXPECT_GT(st.host_bytes, checkpoint_bytes);
+    }
+    auto lease = pool.Acquire("s");
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    if (offload) {
+      EXPECT_EQ(pool.stats().device_bytes, backend.live_bytes() - idle);
+    }
+    auto again = run(lease->get(), rewind);
+    out.insert(out.end(), again.begin(), again.end());
+    outputs.push_back(out);
+  }
+  // The checkpoint came back bit-identical: the rewind continues exactly.
+  EXPECT_EQ(outputs[0], outputs[1]);
 }
 
 }  // namespace

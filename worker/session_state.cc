@@ -3,8 +3,8 @@
 namespace specserve::worker {
 
 specserve::worker::v1::SessionState SessionStateToProto(
-    const spec::SpecSession& s, specserve::worker::v1::WorkerResidency residency,
-    uint64_t bytes) {
+    const spec::SpecSession& s,
+    specserve::worker::v1::WorkerResidency residency, uint64_t bytes) {
   specserve::worker::v1::SessionState out;
   out.set_session_id(s.id());
   out.set_residency(residency);

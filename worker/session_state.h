@@ -11,8 +11,8 @@ namespace specserve::worker {
 
 // `residency` is the pool's view; `bytes` what the session holds.
 specserve::worker::v1::SessionState SessionStateToProto(
-    const spec::SpecSession& s, specserve::worker::v1::WorkerResidency residency,
-    uint64_t bytes);
+    const spec::SpecSession& s,
+    specserve::worker::v1::WorkerResidency residency, uint64_t bytes);
 
 }  // namespace specserve::worker
 

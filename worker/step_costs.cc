@@ -61,7 +61,8 @@ absl::StatusOr<specserve::worker::v1::StepCosts> MeasureStepCosts(
       if (s->length() + c > s->capacity()) {
         SS_RETURN_IF_ERROR(model->Reset(s));
         model::ForwardResult p;
-        SS_RETURN_IF_ERROR(model->Prefill(s, std::vector<int32_t>{1, 2}, {}, &p));
+        SS_RETURN_IF_ERROR(
+            model->Prefill(s, std::vector<int32_t>{1, 2}, {}, &p));
       }
       std::vector<int32_t> cols(c, 1);
       model::ForwardResult out;
@@ -81,7 +82,8 @@ absl::StatusOr<specserve::worker::v1::StepCosts> ParseStepCosts(
   for (absl::string_view part : absl::StrSplit(spec, ';', absl::SkipEmpty())) {
     std::pair<absl::string_view, absl::string_view> kv =
         absl::StrSplit(part, absl::MaxSplits('=', 1));
-    for (absl::string_view v : absl::StrSplit(kv.second, ',', absl::SkipEmpty())) {
+    for (absl::string_view v :
+         absl::StrSplit(kv.second, ',', absl::SkipEmpty())) {
       double x;
       if (!absl::SimpleAtod(v, &x) || x <= 0) {
         return absl::InvalidArgumentError(
@@ -93,7 +95,8 @@ absl::StatusOr<specserve::worker::v1::StepCosts> ParseStepCosts(
         costs.add_verify_seconds_by_columns(x);
       } else {
         return absl::InvalidArgumentError(absl::StrCat(
-            "--step_costs: expected decode=... or verify=..., got '", part, "'"));
+            "--step_costs: expected decode=... or verify=..., got '", part,
+            "'"));
       }
     }
   }

@@ -17,8 +17,8 @@
 #include "absl/time/clock.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
-#include "telemetry/server_lifecycle.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "telemetry/server_lifecycle.h"
 #ifdef SPECSERVE_WITH_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -53,6 +53,13 @@ ABSL_FLAG(std::string, step_costs, "",
           "decode by batch size 1.., verify by columns 1..");
 ABSL_FLAG(bool, enable_fault_injection, false,
           "Honour BurstRequest.inject_nan_at (tests only).");
+ABSL_FLAG(int, session_lease_seconds, 60,
+          "Release every idle session once no scheduler has called for this "
+          "many seconds (0 = never), so a scheduler that exits leaves no "
+          "caches behind. The scheduler's health poll renews the lease every "
+          "--worker_poll_ms, as does every session call; keep it well above "
+          "the scheduler's poll interval. Time the process is stopped "
+          "(SIGSTOP) does not count.");
 
 namespace {
 
@@ -123,16 +130,23 @@ int main(int argc, char** argv) {
   options.pool.host_budget_bytes =
       static_cast<uint64_t>(absl::GetFlag(FLAGS_host_budget_mb)) << 20;
   options.enable_fault_injection = absl::GetFlag(FLAGS_enable_fault_injection);
-  auto costs = absl::GetFlag(FLAGS_step_costs).empty()
-                   ? specserve::worker::MeasureStepCosts(model->get(), 16, 8, 3)
-                   : specserve::worker::ParseStepCosts(
-                         absl::GetFlag(FLAGS_step_costs));
+  if (absl::GetFlag(FLAGS_session_lease_seconds) < 0) {
+    LOG(ERROR) << "--session_lease_seconds must be >= 0";
+    return 2;
+  }
+  options.session_lease =
+      absl::Seconds(absl::GetFlag(FLAGS_session_lease_seconds));
+  auto costs =
+      absl::GetFlag(FLAGS_step_costs).empty()
+          ? specserve::worker::MeasureStepCosts(model->get(), 16, 8, 3)
+          : specserve::worker::ParseStepCosts(absl::GetFlag(FLAGS_step_costs));
   if (!costs.ok()) {
     LOG(ERROR) << "cannot measure step costs: " << costs.status();
     return 1;
   }
   options.costs = *costs;
-  // Worker.LoadModel: drain, then restart this process on the new model.
+  // Worker.LoadModel: drain and shut down, then restart this process on the
+  // new model.
   absl::Mutex reload_mu;
   std::string reload_dir;
   options.on_load_model = [&](const std::string& dir) {
@@ -140,7 +154,7 @@ int main(int argc, char** argv) {
       absl::MutexLock lock(&reload_mu);
       reload_dir = dir;
     }
-    specserve::telemetry::RequestDrain();
+    specserve::telemetry::RequestShutdown();
   };
   specserve::worker::WorkerService service(options, model->get());
 
@@ -190,7 +204,8 @@ int main(int argc, char** argv) {
     // sessions and the model are never used again.
     if (device.rfind("cuda:", 0) == 0) {
       int n = 0;
-      if (absl::SimpleAtoi(device.substr(5), &n)) specserve::kernels::cuda::ResetCudaDevice(n);
+      if (absl::SimpleAtoi(device.substr(5), &n))
+        specserve::kernels::cuda::ResetCudaDevice(n);
     }
 #endif
     const absl::Status s = specserve::worker::ExecSelf(args);

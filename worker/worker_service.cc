@@ -82,10 +82,12 @@ WorkerService::WorkerService(WorkerOptions options, model::Model* model)
     : options_(std::move(options)),
       model_(model),
       model_info_(DescribeModel(model->checkpoint())),
-      instance_((uint64_t{std::random_device{}()} << 32) | std::random_device{}()),
+      instance_((uint64_t{std::random_device{}()} << 32) |
+                std::random_device{}()),
       executor_(model),
       engine_(&executor_),
-      pool_(options_.pool, &executor_) {}
+      pool_(options_.pool, &executor_),
+      lease_(options_.session_lease, [this] { return pool_.ReleaseIdle(); }) {}
 
 SessionState WorkerService::StateOf(const spec::SpecSession& s, bool busy) {
   specserve::worker::v1::WorkerResidency r = specserve::worker::v1::RESIDENT;
@@ -100,8 +102,9 @@ SessionState WorkerService::StateOf(const spec::SpecSession& s, bool busy) {
 
 grpc::ServerUnaryReactor* WorkerService::GetWorkerInfo(
     grpc::CallbackServerContext* ctx,
-    const specserve::worker::v1::WorkerInfoRequest*,
+    const specserve::worker::v1::WorkerInfoRequest* request,
     specserve::worker::v1::WorkerInfo* response) {
+  if (request->claim_sessions()) lease_.Renew();
   const SessionPool::Stats stats = pool_.stats();
   response->set_device(options_.device);
   *response->mutable_model() = model_info_;
@@ -113,6 +116,24 @@ grpc::ServerUnaryReactor* WorkerService::GetWorkerInfo(
   *response->mutable_costs() = options_.costs;
   response->set_pid(static_cast<uint32_t>(getpid()));
   response->set_instance(instance_);
+  // The list is read with its epoch, so the pair describes one moment: a
+  // caller that stores both asks again only after the next change.
+  uint64_t epoch = pool_.epoch();
+  if (request->sessions_instance() != instance_ ||
+      request->sessions_epoch() != epoch) {
+    SessionPool::Listing listing = pool_.List();
+    epoch = listing.epoch;
+    auto* list = response->mutable_session_list();
+    for (const SessionPool::Listed& l : listing.sessions) {
+      auto* e = list->add_sessions();
+      e->set_session_id(l.id);
+      e->set_residency(l.busy ? specserve::worker::v1::RESIDENT
+                       : l.residency == Residency::kOffloaded
+                           ? specserve::worker::v1::OFFLOADED
+                           : specserve::worker::v1::PARKED);
+    }
+  }
+  response->set_pool_epoch(epoch);
   return FinishUnary(ctx, grpc::Status::OK);
 }
 
@@ -120,22 +141,27 @@ grpc::ServerUnaryReactor* WorkerService::Admit(
     grpc::CallbackServerContext* ctx,
     const specserve::worker::v1::AdmitRequest* request,
     SessionState* response) {
+  lease_.Renew();
   if (telemetry::DrainRequested()) return FinishUnary(ctx, Draining());
-  const int capacity = request->capacity() > 0 ? request->capacity()
-                                                : options_.default_capacity;
+  const int capacity =
+      request->capacity() > 0 ? request->capacity() : options_.default_capacity;
   const int max_context = model_->config().max_position_embeddings;
   if (capacity > max_context) {
     return FinishUnary(
-        ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("capacity ", capacity,
-                                       " exceeds the model context of ",
-                                       max_context)));
+        ctx, grpc::Status(
+                 grpc::StatusCode::INVALID_ARGUMENT,
+                 absl::StrCat("capacity ", capacity,
+                              " exceeds the model context of ", max_context)));
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  std::thread([this, reactor, request, response, capacity] {
+  std::thread([this, ctx, reactor, request, response, capacity] {
     std::vector<int32_t> history(request->history().begin(),
                                  request->history().end());
-    auto session = engine_.Admit(request->session_id(), capacity, history);
+    auto session = engine_.Admit(
+        request->session_id(), capacity, history,
+        request->has_checkpoint_pos()
+            ? std::optional<int>(static_cast<int>(request->checkpoint_pos()))
+            : std::nullopt);
     if (!session.ok()) {
       reactor->Finish(ToGrpc(session.status()));
       return;
@@ -147,6 +173,15 @@ grpc::ServerUnaryReactor* WorkerService::Admit(
         return;
       }
       *response = StateOf(*lease->get(), /*busy=*/true);
+    }
+    if (ctx->IsCancelled()) {
+      // The scheduler gave up on this admit (the worker looked hung, or the
+      // deadline passed) and never learns of the copy: free it now, or it
+      // stays in the pool for good.
+      pool_.Release(request->session_id()).IgnoreError();
+      reactor->Finish(
+          grpc::Status(grpc::StatusCode::CANCELLED, "admit cancelled"));
+      return;
     }
     // The lease went back to the pool BEFORE answering: the scheduler's next
     // call (a Burst) may arrive as soon as it has the answer, and must not
@@ -160,12 +195,14 @@ grpc::ServerWriteReactor<BurstEvent>* WorkerService::Burst(
     grpc::CallbackServerContext* ctx,
     const specserve::worker::v1::BurstRequest* request) {
   using Refused = telemetry::FinishedWriteReactor<BurstEvent>;
+  lease_.Renew();
   if (telemetry::DrainRequested()) return new Refused(Draining());
   if (request->max_new() == 0) {
     return new Refused(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                     "max_new must be at least 1"));
   }
-  if (static_cast<int>(request->k()) >= model::StateOptions().max_verify_columns) {
+  if (static_cast<int>(request->k()) >=
+      model::StateOptions().max_verify_columns) {
     return new Refused(grpc::Status(
         grpc::StatusCode::INVALID_ARGUMENT,
         absl::StrCat("k = ", request->k(), " exceeds the largest draft depth (",
@@ -173,17 +210,46 @@ grpc::ServerWriteReactor<BurstEvent>* WorkerService::Burst(
   }
   auto lease = pool_.Acquire(request->session_id());
   if (!lease.ok()) return new Refused(ToGrpc(lease.status()));
+  auto stop = std::make_shared<std::atomic<bool>>(false);
+  {
+    absl::MutexLock lock(&stops_mu_);
+    stops_[request->session_id()] = stop;
+  }
   auto* writer = new BurstWriter();
-  std::thread([this, ctx, req = *request, lease = std::move(*lease),
-               writer]() mutable {
-    RunBurst(ctx, std::move(req), std::move(lease), writer);
+  std::thread([this, ctx, req = *request, lease = std::move(*lease), writer,
+               stop = std::move(stop)]() mutable {
+    RunBurst(ctx, std::move(req), std::move(lease), writer, std::move(stop));
   }).detach();
   return writer;
 }
 
+grpc::ServerUnaryReactor* WorkerService::StopBurst(
+    grpc::CallbackServerContext* ctx,
+    const specserve::worker::v1::SessionRef* request,
+    specserve::worker::v1::StopBurstResponse*) {
+  lease_.Renew();
+  bool running = false;
+  {
+    absl::MutexLock lock(&stops_mu_);
+    auto it = stops_.find(request->session_id());
+    if (it != stops_.end()) {
+      it->second->store(true);
+      running = true;
+    }
+  }
+  if (!running) {
+    return FinishUnary(
+        ctx, grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          absl::StrCat("no burst of session ",
+                                       request->session_id(), " is running")));
+  }
+  return FinishUnary(ctx, grpc::Status::OK);
+}
+
 void WorkerService::RunBurst(grpc::CallbackServerContext* ctx,
                              specserve::worker::v1::BurstRequest request,
-                             SessionPool::Lease lease, BurstWriter* writer) {
+                             SessionPool::Lease lease, BurstWriter* writer,
+                             StopFlag stop) {
   telemetry::InFlightGuard in_flight;
   ++active_bursts_;
   const auto deadline = ctx->deadline();
@@ -203,11 +269,15 @@ void WorkerService::RunBurst(grpc::CallbackServerContext* ctx,
     p.seed = request.sampling().seed();
     p.stop_ids.assign(request.stop_token_ids().begin(),
                       request.stop_token_ids().end());
-    if (options_.enable_fault_injection) p.inject_nan_at = request.inject_nan_at();
+    if (options_.enable_fault_injection)
+      p.inject_nan_at = request.inject_nan_at();
     auto r = engine_.RunBurst(lease.get(), p, [&](absl::Span<const int32_t> t) {
       BurstEvent e;
       e.mutable_tokens()->mutable_ids()->Add(t.begin(), t.end());
       if (!writer->Write(std::move(e))) return false;
+      // Checked after the tokens are written: a stopped burst streams every
+      // token it committed, then its summary.
+      if (stop->load()) return false;
       if (std::chrono::system_clock::now() > deadline) {
         deadline_passed = true;
         return false;
@@ -233,11 +303,15 @@ void WorkerService::RunBurst(grpc::CallbackServerContext* ctx,
     auto* summary = e.mutable_summary();
     summary->set_end(EndToProto(result.end));
     summary->set_overshoot(result.overshoot);
-    *summary->mutable_telemetry_delta() =
-        result.telemetry_delta.ToProto();
+    *summary->mutable_telemetry_delta() = result.telemetry_delta.ToProto();
     *summary->mutable_state() = StateOf(*lease.get(), /*busy=*/true);
     summary->set_cached_tokens(result.cached_tokens);
     writer->Write(std::move(e));
+  }
+  {
+    absl::MutexLock lock(&stops_mu_);
+    auto it = stops_.find(request.session_id());
+    if (it != stops_.end() && it->second == stop) stops_.erase(it);
   }
   { SessionPool::Lease done = std::move(lease); }  // back to the pool first
   --active_bursts_;
@@ -248,6 +322,7 @@ void WorkerService::RunBurst(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* WorkerService::RunSessionOp(
     grpc::CallbackServerContext* ctx, const std::string& session_id,
     SessionState* response, SessionOp op, bool idle_residency) {
+  lease_.Renew();
   auto lease = pool_.Acquire(session_id);
   if (!lease.ok()) return FinishUnary(ctx, ToGrpc(lease.status()));
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -280,8 +355,9 @@ grpc::ServerUnaryReactor* WorkerService::RunSessionOp(
 grpc::ServerUnaryReactor* WorkerService::Flush(
     grpc::CallbackServerContext* ctx,
     const specserve::worker::v1::SessionRef* request, SessionState* response) {
-  return RunSessionOp(ctx, request->session_id(), response,
-                      [this](spec::SpecSession* s) { return engine_.Flush(s); });
+  return RunSessionOp(
+      ctx, request->session_id(), response,
+      [this](spec::SpecSession* s) { return engine_.Flush(s); });
 }
 
 grpc::ServerUnaryReactor* WorkerService::Park(
@@ -310,15 +386,17 @@ grpc::ServerUnaryReactor* WorkerService::Resume(
 grpc::ServerUnaryReactor* WorkerService::Rewind(
     grpc::CallbackServerContext* ctx,
     const specserve::worker::v1::SessionRef* request, SessionState* response) {
-  return RunSessionOp(ctx, request->session_id(), response,
-                      [this](spec::SpecSession* s) { return engine_.Rewind(s); });
+  return RunSessionOp(
+      ctx, request->session_id(), response,
+      [this](spec::SpecSession* s) { return engine_.Rewind(s); });
 }
 
 grpc::ServerUnaryReactor* WorkerService::Demote(
     grpc::CallbackServerContext* ctx,
     const specserve::worker::v1::SessionRef* request, SessionState* response) {
-  return RunSessionOp(ctx, request->session_id(), response,
-                      [this](spec::SpecSession* s) { return engine_.Demote(s); });
+  return RunSessionOp(
+      ctx, request->session_id(), response,
+      [this](spec::SpecSession* s) { return engine_.Demote(s); });
 }
 
 grpc::ServerUnaryReactor* WorkerService::GetSessionState(
@@ -332,6 +410,7 @@ grpc::ServerUnaryReactor* WorkerService::Release(
     grpc::CallbackServerContext* ctx,
     const specserve::worker::v1::SessionRef* request,
     specserve::worker::v1::ReleaseResponse*) {
+  lease_.Renew();
   return FinishUnary(ctx, ToGrpc(pool_.Release(request->session_id())));
 }
 
@@ -348,13 +427,14 @@ grpc::ServerUnaryReactor* WorkerService::LoadModel(
   if (!checkpoint.ok()) {
     return FinishUnary(
         ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("cannot load ", request->model_dir(), ": ",
-                                       checkpoint.status().message())));
+                          absl::StrCat("cannot load ", request->model_dir(),
+                                       ": ", checkpoint.status().message())));
   }
   if (!request->validate_only()) {
     if (!options_.on_load_model) {
-      return FinishUnary(ctx, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                           "this worker cannot switch models"));
+      return FinishUnary(ctx,
+                         grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                      "this worker cannot switch models"));
     }
     options_.on_load_model(request->model_dir());
   }

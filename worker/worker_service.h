@@ -4,16 +4,26 @@
 // flushes, rewinds and demotions on them; every model call goes through one
 // ModelExecutor (serialized, plain-decode steps of concurrent bursts batched).
 // RPCs that run the model do so on their own thread (reactions never block).
+// Every session call and the scheduler's claiming GetWorkerInfo renew the
+// session lease; idle sessions are released once it runs out
+// (worker/scheduler_lease.h).
+// A running burst can be asked to stop at its next round boundary
+// (StopBurst): it then ends like any other burst, with its summary, so the
+// scheduler learns exactly what was committed.
 #ifndef SPECSERVE_WORKER_WORKER_SERVICE_H_
 #define SPECSERVE_WORKER_WORKER_SERVICE_H_
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proto/worker.grpc.pb.h"
 #include "worker/model/model.h"
+#include "worker/scheduler_lease.h"
 #include "worker/session_pool.h"
 #include "worker/spec/model_executor.h"
 #include "worker/spec/spec_engine.h"
@@ -27,13 +37,17 @@ struct WorkerOptions {
   // Honour BurstRequest.inject_nan_at (tests of docs/RELIABILITY.md row 8).
   bool enable_fault_injection = false;
   specserve::worker::v1::StepCosts costs;  // measured at start-up
+  // Idle sessions are released once no scheduler has called for this long
+  // (worker/scheduler_lease.h); zero: never.
+  absl::Duration session_lease = absl::Seconds(60);
   // LoadModel: called with a checked model directory after the answer is
   // decided; the process then restarts on it (worker_main). Null: LoadModel
   // answers FAILED_PRECONDITION.
   std::function<void(const std::string& model_dir)> on_load_model;
 };
 
-class WorkerService final : public specserve::worker::v1::Worker::CallbackService {
+class WorkerService final
+    : public specserve::worker::v1::Worker::CallbackService {
  public:
   // `model` must outlive the service.
   WorkerService(WorkerOptions options, model::Model* model);
@@ -49,6 +63,10 @@ class WorkerService final : public specserve::worker::v1::Worker::CallbackServic
   grpc::ServerWriteReactor<specserve::worker::v1::BurstEvent>* Burst(
       grpc::CallbackServerContext* ctx,
       const specserve::worker::v1::BurstRequest* request) override;
+  grpc::ServerUnaryReactor* StopBurst(
+      grpc::CallbackServerContext* ctx,
+      const specserve::worker::v1::SessionRef* request,
+      specserve::worker::v1::StopBurstResponse* response) override;
   grpc::ServerUnaryReactor* Flush(
       grpc::CallbackServerContext* ctx,
       const specserve::worker::v1::SessionRef* request,
@@ -94,9 +112,11 @@ class WorkerService final : public specserve::worker::v1::Worker::CallbackServic
       bool idle_residency = false);
   specserve::worker::v1::SessionState StateOf(const spec::SpecSession& s,
                                               bool busy);
+  using StopFlag = std::shared_ptr<std::atomic<bool>>;
   void RunBurst(grpc::CallbackServerContext* ctx,
                 specserve::worker::v1::BurstRequest request,
-                SessionPool::Lease lease, class BurstWriter* writer);
+                SessionPool::Lease lease, class BurstWriter* writer,
+                StopFlag stop);
 
   const WorkerOptions options_;
   model::Model* const model_;
@@ -106,7 +126,14 @@ class WorkerService final : public specserve::worker::v1::Worker::CallbackServic
   spec::ModelExecutor executor_;
   spec::SpecEngine engine_;
   SessionPool pool_;
+  // After pool_: its thread stops before the pool goes.
+  SchedulerLease lease_;
   std::atomic<int> active_bursts_{0};
+  // The stop flag of each running burst, by session id. An entry lives
+  // exactly while the burst holds the session's lease (at most one burst
+  // per session), so a StopBurst never reaches a later burst.
+  absl::Mutex stops_mu_;
+  std::map<std::string, StopFlag> stops_ ABSL_GUARDED_BY(stops_mu_);
 };
 
 }  // namespace specserve::worker

@@ -68,8 +68,10 @@ def _history(c, sid, prompt):
 
 def _settled(cluster, sid):
     """After an interrupted turn: the session is idle, either PARKED (the
-    cancellation fell between bursts, the worker copy is whole) or LOST
-    (the copy was dropped); the worker holds exactly that and runs nothing.
+    worker stopped the burst at a round boundary, or the cancellation fell
+    between bursts: the worker copy is whole) or LOST (the copy was
+    dropped: the deadline passed, or the worker did not stop the burst
+    within the stop grace); the worker holds exactly that and runs nothing.
     Returns the session's info."""
     c = cluster.client
     info = u.wait_until(lambda: (lambda i: not i.busy and i)(_get(c, sid)),
@@ -153,13 +155,20 @@ def test_cancel_during_prefill(cluster):
     st.cancel()
     r = st.join()
     assert _cancelled(r) and not r.ids, r
-    # The worker finishes the prefill pass, notices, and frees the copy
-    # (the session is rebuilt from the scheduler's history next turn).
-    u.wait_worker_idle(cluster, 0, sessions=0)
-    info = _get(c, sid)
-    assert info.committed_tokens == len(history), "the cancelled turn " \
-        "must not be recorded"
-    assert u.enum_name(info, "residency") == "LOST"
+    # The worker is asked to stop: it finishes the prefill pass and stops at
+    # its first token, so the turn is kept (the prompt and that token, which
+    # the gone client never got) and the session parked. A prefill that
+    # outlasts the stop grace has its copy dropped instead: LOST, the turn
+    # not recorded, rebuilt from the history next turn.
+    info = _settled(cluster, sid)
+    if u.enum_name(info, "residency") == "PARKED":
+        turn = history + long_prompt
+        assert info.committed_tokens == len(turn) + 1
+        assert info.rewind_pos == len(turn)
+        history = turn + u.specgen(turn, 1, ignore_eos=True)
+    else:
+        assert info.committed_tokens == len(history), "the cancelled " \
+            "turn must not be recorded"
     _next_turn_is_exact(cluster, sid, history)
     assert cluster.worker_info(0).memory_used_bytes == \
         parked.memory_used_bytes

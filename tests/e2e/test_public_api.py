@@ -5,6 +5,7 @@ Sessions Open/Get/List/Close; Abort by request id and by session id;
 Tokenize/Detokenize round trips. Workers measure their own step costs here
 (the default configuration)."""
 import os
+import signal
 import subprocess
 import sys
 
@@ -95,6 +96,16 @@ def test_every_rpc_answers(cluster):
     extra = cluster.add_scheduler([cluster.workers[0].address])
     ec = cluster.client_for(extra)
     assert ec.call("specserve.v1.Admin/Drain").in_flight == 0
+    u.wait_until(lambda: ec.health("") == "NOT_SERVING",
+                 what="health NOT_SERVING")
+    # Drained, still up (until SIGTERM), refusing new work.
+    u.wait_until(lambda: "drained: refusing new work until SIGTERM"
+                 in extra.text(), what="drain over")
+    assert extra.popen.poll() is None, extra.text()
+    r = u.generate(ec, {"text": "x = ", "stopping": {"max_tokens": 3}})
+    assert r.code == grpc.StatusCode.UNAVAILABLE and "draining" in \
+        r.details, r
+    extra.signal(signal.SIGTERM)
     assert extra.wait(15) == 0, extra.text()
 
 

@@ -137,7 +137,16 @@ def test_drain_rpc_turns_health_not_serving():
                                       extra=["--drain_grace_seconds=5"])
     client = ReflectionClient(scheduler.address)
     try:
-        client.call("specserve.v1.Admin/Drain")
+        assert client.call("specserve.v1.Admin/Drain").in_flight == 0
+        procs.wait_until(lambda: client.health("") == "NOT_SERVING",
+                         what="health NOT_SERVING")
+        # A drain stops new work, not the process: it stays up (and keeps
+        # answering) until SIGTERM.
+        procs.wait_until(lambda: "drained: refusing new work until SIGTERM"
+                         in scheduler.text(), what="drain over")
+        assert scheduler.popen.poll() is None, scheduler.text()
+        assert client.call("specserve.v1.Admin/GetServerInfo").draining
+        scheduler.signal(signal.SIGTERM)
         assert scheduler.wait(15) == 0, scheduler.text()
     finally:
         client.close()

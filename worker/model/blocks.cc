@@ -24,8 +24,8 @@ using kernels::MatmulParams;
 namespace {
 
 // y = RmsNorm(h; norm)·Wᵀ, the norm fused into the matmul.
-MatmulParams NormedMatmul(int rows, const float* h, const Buffer& norm, float eps,
-                          const kernels::Weight& w, float* y) {
+MatmulParams NormedMatmul(int rows, const float* h, const Buffer& norm,
+                          float eps, const kernels::Weight& w, float* y) {
   MatmulParams p = DenseMatmul(rows, h, w, y);
   p.norm_weight = norm.f32();
   p.norm_plus_one = true;
@@ -50,8 +50,8 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w,
   // W wide; the keys and values go to the caches after k_norm and RoPE.
   const int64_t q_width = nh * 2 * hd, W = q_width + 2 * kv_dim;
   float* const q = ws.qkv.f32();
-  SS_RETURN_IF_ERROR(be.Matmul(
-      NormedMatmul(rows, ws.h.f32(), w.input_norm, c.rms_norm_eps, a.qkv_proj, q)));
+  SS_RETURN_IF_ERROR(be.Matmul(NormedMatmul(rows, ws.h.f32(), w.input_norm,
+                                            c.rms_norm_eps, a.qkv_proj, q)));
 
   // Per row block (all rows of a session batch, or one slice): q_norm over
   // the query half of every head and k_norm over every key head, RoPE of
@@ -149,8 +149,8 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
   const float* const z = mixed + conv_dim;
   const float* const b = z + value_dim;
   const float* const a = b + nv;
-  SS_RETURN_IF_ERROR(be.Matmul(
-      NormedMatmul(rows, ws.h.f32(), w.input_norm, c.rms_norm_eps, l.in_proj, mixed)));
+  SS_RETURN_IF_ERROR(be.Matmul(NormedMatmul(rows, ws.h.f32(), w.input_norm,
+                                            c.rms_norm_eps, l.in_proj, mixed)));
 
   // Commit: states update in place. Verify: the committed state is only
   // read; the state after column t goes to capture slot t.
@@ -237,8 +237,9 @@ absl::Status Model::MlpBlock(const LayerWeights& w, int rows) {
   kernels::Backend& be = *backend_;
   Workspace& ws = *ws_;
   float* gate_up = ws.mlp.f32();  // [rows][2I]: gate half then up half
-  SS_RETURN_IF_ERROR(be.Matmul(NormedMatmul(rows, ws.h.f32(), w.post_attention_norm,
-                                            config_.rms_norm_eps, w.mlp.gate_up, gate_up)));
+  SS_RETURN_IF_ERROR(
+      be.Matmul(NormedMatmul(rows, ws.h.f32(), w.post_attention_norm,
+                             config_.rms_norm_eps, w.mlp.gate_up, gate_up)));
   // down(silu(gate) ⊙ up), the SwiGLU fused into the matmul's input.
   MatmulParams d = DenseMatmul(rows, gate_up, w.mlp.down_proj, ws.h.f32(),
                                /*accumulate=*/true);

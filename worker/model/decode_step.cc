@@ -43,9 +43,10 @@ bool Model::GraphsApply(absl::Span<ModelState* const> states) const {
   return true;
 }
 
-absl::Status Model::RunRecorded(RecordedSteps* steps, const GraphKey& key,
-                                absl::Span<ModelState* const> states,
-                                const std::function<absl::Status()>& device_ops) {
+absl::Status Model::RunRecorded(
+    RecordedSteps* steps, const GraphKey& key,
+    absl::Span<ModelState* const> states,
+    const std::function<absl::Status()>& device_ops) {
   auto it = steps->graphs.find(key);
   if (it == steps->graphs.end() && steps->warm.count(key) == 0) {
     // First use: op by op, so lazily grown buffers exist before recording.
@@ -104,10 +105,12 @@ absl::Status Model::DecodeStep(absl::Span<ModelState* const> states,
   }
   const int bucket_last = GraphBucketLast(max_position);
   SessionBatch batch;
-  SS_RETURN_IF_ERROR(UploadSessionTable(states, positions, bucket_last, &batch));
+  SS_RETURN_IF_ERROR(
+      UploadSessionTable(states, positions, bucket_last, &batch));
   SS_RETURN_IF_ERROR(UploadIds(tokens));
   SS_RETURN_IF_ERROR(RunRecorded(
-      &steps_, {static_cast<int>(StepKind::kDecode), B, bucket_last}, states, [&] {
+      &steps_, {static_cast<int>(StepKind::kDecode), B, bucket_last}, states,
+      [&] {
         SS_RETURN_IF_ERROR(TrunkOps(states, slices, B, Mode::kCommit, &batch));
         return LmHead(0, B);
       }));
@@ -130,8 +133,8 @@ absl::Status Model::VerifyRecorded(ModelState* state,
   const Slice slice{0, T, state->length_};
   ModelState* const one[] = {state};
   SS_RETURN_IF_ERROR(RunRecorded(
-      &state->verify_steps_, {static_cast<int>(StepKind::kVerify), T, bucket_last},
-      one, [&] {
+      &state->verify_steps_,
+      {static_cast<int>(StepKind::kVerify), T, bucket_last}, one, [&] {
         SS_RETURN_IF_ERROR(TrunkOps(one, absl::MakeConstSpan(&slice, 1), T,
                                     Mode::kVerify, &batch));
         return LmHead(0, T);

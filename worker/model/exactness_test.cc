@@ -178,7 +178,8 @@ TEST_P(ExactnessTest, PassWithoutLogitsKeepsArgmaxAndFetchesRows) {
     EXPECT_EQ(lean.hidden, full.hidden);
     for (int j = 0; j < static_cast<int>(cols.size()); ++j) {
       ASSERT_TRUE(model_->CopyLogitsRow(j, &row).ok());
-      EXPECT_TRUE(SameBytes(row, full.logits.data() + j * V_, V_)) << "row " << j;
+      EXPECT_TRUE(SameBytes(row, full.logits.data() + j * V_, V_))
+          << "row " << j;
     }
     EXPECT_EQ(model_->CopyLogitsRow(static_cast<int>(cols.size()), &row).code(),
               absl::StatusCode::kOutOfRange);
@@ -346,7 +347,8 @@ TEST_P(ExactnessTest, RejectsBadInput) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TestModels, ExactnessTest,
-                         ::testing::ValuesIn(ModelParams()), testing::PathParamName);
+                         ::testing::ValuesIn(ModelParams()),
+                         testing::PathParamName);
 
 }  // namespace
 }  // namespace specserve::model

@@ -56,8 +56,9 @@ absl::Status Model::EnsureWorkspace() {
   SS_RETURN_IF_ERROR(floats(&ws->mixed, c.in_proj_dim()));
   SS_RETURN_IF_ERROR(floats(&ws->conv_out, c.conv_dim()));
   SS_RETURN_IF_ERROR(floats(&ws->core, c.value_dim()));
-  SS_RETURN_IF_ERROR(floats(&ws->qkv, 2 * (c.num_attention_heads +
-                                           c.num_key_value_heads) * c.head_dim));
+  SS_RETURN_IF_ERROR(
+      floats(&ws->qkv,
+             2 * (c.num_attention_heads + c.num_key_value_heads) * c.head_dim));
   SS_RETURN_IF_ERROR(floats(&ws->attn, c.num_attention_heads * c.head_dim));
   SS_RETURN_IF_ERROR(floats(&ws->mlp, 2 * c.intermediate_size));
   SS_RETURN_IF_ERROR(floats(&ws->mtp_cat, 2 * H));
@@ -127,8 +128,7 @@ absl::Status Model::RunTrunk(absl::Span<ModelState* const> states,
         UploadSessionTable(states, positions, max_position, &batch));
   }
   SS_RETURN_IF_ERROR(UploadIds(tokens));
-  return TrunkOps(states, slices, rows, mode,
-                  session_batch ? &batch : nullptr);
+  return TrunkOps(states, slices, rows, mode, session_batch ? &batch : nullptr);
 }
 
 absl::Status Model::UploadSessionTable(absl::Span<ModelState* const> states,
@@ -152,13 +152,14 @@ absl::Status Model::UploadSessionTable(absl::Span<ModelState* const> states,
     }
     for (size_t j = 0; j < nl; ++j) {
       tab[(2 * nf + 2 * j) * B + s] = DeviceAddress(st.linear_[j].conv);
-      tab[(2 * nf + 2 * j + 1) * B + s] = DeviceAddress(st.linear_[j].recurrent);
+      tab[(2 * nf + 2 * j + 1) * B + s] =
+          DeviceAddress(st.linear_[j].recurrent);
     }
     pos[s] = positions[s];
   }
   uint64_t* dev = static_cast<uint64_t*>(ws_->batch.data());
-  SS_RETURN_IF_ERROR(backend_->CopyToDevice(dev, tab.data(),
-                                            tab.size() * sizeof(uint64_t)));
+  SS_RETURN_IF_ERROR(
+      backend_->CopyToDevice(dev, tab.data(), tab.size() * sizeof(uint64_t)));
   batch->sessions = B;
   batch->table = dev;
   batch->positions = reinterpret_cast<const int32_t*>(dev + 2 * (nf + nl) * B);
@@ -279,8 +280,8 @@ absl::Status Model::CopyRowsOut(int row0, int n, ForwardResult* out) {
                                    n * H * sizeof(float)));
   // [argmax n | finite n] in one copy.
   std::vector<int32_t> flags(2 * n);
-  SS_RETURN_IF_ERROR(
-      be.CopyToHost(flags.data(), ws.argmax.data(), flags.size() * sizeof(int32_t)));
+  SS_RETURN_IF_ERROR(be.CopyToHost(flags.data(), ws.argmax.data(),
+                                   flags.size() * sizeof(int32_t)));
   out->argmax.resize(out->rows);
   out->finite.resize(out->rows);
   std::copy(flags.begin(), flags.begin() + n, out->argmax.begin() + old);
@@ -288,33 +289,35 @@ absl::Status Model::CopyRowsOut(int row0, int n, ForwardResult* out) {
   return absl::OkStatus();
 }
 
-absl::Status Model::SampleRows(absl::Span<const int32_t> rows,
-                               absl::Span<const sampling::SamplingConfig> configs,
-                               absl::Span<const float> uniforms,
-                               std::vector<int32_t>* tokens) {
+absl::Status Model::SampleRows(
+    absl::Span<const int32_t> rows,
+    absl::Span<const sampling::SamplingConfig> configs,
+    absl::Span<const float> uniforms, std::vector<int32_t>* tokens) {
   for (int32_t row : rows) {
     if (ws_ == nullptr || row < 0 || row >= lm_head_rows_) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "logits row ", row, ": the latest pass produced ", lm_head_rows_, " rows"));
+      return absl::OutOfRangeError(absl::StrCat("logits row ", row,
+                                                ": the latest pass produced ",
+                                                lm_head_rows_, " rows"));
     }
   }
   return SampleRowsOf(ws_ != nullptr ? ws_->logits.f32() : nullptr, rows,
                       configs, uniforms, tokens);
 }
 
-absl::StatusOr<int32_t> Model::SampleHostLogits(absl::Span<const float> logits,
-                                                const sampling::SamplingConfig& config,
-                                                float uniform) {
+absl::StatusOr<int32_t> Model::SampleHostLogits(
+    absl::Span<const float> logits, const sampling::SamplingConfig& config,
+    float uniform) {
   const int64_t V = config_.vocab_size;
   if (static_cast<int64_t>(logits.size()) != V) {
     return absl::InvalidArgumentError(
-        absl::StrCat("SampleHostLogits: ", logits.size(), " logits for a vocabulary of ", V));
+        absl::StrCat("SampleHostLogits: ", logits.size(),
+                     " logits for a vocabulary of ", V));
   }
   if (host_logits_row_.data() == nullptr) {
     SS_ASSIGN_OR_RETURN(host_logits_row_, backend_->AllocateFloats(V));
   }
-  SS_RETURN_IF_ERROR(
-      backend_->CopyToDevice(host_logits_row_.data(), logits.data(), V * sizeof(float)));
+  SS_RETURN_IF_ERROR(backend_->CopyToDevice(host_logits_row_.data(),
+                                            logits.data(), V * sizeof(float)));
   std::vector<int32_t> token;
   SS_RETURN_IF_ERROR(
       SampleRowsOf(host_logits_row_.f32(), {0}, {config}, {uniform}, &token));
@@ -331,9 +334,9 @@ absl::Status Model::SampleRowsOf(
   }
   tokens->assign(rows.size(), -1);
   if (rows.empty()) return absl::OkStatus();
-  kernels::SampleRowsParams p = kernels::DenseSampleRows(
-      static_cast<int64_t>(rows.size()), x, config_.vocab_size, rows.data(),
-      configs.data());
+  kernels::SampleRowsParams p =
+      kernels::DenseSampleRows(static_cast<int64_t>(rows.size()), x,
+                               config_.vocab_size, rows.data(), configs.data());
   p.uniform = uniforms.data();
   p.token = tokens->data();
   return backend_->SampleRows(p);
@@ -341,8 +344,9 @@ absl::Status Model::SampleRowsOf(
 
 absl::Status Model::CopyLogitsRow(int row, std::vector<float>* logits) const {
   if (ws_ == nullptr || row < 0 || row >= lm_head_rows_) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "logits row ", row, ": the latest pass produced ", lm_head_rows_, " rows"));
+    return absl::OutOfRangeError(absl::StrCat("logits row ", row,
+                                              ": the latest pass produced ",
+                                              lm_head_rows_, " rows"));
   }
   const int64_t V = config_.vocab_size;
   logits->resize(V);
@@ -383,9 +387,9 @@ absl::Status Model::Prefill(ModelState* state, absl::Span<const int32_t> tokens,
                                 tokens.subspan(i, rows), Mode::kCommit));
     state->length_ += rows;
     if (options.all_hidden != nullptr) {
-      SS_RETURN_IF_ERROR(backend_->CopyToHost(
-          options.all_hidden->data() + i * H, ws_->hidden.f32(),
-          rows * H * sizeof(float)));
+      SS_RETURN_IF_ERROR(
+          backend_->CopyToHost(options.all_hidden->data() + i * H,
+                               ws_->hidden.f32(), rows * H * sizeof(float)));
     }
     if (options.all_rows) {
       SS_RETURN_IF_ERROR(EmitRows(0, rows, out));

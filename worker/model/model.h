@@ -67,9 +67,9 @@ struct AttentionWeights {  // gated full attention
   // [2·nh·hd + 2·nkv·hd][H]: the checkpoint's q_proj (per head [query hd |
   // gate hd]), k_proj and v_proj stacked, so one matmul projects all three.
   Weight qkv_proj;
-  Weight o_proj;           // [H][nh·hd]
-  Buffer q_norm;           // [hd] zero-centred
-  Buffer k_norm;           // [hd] zero-centred
+  Weight o_proj;  // [H][nh·hd]
+  Buffer q_norm;  // [hd] zero-centred
+  Buffer k_norm;  // [hd] zero-centred
 };
 
 struct LinearAttentionWeights {  // Gated DeltaNet
@@ -77,11 +77,11 @@ struct LinearAttentionWeights {  // Gated DeltaNet
   // v nv·dv]), in_proj_z [value_dim], in_proj_b [nv] and in_proj_a [nv]
   // stacked in that order, so one matmul projects all four.
   Weight in_proj;
-  Weight out_proj;     // [H][value_dim]
-  Buffer conv;         // [conv_dim][Kc]
-  Buffer dt_bias;      // [nv]
-  Buffer a_log;        // [nv]
-  Buffer norm;         // [dv] plain weight (not 1+w)
+  Weight out_proj;  // [H][value_dim]
+  Buffer conv;      // [conv_dim][Kc]
+  Buffer dt_bias;   // [nv]
+  Buffer a_log;     // [nv]
+  Buffer norm;      // [dv] plain weight (not 1+w)
 };
 
 struct MlpWeights {
@@ -202,14 +202,22 @@ class ModelState {
 // prompt-end checkpoint that "regenerate" rewinds to). Only the linear
 // layers need copying: KV rows below `length` are never rewritten while the
 // session lives, since every pass writes rows >= the committed length.
+// While offloaded (Model::OffloadCheckpoint, with its session's state) the
+// copies are in host memory and `recurrent`/`conv` are empty: it holds no
+// backend memory until Model::ReloadCheckpoint.
 struct TrunkCheckpoint {
   int length = 0;                 // committed trunk rows when saved
   int mtp_length = 0;             // valid MTP rows when saved
   std::vector<Buffer> recurrent;  // per linear layer [nv][dk][dv]
   std::vector<Buffer> conv;       // per linear layer [conv_dim][Kc−1]
+  bool offloaded = false;
+  std::vector<std::vector<float>> host_recurrent;  // while offloaded
+  std::vector<std::vector<float>> host_conv;       // while offloaded
 
-  // Backend bytes the copies hold.
+  // Backend bytes the copies hold (0 while offloaded).
   uint64_t bytes() const;
+  // Host bytes the copies hold (0 unless offloaded).
+  uint64_t host_bytes() const;
 };
 
 // Host copy of a session's live rows (Model::Offload), plain memory: what
@@ -367,9 +375,9 @@ class Model {
   // The token drawn from a row of logits held on the host (a session's
   // stored last logits: the workspace's may belong to another session by
   // now), on the backend like SampleRows: the row is copied there first.
-  absl::StatusOr<int32_t> SampleHostLogits(absl::Span<const float> logits,
-                                           const sampling::SamplingConfig& config,
-                                           float uniform);
+  absl::StatusOr<int32_t> SampleHostLogits(
+      absl::Span<const float> logits, const sampling::SamplingConfig& config,
+      float uniform);
 
   // ---- Recorded steps (a backend that CanRecord: CUDA graphs on the GPU,
   // op closures on the CPU).
@@ -452,6 +460,13 @@ class Model {
   // snapshot's shapes do not fit; on error an offloaded state stays
   // offloaded. MTP rows are dropped when the state has no draft state.
   absl::Status Restore(ModelState* state, const HostStateSnapshot& snap) const;
+  // Moves a checkpoint's copies to host memory and frees their backend
+  // memory (a session's checkpoint goes with its offloaded state).
+  // FAILED_PRECONDITION when already offloaded; on error it is unchanged.
+  absl::Status OffloadCheckpoint(TrunkCheckpoint* checkpoint) const;
+  // Back into backend memory, bit-identical; a resident checkpoint is left
+  // as it is. On error it stays offloaded.
+  absl::Status ReloadCheckpoint(TrunkCheckpoint* checkpoint) const;
   // One-way release of the MTP KV and verify capture buffers (demotion to
   // batched decode): afterwards Verify, MtpForward and MtpDraft fail with
   // FAILED_PRECONDITION, mtp_length is 0 and StateBytes drops. Idempotent;
@@ -474,8 +489,8 @@ class Model {
   // layer: the cache ops then run once over all rows (kernels' session-batch
   // mode) instead of once per slice.
   struct SessionBatch {
-    int sessions = 0;                      // B
-    const uint64_t* table = nullptr;       // the uploaded table (workspace.h)
+    int sessions = 0;                    // B
+    const uint64_t* table = nullptr;     // the uploaded table (workspace.h)
     const int32_t* positions = nullptr;  // [B]
     int max_position = 0;
     float* const* k = nullptr;  // [B] this layer's K caches (full attention)
@@ -587,7 +602,7 @@ class Model {
                             absl::Span<const float> uniforms,
                             std::vector<int32_t>* tokens);
 
-  kernels::Buffer host_logits_row_;   // [V] floats (SampleHostLogits)
+  kernels::Buffer host_logits_row_;  // [V] floats (SampleHostLogits)
   // Decode and draft recordings hold only workspace addresses (valid for
   // the model's lifetime); a key's first use runs op by op (lazy
   // allocation cannot be recorded).

@@ -111,12 +111,14 @@ absl::Status Model::MtpRowRecorded(ModelState* state,
   // The step's inputs into fixed buffers: the hidden, the id, and a
   // one-row table (MTP K and V cache, the row's position) at the start of
   // ws.batch, the buffer every recorded step's table goes through.
-  SS_RETURN_IF_ERROR(
-      backend_->CopyToDevice(ws.mtp_in.data(), hidden.data(), H * sizeof(float)));
+  SS_RETURN_IF_ERROR(backend_->CopyToDevice(ws.mtp_in.data(), hidden.data(),
+                                            H * sizeof(float)));
   SS_RETURN_IF_ERROR(UploadIds(absl::MakeConstSpan(&token, 1)));
-  uint64_t tab[3] = {DeviceAddress(state->mtp_kv_.k), DeviceAddress(state->mtp_kv_.v), 0};
+  uint64_t tab[3] = {DeviceAddress(state->mtp_kv_.k),
+                     DeviceAddress(state->mtp_kv_.v), 0};
   const int32_t row32 = row;
-  std::memcpy(&tab[2], &row32, sizeof(row32));  // the low half: the device reads an int32
+  std::memcpy(&tab[2], &row32,
+              sizeof(row32));  // the low half: the device reads an int32
   uint64_t* dev = static_cast<uint64_t*>(ws.batch.data());
   SS_RETURN_IF_ERROR(backend_->CopyToDevice(dev, tab, sizeof(tab)));
   SessionBatch batch;
@@ -128,8 +130,8 @@ absl::Status Model::MtpRowRecorded(ModelState* state,
   batch.max_position = GraphBucketLast(row);
   ModelState* const one[] = {state};
   SS_RETURN_IF_ERROR(RunRecorded(
-      &steps_, {static_cast<int>(StepKind::kMtpDraft), 1, batch.max_position}, one,
-      [&] {
+      &steps_, {static_cast<int>(StepKind::kMtpDraft), 1, batch.max_position},
+      one, [&] {
         SS_RETURN_IF_ERROR(MtpOps(state, 1, row, &batch));
         return LmHead(0, 1);
       }));

@@ -17,6 +17,14 @@ uint64_t TrunkCheckpoint::bytes() const {
   return n;
 }
 
+uint64_t TrunkCheckpoint::host_bytes() const {
+  uint64_t n = 0;
+  for (const auto* part : {&host_recurrent, &host_conv}) {
+    for (const std::vector<float>& x : *part) n += x.size() * sizeof(float);
+  }
+  return n;
+}
+
 uint64_t HostStateSnapshot::bytes() const {
   uint64_t n = (mtp_k.size() + mtp_v.size()) * sizeof(float);
   for (const auto* part : {&k, &v, &recurrent, &conv}) {
@@ -169,7 +177,54 @@ absl::Status Model::Restore(ModelState* state,
   state->mtp_length_ = mtp ? snap.mtp_length : 0;
   state->verified_columns_ = 0;
   state->graph_fallback_ = false;  // resumed: recorded steps are tried again
-  state->verify_steps_.Clear();     // recorded against the old buffers
+  state->verify_steps_.Clear();    // recorded against the old buffers
+  return absl::OkStatus();
+}
+
+absl::Status Model::OffloadCheckpoint(TrunkCheckpoint* checkpoint) const {
+  if (checkpoint->offloaded) {
+    return absl::FailedPreconditionError("checkpoint is already offloaded");
+  }
+  kernels::Backend& be = *backend_;
+  std::vector<std::vector<float>> recurrent(checkpoint->recurrent.size());
+  std::vector<std::vector<float>> conv(checkpoint->conv.size());
+  for (size_t i = 0; i < recurrent.size(); ++i) {
+    const Buffer& b = checkpoint->recurrent[i];
+    SS_RETURN_IF_ERROR(ToHost(be, b, b.bytes() / sizeof(float), &recurrent[i]));
+  }
+  for (size_t i = 0; i < conv.size(); ++i) {
+    const Buffer& b = checkpoint->conv[i];
+    SS_RETURN_IF_ERROR(ToHost(be, b, b.bytes() / sizeof(float), &conv[i]));
+  }
+  // Every copy has landed: the backend memory goes back.
+  checkpoint->recurrent.clear();
+  checkpoint->conv.clear();
+  checkpoint->host_recurrent = std::move(recurrent);
+  checkpoint->host_conv = std::move(conv);
+  checkpoint->offloaded = true;
+  return absl::OkStatus();
+}
+
+absl::Status Model::ReloadCheckpoint(TrunkCheckpoint* checkpoint) const {
+  if (!checkpoint->offloaded) return absl::OkStatus();
+  kernels::Backend& be = *backend_;
+  // Allocated aside first, so that a failure leaves it offloaded.
+  std::vector<Buffer> recurrent, conv;
+  for (const std::vector<float>& x : checkpoint->host_recurrent) {
+    SS_ASSIGN_OR_RETURN(Buffer b, be.AllocateFloats(x.size()));
+    SS_RETURN_IF_ERROR(ToDevice(be, x, b));
+    recurrent.push_back(std::move(b));
+  }
+  for (const std::vector<float>& x : checkpoint->host_conv) {
+    SS_ASSIGN_OR_RETURN(Buffer b, be.AllocateFloats(x.size()));
+    SS_RETURN_IF_ERROR(ToDevice(be, x, b));
+    conv.push_back(std::move(b));
+  }
+  checkpoint->recurrent = std::move(recurrent);
+  checkpoint->conv = std::move(conv);
+  checkpoint->host_recurrent.clear();
+  checkpoint->host_conv.clear();
+  checkpoint->offloaded = false;
   return absl::OkStatus();
 }
 

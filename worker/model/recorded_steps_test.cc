@@ -40,8 +40,10 @@ TEST_P(RecordedStepsTest, RecordedDecodeEqualsOpByOp) {
     for (int i = 0; i < 3; ++i) s.push_back(NewState(model_.get(), 512));
     ForwardResult r;
     for (int i = 0; i < 3; ++i) {
-      ASSERT_TRUE(model_->Prefill(s[i].get(), absl::MakeConstSpan(prompt).subspan(i),
-                                  {}, &r).ok());
+      ASSERT_TRUE(model_
+                      ->Prefill(s[i].get(),
+                                absl::MakeConstSpan(prompt).subspan(i), {}, &r)
+                      .ok());
     }
     int32_t next = r.argmax[0];
     for (int step = 0; step < 12; ++step) {  // positions 250..261
@@ -86,14 +88,16 @@ TEST_P(RecordedStepsTest, RecordedDecodeEqualsOpByOp) {
   EXPECT_EQ(st.failed - before.failed, 0);
   EXPECT_EQ(st.recorded - before.recorded, keys);
   EXPECT_EQ(st.eager - before.eager, keys);
-  EXPECT_EQ(st.replayed - before.replayed, static_cast<int64_t>(eager.size()) - keys);
+  EXPECT_EQ(st.replayed - before.replayed,
+            static_cast<int64_t>(eager.size()) - keys);
 }
 
 // Recorded Verify (per session) against op by op: rounds of 4 columns
 // committing 1..4 of them, across a position bucket, and after an
 // Offload/Restore (the session's recordings are dropped and remade).
 TEST_P(RecordedStepsTest, RecordedVerifyEqualsOpByOp) {
-  const std::vector<int32_t> prompt = RandomTokens(Model::kGraphPositionBucket - 9);
+  const std::vector<int32_t> prompt =
+      RandomTokens(Model::kGraphPositionBucket - 9);
   auto a = NewState(model_.get(), 512), b = NewState(model_.get(), 512);
   ForwardResult ra, rb;
   ASSERT_TRUE(model_->Prefill(a.get(), prompt, {}, &ra).ok());
@@ -112,7 +116,8 @@ TEST_P(RecordedStepsTest, RecordedVerifyEqualsOpByOp) {
     model_->set_use_graphs(false);
     ASSERT_TRUE(model_->Verify(b.get(), cols, &rb).ok());
     model_->set_use_graphs(true);
-    EXPECT_EQ(ra.logits, rb.logits) << "round " << round << " at " << a->length();
+    EXPECT_EQ(ra.logits, rb.logits)
+        << "round " << round << " at " << a->length();
     EXPECT_EQ(ra.hidden, rb.hidden) << "round " << round;
     const int keep = round % 4;
     ASSERT_TRUE(model_->CommitVerified(a.get(), keep).ok());
@@ -179,7 +184,8 @@ TEST_P(RecordedStepsTest, FailedRecordingFallsBackPerSession) {
     ASSERT_TRUE(model.Decode(b.get(), 5 + step, &rb).ok());
   }
   EXPECT_FALSE(b->graph_fallback());
-  EXPECT_EQ(model.graph_stats().recorded, 1) << "b records (a did not block it)";
+  EXPECT_EQ(model.graph_stats().recorded, 1)
+      << "b records (a did not block it)";
   const int begins = faulty.begins;
   step_a(next);
   next = r.argmax[0];
@@ -191,7 +197,8 @@ TEST_P(RecordedStepsTest, FailedRecordingFallsBackPerSession) {
   EXPECT_FALSE(a->graph_fallback()) << "resume resets the fallback";
   const int64_t replayed = model.graph_stats().replayed;
   step_a(next);
-  EXPECT_EQ(model.graph_stats().replayed, replayed + 1) << "a replays after resume";
+  EXPECT_EQ(model.graph_stats().replayed, replayed + 1)
+      << "a replays after resume";
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, RecordedStepsTest,

@@ -157,6 +157,10 @@ absl::StatusOr<std::unique_ptr<TrunkCheckpoint>> Model::SaveCheckpoint(
 absl::Status Model::RestoreCheckpoint(ModelState* state,
                                       const TrunkCheckpoint& cp) const {
   SS_RETURN_IF_ERROR(CheckResident(*state));
+  if (cp.offloaded) {
+    return absl::FailedPreconditionError(
+        "checkpoint is offloaded (ReloadCheckpoint first)");
+  }
   if (cp.recurrent.size() != state->linear_.size() ||
       cp.conv.size() != state->linear_.size() || cp.length > state->capacity_) {
     return absl::InvalidArgumentError("checkpoint does not fit this state");

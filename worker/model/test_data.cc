@@ -81,8 +81,10 @@ std::string ModelDirOf(const std::string& param) {
   return param == "models/default" ? DefaultModelDir() : RepoPath(param);
 }
 
-std::unique_ptr<ModelState> NewStateOrFail(Model* m, int capacity, int verify_columns) {
-  auto s = m->NewState({.capacity = capacity, .max_verify_columns = verify_columns});
+std::unique_ptr<ModelState> NewStateOrFail(Model* m, int capacity,
+                                           int verify_columns) {
+  auto s =
+      m->NewState({.capacity = capacity, .max_verify_columns = verify_columns});
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
 }

@@ -47,7 +47,8 @@ std::string ModelDirOf(const std::string& param);
 
 // A new state of `m` (`capacity` positions, verify rounds of up to
 // `verify_columns`); nullptr with a test failure when it cannot be made.
-std::unique_ptr<ModelState> NewStateOrFail(Model* m, int capacity, int verify_columns);
+std::unique_ptr<ModelState> NewStateOrFail(Model* m, int capacity,
+                                           int verify_columns);
 
 struct MtpChain {
   int32_t start_token = 0;

@@ -34,8 +34,9 @@ class Loader {
   }
 
   // Matrices [rows_i][cols] of one dtype stacked into one weight, in order.
-  absl::Status Stacked(const std::vector<std::pair<std::string, int64_t>>& parts,
-                       int64_t cols, Weight* out) {
+  absl::Status Stacked(
+      const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols,
+      Weight* out) {
     std::vector<kernels::Backend::WeightPart> host;
     kernels::DType dtype = ck_.Get(parts.front().first).dtype;
     for (const auto& [name, rows] : parts) {
@@ -116,9 +117,9 @@ absl::Status LoadLayer(const ModelConfig& c, const std::string& prefix,
     SS_RETURN_IF_ERROR(ld->Vector(p + "norm.weight", dv, &l.norm));
   }
   const std::string p = prefix + "mlp.";
-  SS_RETURN_IF_ERROR(ld->Stacked(
-      {{p + "gate_proj.weight", I}, {p + "up_proj.weight", I}}, H,
-      &w->mlp.gate_up));
+  SS_RETURN_IF_ERROR(
+      ld->Stacked({{p + "gate_proj.weight", I}, {p + "up_proj.weight", I}}, H,
+                  &w->mlp.gate_up));
   SS_RETURN_IF_ERROR(
       ld->Matrix(p + "down_proj.weight", H, I, &w->mlp.down_proj));
   return absl::OkStatus();

@@ -34,8 +34,8 @@ struct Model::Workspace {
   // uploaded once per step: per full-attention layer i, K then V cache
   // pointers [B] at entries 2i·B and (2i+1)·B; per linear layer j, conv
   // then recurrent state pointers at (2F+2j)·B and (2F+2j+1)·B (F
-  // full-attention layers); then the int32 positions [B]. Sized for B = R. A recorded MTP draft step
-  // puts its one-row table here instead (mtp.cc).
+  // full-attention layers); then the int32 positions [B]. Sized for B = R. A
+  // recorded MTP draft step puts its one-row table here instead (mtp.cc).
   Buffer batch;
   std::vector<uint64_t> batch_host;  // host staging of `batch`
 };

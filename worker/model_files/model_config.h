@@ -23,9 +23,9 @@ struct ModelConfig {
   // One entry per layer; from "layer_types", else from
   // "full_attention_interval" (layer i is full iff (i+1) % interval == 0).
   std::vector<LayerType> layer_types;
-  int num_attention_heads = 0;  // nh
-  int num_key_value_heads = 0;  // nkv; nh % nkv == 0
-  int head_dim = 0;             // hd
+  int num_attention_heads = 0;     // nh
+  int num_key_value_heads = 0;     // nkv; nh % nkv == 0
+  int head_dim = 0;                // hd
   int linear_num_key_heads = 0;    // nk
   int linear_num_value_heads = 0;  // nv; nv % nk == 0
   int linear_key_head_dim = 0;     // dk
@@ -41,10 +41,14 @@ struct ModelConfig {
 
   // Derived sizes (docs/MODEL.md notation).
   int key_dim() const { return linear_num_key_heads * linear_key_head_dim; }
-  int value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
+  int value_dim() const {
+    return linear_num_value_heads * linear_value_head_dim;
+  }
   int conv_dim() const { return 2 * key_dim() + value_dim(); }
   // Rows of the fused linear-attention input projection: qkv, z, b, a.
-  int in_proj_dim() const { return conv_dim() + value_dim() + 2 * linear_num_value_heads; }
+  int in_proj_dim() const {
+    return conv_dim() + value_dim() + 2 * linear_num_value_heads;
+  }
   // Rotated dims per head: head_dim * partial_rotary_factor (even).
   int rotary_dim() const;
   int num_full_attention_layers() const;

@@ -48,7 +48,8 @@ absl::Status ModelExecutor::Decode(model::ModelState* state, int32_t token,
       }
       model::ForwardResult all;
       all.want_logits = false;
-      for (Step* s : batch) all.want_logits = all.want_logits || s->out->want_logits;
+      for (Step* s : batch)
+        all.want_logits = all.want_logits || s->out->want_logits;
       absl::Status status = model_->DecodeBatch(states, tokens, &all);
       if (!status.ok() && batch.size() > 1) {
         // One bad step (e.g. a full cache) must not fail its batch-mates:
@@ -85,7 +86,8 @@ absl::Status ModelExecutor::Decode(model::ModelState* state, int32_t token,
       }
       if (status.ok()) {
         std::vector<int32_t> rows(batch.size());
-        for (size_t i = 0; i < batch.size(); ++i) rows[i] = static_cast<int32_t>(i);
+        for (size_t i = 0; i < batch.size(); ++i)
+          rows[i] = static_cast<int32_t>(i);
         const absl::Status drawn = DrawRows(batch, all, rows);
         if (!drawn.ok()) {
           for (Step* s : batch) {

@@ -56,8 +56,10 @@ class ModelExecutor {
 
   // The draws the steps ask for, over rows[i] of the pass just run (whose
   // outputs `pass` holds).
-  absl::Status DrawRows(const std::vector<Step*>& steps, const model::ForwardResult& pass,
-                        const std::vector<int32_t>& rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(model_mu_);
+  absl::Status DrawRows(const std::vector<Step*>& steps,
+                        const model::ForwardResult& pass,
+                        const std::vector<int32_t>& rows)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(model_mu_);
 
   model::Model* const model_;
   // Held for every forward call.

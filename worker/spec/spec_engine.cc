@@ -39,22 +39,37 @@ bool AllFinite(const float* x, int n) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SpecSession>> SpecEngine::Admit(
-    const std::string& id, int capacity, absl::Span<const int32_t> history) {
-  if (static_cast<int>(history.size()) > capacity) {
+    const std::string& id, int capacity, absl::Span<const int32_t> history,
+    std::optional<int> checkpoint_pos) {
+  const int n = static_cast<int>(history.size());
+  if (n > capacity) {
     return absl::OutOfRangeError(
         absl::StrCat("session ", id, ": history of ", history.size(),
                      " tokens exceeds the capacity of ", capacity, " rows"));
+  }
+  const int checkpoint = checkpoint_pos.value_or(n);
+  if (checkpoint < 0 || checkpoint > n) {
+    return absl::OutOfRangeError(
+        absl::StrCat("session ", id, ": checkpoint at ", checkpoint,
+                     " lies outside its history of ", n, " tokens"));
   }
   model::StateOptions options;
   options.capacity = capacity;
   SS_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelState> caches,
                       model_->NewState(options));
-  auto s = std::make_unique<SpecSession>(id, std::move(caches),
-                                         model_->has_mtp());
+  auto s =
+      std::make_unique<SpecSession>(id, std::move(caches), model_->has_mtp());
   if (!history.empty()) {
-    SS_RETURN_IF_ERROR(executor_->Exclusive([&] {
-      SS_RETURN_IF_ERROR(AppendLocked(s.get(), history));
-      return SaveCheckpointLocked(s.get());
+    // Prefill is row-invariant: two parts give the bits of one.
+    SS_RETURN_IF_ERROR(executor_->Exclusive([&]() -> absl::Status {
+      if (checkpoint > 0) {
+        SS_RETURN_IF_ERROR(AppendLocked(s.get(), history.first(checkpoint)));
+        SS_RETURN_IF_ERROR(SaveCheckpointLocked(s.get()));
+      }
+      if (checkpoint < n) {
+        SS_RETURN_IF_ERROR(AppendLocked(s.get(), history.subspan(checkpoint)));
+      }
+      return absl::OkStatus();
     }));
   }
   s->CheckInvariants();
@@ -62,8 +77,8 @@ absl::StatusOr<std::unique_ptr<SpecSession>> SpecEngine::Admit(
 }
 
 absl::Status SpecEngine::FillMtpLocked(SpecSession* s, int first_row,
-                                 absl::Span<const float> hiddens,
-                                 absl::Span<const int32_t> next_tokens) {
+                                       absl::Span<const float> hiddens,
+                                       absl::Span<const int32_t> next_tokens) {
   if (!s->can_draft() || next_tokens.empty()) return absl::OkStatus();
   return model_->MtpForward(s->caches(), hiddens, next_tokens, first_row,
                             nullptr);
@@ -191,8 +206,9 @@ absl::StatusOr<int32_t> SpecEngine::Choose(SpecSession* s, const BurstCtx& b,
   const float u = PositionUniform(p.seed, s->committed_len());
   int32_t token = -1;
   SS_RETURN_IF_ERROR(executor_->Exclusive([&]() -> absl::Status {
-    SS_ASSIGN_OR_RETURN(token, model_->SampleHostLogits(
-                                   absl::MakeConstSpan(logits, V), p.sampling, u));
+    SS_ASSIGN_OR_RETURN(token,
+                        model_->SampleHostLogits(absl::MakeConstSpan(logits, V),
+                                                 p.sampling, u));
     return absl::OkStatus();
   }));
   return token;
@@ -385,13 +401,14 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(SpecSession* s,
     // next pending token (so every emitted token stays committable).
     const int room = capacity - s->committed_len() - 2;
     if (room < 0) return finish(BurstEnd::kCapacity);
-    const int k = s->can_draft() ? std::min({p.k, room,
-                                             s->caches()->max_verify_columns() - 1})
-                                 : 0;
+    const int k =
+        s->can_draft()
+            ? std::min({p.k, room, s->caches()->max_verify_columns() - 1})
+            : 0;
     std::vector<int32_t> emitted;
     if (k > 0) {
-      SS_RETURN_IF_ERROR(executor_->Exclusive(
-          [&] { return RoundLocked(s, b, k, &emitted); }));
+      SS_RETURN_IF_ERROR(
+          executor_->Exclusive([&] { return RoundLocked(s, b, k, &emitted); }));
     } else {
       int32_t next;
       SS_RETURN_IF_ERROR(PlainStep(s, b, &next));

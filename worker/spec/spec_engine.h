@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,9 +65,12 @@ class SpecEngine {
       : executor_(executor), model_(executor->model()) {}
 
   // A new session with caches for `capacity` rows, prefilled with `history`
-  // (may be empty). OUT_OF_RANGE when history does not fit.
+  // (may be empty), its prompt checkpoint at `checkpoint_pos` (unset: the
+  // end of the history). OUT_OF_RANGE when history does not fit or the
+  // checkpoint lies past it.
   absl::StatusOr<std::unique_ptr<SpecSession>> Admit(
-      const std::string& id, int capacity, absl::Span<const int32_t> history);
+      const std::string& id, int capacity, absl::Span<const int32_t> history,
+      std::optional<int> checkpoint_pos = std::nullopt);
 
   absl::StatusOr<BurstResult> RunBurst(SpecSession* s, const BurstParams& p,
                                        const EmitFn& emit);

@@ -6,6 +6,8 @@
 // no solo passes on continuation, and telemetry deltas. On the backend the
 // target links (worker/model/test_backend.h): spec_engine_test on the CPU,
 // spec_engine_cuda_test on CUDA device 0 (the same properties on the GPU).
+#include "worker/spec/spec_engine.h"
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -20,7 +22,6 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "worker/model/model.h"
 #include "worker/model/test_backend.h"
-#include "worker/spec/spec_engine.h"
 #include "worker/model/test_data.h"
 
 namespace specserve::spec {
@@ -122,7 +123,8 @@ TEST_P(SpecEngineTest, GreedySpecEqualsPlainAcrossScripts) {
   std::mt19937 rng(11);
   for (int k = 1; k <= 6; ++k) {
     for (int burst : {1, 2, 5, 32}) {
-      SCOPED_TRACE("k=" + std::to_string(k) + " burst=" + std::to_string(burst));
+      SCOPED_TRACE("k=" + std::to_string(k) +
+                   " burst=" + std::to_string(burst));
       std::vector<int32_t> prompt = RandomTokens(&rng, 3 + rng() % 12, vocab_);
       auto s = engine.Admit("s", kCapacity, prompt).value();
       PlainReference ref(model_.get(), kCapacity);
@@ -312,8 +314,8 @@ TEST_P(SpecEngineTest, SampledOutputIgnoresSplitsDemotionAndRebuild) {
         }
       }
       got.tokens.resize(kNew);
-      EXPECT_EQ(got.tokens, want) << "trial " << trial << " schedule "
-                                  << schedule << " k " << k;
+      EXPECT_EQ(got.tokens, want)
+          << "trial " << trial << " schedule " << schedule << " k " << k;
     }
   }
 }
@@ -363,7 +365,8 @@ TEST_P(SpecEngineTest, SampledDistributionMatchesPlain) {
     auto add = [&](std::pair<int, int> c) {
       const double total = c.first + c.second;
       const double e = total / 2;  // equal sample sizes
-      chi2 += (c.first - e) * (c.first - e) / e + (c.second - e) * (c.second - e) / e;
+      chi2 += (c.first - e) * (c.first - e) / e +
+              (c.second - e) * (c.second - e) / e;
       ++dof;
     };
     for (auto& [key, c] : cells) {
@@ -376,8 +379,8 @@ TEST_P(SpecEngineTest, SampledDistributionMatchesPlain) {
     }
     if (rare.first + rare.second > 0) add(rare);
     if (dof < 1) continue;  // a near-deterministic model: nothing to compare
-    std::printf("chi2 %.1f dof %d critical(0.01) %.1f temperature %.1f\n",
-                chi2, dof, ChiSquareCritical01(dof), temperature);
+    std::printf("chi2 %.1f dof %d critical(0.01) %.1f temperature %.1f\n", chi2,
+                dof, ChiSquareCritical01(dof), temperature);
     EXPECT_LT(chi2, ChiSquareCritical01(dof)) << "temperature " << temperature;
   }
 }
@@ -406,7 +409,8 @@ TEST_P(SpecEngineTest, TelemetryDeltasSumToTotals) {
 
 TEST(SpecSessionTest, GraphFallbackResetOnResumeOnlyWhenSet) {
   kernels::cpu::CpuBackend backend;
-  auto m = Model::Load(model::testing::RepoPath("tests/models/tiny_a"), &backend);
+  auto m =
+      Model::Load(model::testing::RepoPath("tests/models/tiny_a"), &backend);
   ASSERT_TRUE(m.ok());
   SpecSession s("g", (*m)->NewState({}).value(), true);
   EXPECT_FALSE(s.reset_graph_fallback_on_resume());  // nothing set: silent
@@ -479,7 +483,8 @@ TEST_P(SpecEngineTest, ExecutorBatchesStepsWithAndWithoutLogits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, SpecEngineTest, ::testing::ValuesIn(ModelDirs()),
+INSTANTIATE_TEST_SUITE_P(Models, SpecEngineTest,
+                         ::testing::ValuesIn(ModelDirs()),
                          model::testing::PathParamName);
 
 }  // namespace

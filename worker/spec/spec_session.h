@@ -1,7 +1,7 @@
 // One speculative session on a worker: the token truth of its caches, the
-// carried pending token, the turn checkpoint and the acceptance telemetry (the session contract, docs/DESIGN.md §1). The round
-// loop lives in spec_engine.h; this type owns the state and states its
-// invariants.
+// carried pending token, the turn checkpoint and the acceptance telemetry (the
+// session contract, docs/DESIGN.md §1). The round loop lives in spec_engine.h;
+// this type owns the state and states its invariants.
 //
 // Invariants at every burst boundary (checked by CheckInvariants()):
 //  - committed.size() == caches.length() (every committed token has trunk KV
@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
+#include "telemetry/spec_telemetry.h"
 #include "worker/model/model.h"
 #include "worker/spec/spec_accept.h"
-#include "telemetry/spec_telemetry.h"
 
 namespace specserve::spec {
 
@@ -71,7 +71,9 @@ class SpecSession {
 
   DecodeMode mode() const { return mode_; }
   // Whether speculative rounds are possible: an MTP head and not demoted.
-  bool can_draft() const { return has_mtp_ && mode_ == DecodeMode::kSpeculative; }
+  bool can_draft() const {
+    return has_mtp_ && mode_ == DecodeMode::kSpeculative;
+  }
   // Hands the session to plain batched decode: frees the draft state and the
   // checkpoint. Requires demote_ready(); one-way.
   void MarkDemoted();
