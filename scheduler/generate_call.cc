@@ -353,16 +353,24 @@ absl::Status Call::EnsureResident() {
     for (int i = 0; i < ctx_->workers->size(); ++i) {
       loads.push_back(WorkerLoad::FromInfo(ctx_->workers->Available(i),
                                            ctx_->workers->Info(i)));
+      loads.back().placed_sessions = ctx_->sessions->CountPlacedOn(i);
     }
     SS_ASSIGN_OR_RETURN(Placement p,
                         PlaceSession(residency, snap.worker, loads));
     worker_ = p.worker;
+    // Placed before the Admit returns, so that sessions placed meanwhile
+    // count it (PlaceSession's live session counts).
+    lease_.SetResidency(specserve::v1::ACTIVE, snap.mode, worker_);
     admitted = AdmitOn(worker_, history);
     if (admitted.code() != absl::StatusCode::kUnavailable) break;
     residency = specserve::v1::LOST;
   }
   if (!admitted.ok()) {
     worker_ = -1;
+    lease_.SetResidency(snap.residency == specserve::v1::NEW
+                            ? specserve::v1::NEW
+                            : specserve::v1::LOST,
+                        snap.mode, -1);
     return admitted;
   }
   if (has_copy && snap.worker != worker_) {

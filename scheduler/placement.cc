@@ -1,17 +1,13 @@
 #include "scheduler/placement.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 
 namespace specserve::scheduler {
 namespace {
 
 namespace v1 = specserve::v1;
-
-double MemoryFraction(const WorkerLoad& w) {
-  if (w.memory_budget_bytes == 0) return 0;
-  return static_cast<double>(w.memory_used_bytes) /
-         static_cast<double>(w.memory_budget_bytes);
-}
 
 bool IsResident(v1::Residency r) {
   return r == v1::ACTIVE || r == v1::PARKED || r == v1::OFFLOADED;
@@ -40,8 +36,28 @@ WorkerLoad WorkerLoad::FromInfo(bool available,
   return w;
 }
 
+double EstimatedMemoryFraction(const WorkerLoad& w) {
+  if (w.memory_budget_bytes == 0) return 0;
+  const double budget = static_cast<double>(w.memory_budget_bytes);
+  const double polled = static_cast<double>(w.memory_used_bytes) / budget;
+  if (w.sessions == 0) return polled;
+  const double per_session =
+      static_cast<double>(w.memory_used_bytes) / w.sessions;
+  return std::max(polled, w.placed_sessions * per_session / budget);
+}
+
+bool FitsAnotherSession(const WorkerLoad& w) {
+  if (w.memory_budget_bytes == 0 || w.sessions == 0) return true;
+  const double per_session =
+      static_cast<double>(w.memory_used_bytes) / w.sessions;
+  const double placed = std::max<double>(w.placed_sessions, w.sessions);
+  return (placed + 1) * per_session <=
+         static_cast<double>(w.memory_budget_bytes);
+}
+
 double LoadScore(const WorkerLoad& w, const PlacementOptions& options) {
-  return MemoryFraction(w) + options.burst_weight * w.active_bursts;
+  return EstimatedMemoryFraction(w) + options.burst_weight * w.active_bursts +
+         options.session_weight * w.placed_sessions;
 }
 
 absl::StatusOr<Placement> PlaceSession(v1::Residency residency,
@@ -63,8 +79,8 @@ absl::StatusOr<Placement> PlaceSession(v1::Residency residency,
   for (int i = 0; i < n; ++i) {
     const WorkerLoad& w = workers[i];
     if (!w.available) continue;
-    const bool full =
-        w.memory_budget_bytes > 0 && MemoryFraction(w) >= options.full_fraction;
+    const bool full = EstimatedMemoryFraction(w) >= options.full_fraction ||
+                      !FitsAnotherSession(w);
     int& slot = full ? best_full : best;
     if (slot < 0 || Better(w, i, workers[slot], slot, options)) slot = i;
   }

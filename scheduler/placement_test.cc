@@ -116,5 +116,34 @@ TEST(PlacementTest, FromInfo) {
   EXPECT_DOUBLE_EQ(LoadScore(w, PlacementOptions()), 0.25 + 0.15);
 }
 
+// Sessions placed one after another, with the polled figures never
+// refreshed (polls lag a burst of new sessions), spread evenly.
+TEST(PlacementTest, LivePlacedCountsSpreadABurstOfNewSessions) {
+  std::vector<WorkerLoad> workers = {Load(true, 0, 1000), Load(true, 0, 1000),
+                                     Load(true, 0, 1000)};
+  for (int n = 0; n < 30; ++n) {
+    auto p = PlaceSession(v1::NEW, -1, workers);
+    ASSERT_TRUE(p.ok());
+    ++workers[p->worker].placed_sessions;
+  }
+  for (const WorkerLoad& w : workers) EXPECT_EQ(w.placed_sessions, 10u);
+}
+
+// The memory estimate counts sessions placed since the last poll at the
+// polled bytes per session: a worker whose budget they fill is skipped.
+TEST(PlacementTest, PlacedSessionsFillTheMemoryEstimate) {
+  // Worker 0 polled 2 sessions in 400 of 1000 bytes; the scheduler has
+  // placed 5 there since (5 x 200 = 1000: full). Worker 1 is busier in
+  // bursts but has room.
+  WorkerLoad a = Load(true, 400, 1000, 0, 2);
+  a.placed_sessions = 5;
+  WorkerLoad b = Load(true, 500, 1000, 8, 5);
+  b.placed_sessions = 5;
+  EXPECT_DOUBLE_EQ(EstimatedMemoryFraction(a), 1.0);
+  EXPECT_DOUBLE_EQ(EstimatedMemoryFraction(b), 0.5);
+  std::vector<WorkerLoad> workers = {a, b};
+  EXPECT_EQ(PlaceSession(v1::NEW, -1, workers)->worker, 1);
+}
+
 }  // namespace
 }  // namespace specserve::scheduler

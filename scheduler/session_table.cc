@@ -418,6 +418,19 @@ std::map<v1::Residency, int> SessionTable::CountByResidency() const {
   return counts;
 }
 
+int SessionTable::CountPlacedOn(int worker) const {
+  int n = 0;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, record] : sessions_) {
+    const v1::Residency r = record->meta.residency;
+    if (record->meta.worker == worker &&
+        (r == v1::ACTIVE || r == v1::PARKED || r == v1::OFFLOADED)) {
+      ++n;
+    }
+  }
+  return n;
+}
+
 int SessionTable::CountOnWorker(int worker, v1::Residency residency) const {
   int n = 0;
   absl::MutexLock lock(&mu_);

@@ -213,6 +213,9 @@ class SessionTable {
   std::map<specserve::v1::Residency, int> CountByResidency() const;
   // Sessions on `worker` in `residency` (ACTIVE ones = the gate's batch size).
   int CountOnWorker(int worker, specserve::v1::Residency residency) const;
+  // Sessions whose caches are on `worker` (ACTIVE, PARKED, OFFLOADED),
+  // including ones being admitted there (placement's live load).
+  int CountPlacedOn(int worker) const;
 
  private:
   friend class SessionLease;
