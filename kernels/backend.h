@@ -50,6 +50,11 @@ class Backend {
 
   // "cpu", "cuda".
   virtual std::string name() const = 0;
+  // Bytes of device memory free now (what session caches may still take);
+  // UNIMPLEMENTED for a backend whose memory is the host's (the CPU).
+  virtual absl::StatusOr<uint64_t> FreeDeviceBytes() const {
+    return absl::UnimplementedError(name() + " backend: no device memory");
+  }
 
   // ---- Memory. Allocate returns zero-filled memory.
   virtual absl::StatusOr<Buffer> Allocate(size_t bytes) = 0;

@@ -18,6 +18,9 @@ class ForwardingBackend : public Backend {
   explicit ForwardingBackend(Backend* inner) : inner_(inner) {}
 
   std::string name() const override { return inner_->name(); }
+  absl::StatusOr<uint64_t> FreeDeviceBytes() const override {
+    return inner_->FreeDeviceBytes();
+  }
   absl::StatusOr<Buffer> Allocate(size_t bytes) override {
     return inner_->Allocate(bytes);
   }

@@ -25,12 +25,14 @@ constexpr absl::Duration kStopCallTimeout = absl::Milliseconds(500);
 // NOT_FOUND: its burst is not running yet (the Burst call is still on its
 // way) or is already over (its summary is on its way).
 grpc::Status SendStopBurst(specserve::worker::v1::Worker::Stub* stub,
-                           const std::string& session_id, absl::Time until) {
+                           const std::string& session_id,
+                           const std::string& owner, absl::Time until) {
   grpc::ClientContext ctx;
   ctx.set_deadline(
       absl::ToChronoTime(std::min(until, absl::Now() + kStopCallTimeout)));
   specserve::worker::v1::SessionRef ref;
   ref.set_session_id(session_id);
+  ref.set_owner(owner);
   specserve::worker::v1::StopBurstResponse response;
   return stub->StopBurst(&ctx, ref, &response);
 }
@@ -67,7 +69,8 @@ BurstOutcome RunBurstOnWorker(
   bool stop_taken = false;
   auto send_stop = [&] {
     const absl::Time until = std::min(stop_until, watch.deadline);
-    stop_taken = SendStopBurst(stub, request.session_id(), until).ok();
+    stop_taken =
+        SendStopBurst(stub, request.session_id(), request.owner(), until).ok();
   };
   auto request_stop = [&] {
     if (out.stop_requested) return;

@@ -39,9 +39,11 @@ std::string NewRequestId() {
 class Call {
  public:
   Call(SchedulerContext* ctx, const GenerateRequest& request,
-       absl::Time deadline, GenerateWriter* out, uint32_t inject_nan_at)
+       std::string tenant, absl::Time deadline, GenerateWriter* out,
+       uint32_t inject_nan_at)
       : ctx_(ctx),
         req_(request),
+        tenant_(std::move(tenant)),
         deadline_(deadline),
         out_(out),
         inject_nan_at_(inject_nan_at) {}
@@ -75,6 +77,9 @@ class Call {
   // The spec gate for the next burst: returns the draft depth (0 = plain).
   uint32_t Gate();
   absl::Status RunBursts();
+  // Records this turn (the rewind, the suffix, its checkpoint) in the
+  // history once the worker has appended the suffix; once per turn.
+  void RecordTurn();
   // Worker-side copy no longer trusted: release it, mark the session LOST.
   void DropWorkerCopy(const std::string& why);
   void Park();
@@ -83,6 +88,8 @@ class Call {
 
   SchedulerContext* const ctx_;
   const GenerateRequest& req_;
+  // The caller's tenant: the session and the request id are looked up in it.
+  const std::string tenant_;
   Limits limits_;
   std::vector<uint32_t> eos_;
   // The tokenizer this request started with (Admin.LoadModel may replace
@@ -125,6 +132,13 @@ class Call {
   // This turn's worker copy was rebuilt by a prefill of the history: none
   // of its prompt came from a cache.
   bool rebuilt_ = false;
+  // The worker copy was admitted since the last burst that ended well: it
+  // holds exactly what it was admitted with, so a burst it refuses is not
+  // refused for a stale copy.
+  bool fresh_copy_ = false;
+  // What the copy the last Admit made can run (SPECULATIVE: it holds draft
+  // state).
+  specserve::v1::DecodeMode admitted_mode_ = specserve::v1::SPECULATIVE;
   bool suffix_recorded_ = false;
   FinishReason finish_ = specserve::v1::FINISH_REASON_UNSPECIFIED;
   bool demoted_ = false;  // this request demoted the session
@@ -133,7 +147,7 @@ class Call {
 
 grpc::Status Call::Run(AdmissionTicket ticket) {
   request_id_ = req_.request_id().empty() ? NewRequestId() : req_.request_id();
-  cancel_ = ctx_->requests->Register(request_id_);
+  cancel_ = ctx_->requests->Register(tenant_, request_id_);
   if (cancel_ == nullptr) {
     // Like a second turn on a busy session: the id is free again once that
     // request ends.
@@ -144,7 +158,8 @@ grpc::Status Call::Run(AdmissionTicket ticket) {
   // Admin.Abort by session id reaches a turn on a named session while it is
   // still queued, too (an opened session's id is known from the start).
   if (req_.has_session() && !req_.session().session_id().empty()) {
-    ctx_->requests->SetSession(request_id_, req_.session().session_id());
+    ctx_->requests->SetSession(tenant_, request_id_,
+                               req_.session().session_id());
   }
   absl::Status s = WaitForSlot(&ticket);
   if (s.ok() && !ctx_->CurrentLimits(&limits_)) {
@@ -167,11 +182,12 @@ grpc::Status Call::Run(AdmissionTicket ticket) {
     if (one_shot_ && lease_.valid()) {
       const std::string id = lease_.id();
       lease_.Release();
-      ctx_->sessions->Close(id, "").IgnoreError();
+      ctx_->sessions->Close(id, tenant_).IgnoreError();
     }
     if (lease_.valid()) lease_.Release();
   }
-  ctx_->requests->Unregister(request_id_);  // the id is reusable at once too
+  // The id is reusable at once too.
+  ctx_->requests->Unregister(tenant_, request_id_);
   grpc::Status status = grpc::Status::OK;
   if (!s.ok()) {
     status = Fail(s);
@@ -239,12 +255,13 @@ absl::Status Call::OpenSession() {
                      : std::min<uint64_t>(limits_.max_context,
                                           input_.size() + max_tokens_ + k_room);
     }
-    SS_ASSIGN_OR_RETURN(lease_, ctx_->sessions->OpenAndAcquire(capacity, ""));
+    SS_ASSIGN_OR_RETURN(lease_,
+                        ctx_->sessions->OpenAndAcquire(capacity, tenant_));
   } else {
     SS_ASSIGN_OR_RETURN(
-        lease_, ctx_->sessions->Acquire(req_.session().session_id(), ""));
+        lease_, ctx_->sessions->Acquire(req_.session().session_id(), tenant_));
   }
-  ctx_->requests->SetSession(request_id_, lease_.id());
+  ctx_->requests->SetSession(tenant_, request_id_, lease_.id());
   const SessionSnapshot snap = lease_.Snapshot();
   std::vector<uint32_t> history = lease_.History();
   rewind_ =
@@ -289,6 +306,7 @@ absl::Status Call::OpenSession() {
 absl::Status Call::AdmitOn(int worker, const std::vector<uint32_t>& history) {
   specserve::worker::v1::AdmitRequest admit;
   admit.set_session_id(lease_.id());
+  admit.set_owner(ctx_->workers->owner());
   admit.set_capacity(lease_.Snapshot().capacity);
   admit.mutable_history()->Add(history.begin(), history.end());
   // The copy's REWIND target is the table's: a rebuilt session rewinds to the
@@ -297,7 +315,13 @@ absl::Status Call::AdmitOn(int worker, const std::vector<uint32_t>& history) {
   if (rewind_pos && *rewind_pos <= history.size()) {
     admit.set_checkpoint_pos(*rewind_pos);
   }
-  admit.set_speculative(true);
+  // Draft state only where a round may run: a plain one-shot request runs
+  // batched decode with no MTP work per token and a fraction of the memory;
+  // a session keeps it for later turns that ask for speculation (building
+  // it afterwards would take a prefill of the whole history); a demoted one
+  // stays demoted (one-way) when rebuilt.
+  admit.set_speculative((req_.speculation().enable() || !one_shot_) &&
+                        lease_.Snapshot().mode != specserve::v1::BATCHED);
   // Watched (WorkerPool::Admit): on a worker that stops answering it fails
   // UNAVAILABLE as soon as the monitor notices, and EnsureResident places
   // the session on another worker.
@@ -310,6 +334,7 @@ absl::Status Call::AdmitOn(int worker, const std::vector<uint32_t>& history) {
     ctx_->workers->Release(worker, lease_.id(), absl::Seconds(5));
     s = ctx_->workers->Admit(worker, admit, until, &state);
   }
+  if (s.ok()) admitted_mode_ = state.mode();
   if (!s.ok()) {
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
       ctx_->workers->MarkUnavailable(worker, s.error_message());
@@ -331,6 +356,7 @@ absl::Status Call::EnsureResident() {
   if (has_copy && ctx_->workers->Available(snap.worker)) {
     worker_ = snap.worker;
     worker_has_base_ = true;
+    fresh_copy_ = false;
     // Running now: counted by the gate's batch size and the sessions gauge
     // until Park (or a failure) sets it again.
     lease_.SetResidency(specserve::v1::ACTIVE, snap.mode, worker_);
@@ -380,24 +406,14 @@ absl::Status Call::EnsureResident() {
   }
   worker_has_base_ = true;
   rebuilt_ = rebuilt_ || !history.empty();
+  fresh_copy_ = true;
   worker_rewind_ = false;  // the rebuilt copy already ends at the checkpoint
-  if (snap.mode == specserve::v1::BATCHED && !history.empty()) {
-    // A demoted session stays demoted (one-way) when rebuilt: hand the fresh
-    // copy over too, so its Park reports BATCHED and it holds no draft state.
-    specserve::worker::v1::SessionState state;  // best effort
-    ctx_->workers->Demote(worker_, lease_.id(),
-                          ctx_->options.worker_call_timeout, &state);
-  }
   if (snap.residency == specserve::v1::LOST || has_copy) {
     LOG(INFO) << "session " << lease_.id() << " rebuilt on worker "
               << ctx_->workers->address(worker_) << " from " << history.size()
               << " tokens of history";
   }
-  lease_.SetResidency(specserve::v1::ACTIVE,
-                      snap.mode == specserve::v1::BATCHED
-                          ? specserve::v1::BATCHED
-                          : specserve::v1::SPECULATIVE,
-                      worker_);
+  lease_.SetResidency(specserve::v1::ACTIVE, admitted_mode_, worker_);
   return absl::OkStatus();
 }
 
@@ -451,6 +467,19 @@ void Call::DropWorkerCopy(const std::string& why) {
   worker_ = -1;
 }
 
+void Call::RecordTurn() {
+  if (suffix_recorded_) return;
+  if (rewind_) lease_.TruncateTo(base_.size()).IgnoreError();
+  lease_.AppendCommitted(input_).IgnoreError();
+  // The worker saves a checkpoint only where a prompt ends: an empty
+  // continuation leaves it (and so the rewind point) where the last prompt
+  // ended.
+  if (!input_.empty()) {
+    lease_.SetRewindPos(base_.size() + input_.size()).IgnoreError();
+  }
+  suffix_recorded_ = true;
+}
+
 absl::Status Call::RunBursts() {
   SS_RETURN_IF_ERROR(EnsureResident());
   uint32_t k = Gate();
@@ -460,6 +489,14 @@ absl::Status Call::RunBursts() {
     if (Cancelled()) return StoppedByClient();
     specserve::worker::v1::BurstRequest b;
     b.set_session_id(lease_.id());
+    b.set_owner(ctx_->workers->owner());
+    // What the copy must hold (proto/worker.proto's integrity check): the
+    // history before this turn (the copy rewinds itself), or up to the
+    // checkpoint when it was rebuilt there, until the suffix is recorded;
+    // then the whole history, which records every token it committed.
+    b.set_expect_history_len(suffix_recorded_ || worker_rewind_
+                                 ? lease_.Snapshot().committed_len
+                                 : static_cast<uint32_t>(base_.size()));
     if (first) {
       b.mutable_suffix()->Add(input_.begin(), input_.end());
       b.set_rewind(worker_rewind_);
@@ -493,18 +530,7 @@ absl::Status Call::RunBursts() {
         [&](absl::Span<const uint32_t> tokens) {
           // The copy is dropped below: nothing after the failure is kept.
           if (!feed_status.ok()) return false;
-          if (first && !suffix_recorded_) {
-            // The worker has appended the suffix: record the turn.
-            if (rewind_) lease_.TruncateTo(base_.size()).IgnoreError();
-            lease_.AppendCommitted(input_).IgnoreError();
-            // The worker saves a checkpoint only where a prompt ends: an
-            // empty continuation leaves it (and so the rewind point) where
-            // the last prompt ended.
-            if (!input_.empty()) {
-              lease_.SetRewindPos(base_.size() + input_.size()).IgnoreError();
-            }
-            suffix_recorded_ = true;
-          }
+          if (first) RecordTurn();
           lease_.AppendCommitted(tokens).IgnoreError();
           tokens_this_burst += tokens.size();
           produced_ += tokens.size();
@@ -560,17 +586,18 @@ absl::Status Call::RunBursts() {
       // client: the worker restarted or evicted the session (NOT_FOUND); it
       // died since the last health poll before this request streamed
       // anything (UNAVAILABLE: the client sees no failure at all); or its
-      // copy cannot rewind (FAILED_PRECONDITION: a demoted session has no
-      // checkpoint, or its rows left residency) — the history up to the
-      // checkpoint rebuilds it there.
-      const bool cannot_rewind =
-          code == grpc::StatusCode::FAILED_PRECONDITION && first &&
-          worker_rewind_;
+      // copy cannot serve the burst as it stands (FAILED_PRECONDITION: it
+      // cannot rewind — a demoted session has no checkpoint, or its rows
+      // left residency — or it does not hold the history length this
+      // scheduler expects, so something else changed it) — the history
+      // rebuilds it. A fresh copy's refusal is the request's own.
+      const bool stale_copy =
+          code == grpc::StatusCode::FAILED_PRECONDITION && !fresh_copy_;
       // Bounded: a copy can be evicted again before its retry runs (the
       // pool drops idle sessions under host-memory pressure), and each
       // worker can fail once.
       if (tokens_this_burst == 0 && rebuilds++ < ctx_->workers->size() + 2 &&
-          (code == grpc::StatusCode::NOT_FOUND || cannot_rewind ||
+          (code == grpc::StatusCode::NOT_FOUND || stale_copy ||
            (code == grpc::StatusCode::UNAVAILABLE && produced_ == 0))) {
         DropWorkerCopy(absl::StrCat(
             "burst on worker ", address, " failed before any token (",
@@ -607,10 +634,14 @@ absl::Status Call::RunBursts() {
                           o.status.error_message());
     }
     rebuilds = 0;  // a session evicted between bursts may be rebuilt again
+    fresh_copy_ = false;
     const BurstSummary& sum = *o.summary;
     // A rebuilt copy reports the history it was admitted with as cached;
     // that history was prefilled for this turn.
     if (first) cached_ = rebuilt_ ? 0 : sum.cached_tokens();
+    // A burst can end well with no token (no round fits the capacity): its
+    // suffix is in the copy all the same.
+    if (first) RecordTurn();
     first = false;
     lease_.AddTelemetry(sum.telemetry_delta());
     spec_totals_.Add(sum.telemetry_delta());
@@ -644,7 +675,7 @@ void Call::Park() {
     ctx_->workers->ReleaseNowOrLater(worker_, lease_.id());
     const std::string id = lease_.id();
     lease_.Release();
-    if (one_shot_) ctx_->sessions->Close(id, "").IgnoreError();
+    if (one_shot_) ctx_->sessions->Close(id, tenant_).IgnoreError();
     return;
   }
   specserve::worker::v1::SessionState state;
@@ -704,9 +735,10 @@ void Call::SendFinal() {
 
 grpc::Status RunGenerateCall(SchedulerContext* ctx,
                              const GenerateRequest& request,
-                             absl::Time deadline, AdmissionTicket ticket,
-                             GenerateWriter* out, uint32_t inject_nan_at) {
-  Call call(ctx, request, deadline, out, inject_nan_at);
+                             const std::string& tenant, absl::Time deadline,
+                             AdmissionTicket ticket, GenerateWriter* out,
+                             uint32_t inject_nan_at) {
+  Call call(ctx, request, tenant, deadline, out, inject_nan_at);
   return call.Run(std::move(ticket));
 }
 

@@ -18,6 +18,7 @@
 #define SPECSERVE_SCHEDULER_GENERATE_CALL_H_
 
 #include <atomic>
+#include <string>
 
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
@@ -57,13 +58,15 @@ class GenerateWriter {
   std::atomic<bool> broken_{false};
 };
 
-// Runs `request`, writing its events to `out`; returns the call's status.
+// Runs `request` of the caller's `tenant` (its session and request id are
+// that tenant's), writing its events to `out`; returns the call's status.
 // `inject_nan_at` (tests only, 0 = off): the request's n-th generated token
 // gets NaN logits on the worker (kInjectNanAtMetadata).
 grpc::Status RunGenerateCall(SchedulerContext* ctx,
                              const specserve::v1::GenerateRequest& request,
-                             absl::Time deadline, AdmissionTicket ticket,
-                             GenerateWriter* out, uint32_t inject_nan_at = 0);
+                             const std::string& tenant, absl::Time deadline,
+                             AdmissionTicket ticket, GenerateWriter* out,
+                             uint32_t inject_nan_at = 0);
 
 }  // namespace specserve::scheduler
 

@@ -47,6 +47,8 @@ grpc::Status GenerationService::HandleGenerate(
     ctx_->metrics->requests_rejected(s.code())->Increment();
     return ToGrpc(s);
   };
+  absl::StatusOr<Caller> caller = ctx_->Authenticate(*ctx);
+  if (!caller.ok()) return refuse(caller.status());
   if (telemetry::DrainRequested()) return Draining();
   if (ctx_->workers->NumAvailable() == 0) {
     return refuse(absl::UnavailableError(
@@ -90,8 +92,9 @@ grpc::Status GenerationService::HandleGenerate(
 
   telemetry::InFlightGuard in_flight;
   GenerateWriter writer(ctx, stream);
-  return RunGenerateCall(ctx_, *request, absl::FromChrono(ctx->deadline()),
-                         std::move(*ticket), &writer, inject_nan_at);
+  return RunGenerateCall(ctx_, *request, caller->tenant,
+                         absl::FromChrono(ctx->deadline()), std::move(*ticket),
+                         &writer, inject_nan_at);
 }
 
 SessionsService::SessionsService(SchedulerContext* ctx) : ctx_(ctx) {
@@ -123,8 +126,10 @@ std::vector<std::string> SessionsService::WorkerAddresses() const {
 }
 
 grpc::Status SessionsService::OpenSession(
-    grpc::ServerContext*, const specserve::v1::OpenSessionRequest* request,
+    grpc::ServerContext* ctx, const specserve::v1::OpenSessionRequest* request,
     specserve::v1::SessionInfo* response) {
+  absl::StatusOr<Caller> caller = ctx_->Authenticate(*ctx);
+  if (!caller.ok()) return ToGrpc(caller.status());
   if (telemetry::DrainRequested()) return Draining();
   Limits limits;
   if (ctx_->CurrentLimits(&limits)) {
@@ -132,37 +137,45 @@ grpc::Status SessionsService::OpenSession(
         ValidateSessionCapacity(request->capacity(), limits, "capacity");
     if (!valid.ok()) return ToGrpc(valid);
   }
-  auto snap = ctx_->sessions->Open(request->capacity(), "");
+  auto snap = ctx_->sessions->Open(request->capacity(), caller->tenant);
   if (!snap.ok()) return ToGrpc(snap.status());
   *response = snap->ToProto(WorkerAddresses());
   return grpc::Status::OK;
 }
 
 grpc::Status SessionsService::GetSession(
-    grpc::ServerContext*, const specserve::v1::GetSessionRequest* request,
+    grpc::ServerContext* ctx, const specserve::v1::GetSessionRequest* request,
     specserve::v1::SessionInfo* response) {
-  auto snap = ctx_->sessions->Get(request->session_id(), "");
+  absl::StatusOr<Caller> caller = ctx_->Authenticate(*ctx);
+  if (!caller.ok()) return ToGrpc(caller.status());
+  auto snap = ctx_->sessions->Get(request->session_id(), caller->tenant);
   if (!snap.ok()) return ToGrpc(snap.status());
   *response = snap->ToProto(WorkerAddresses());
   return grpc::Status::OK;
 }
 
 grpc::Status SessionsService::ListSessions(
-    grpc::ServerContext*, const specserve::v1::ListSessionsRequest*,
+    grpc::ServerContext* ctx, const specserve::v1::ListSessionsRequest*,
     specserve::v1::ListSessionsResponse* response) {
+  absl::StatusOr<Caller> caller = ctx_->Authenticate(*ctx);
+  if (!caller.ok()) return ToGrpc(caller.status());
   const std::vector<std::string> addresses = WorkerAddresses();
-  for (const SessionSnapshot& s : ctx_->sessions->List("")) {
+  for (const SessionSnapshot& s : ctx_->sessions->List(caller->tenant)) {
     *response->add_sessions() = s.ToProto(addresses);
   }
   return grpc::Status::OK;
 }
 
 grpc::Status SessionsService::CloseSession(
-    grpc::ServerContext*, const specserve::v1::CloseSessionRequest* request,
+    grpc::ServerContext* ctx, const specserve::v1::CloseSessionRequest* request,
     specserve::v1::CloseSessionResponse*) {
-  auto closed = ctx_->sessions->Close(request->session_id(), "");
+  absl::StatusOr<Caller> caller = ctx_->Authenticate(*ctx);
+  if (!caller.ok()) return ToGrpc(caller.status());
+  auto closed = ctx_->sessions->Close(request->session_id(), caller->tenant);
   if (!closed.ok()) return ToGrpc(closed.status());
-  if (closed->was_busy) ctx_->requests->AbortSession(request->session_id());
+  if (closed->was_busy) {
+    ctx_->requests->AbortSession(caller->tenant, request->session_id());
+  }
   // Free the worker's copy (best effort: a dead worker has none anyway).
   // (Unreachable now, e.g. hung or restarting: freed when it answers again.)
   if (closed->worker >= 0 && !closed->was_busy) {
@@ -184,8 +197,11 @@ TokenizationService::TokenizationService(SchedulerContext* ctx) : ctx_(ctx) {
 }
 
 grpc::Status TokenizationService::Tokenize(
-    grpc::ServerContext*, const specserve::v1::TokenizeRequest* request,
+    grpc::ServerContext* ctx, const specserve::v1::TokenizeRequest* request,
     specserve::v1::TokenizeResponse* response) {
+  if (absl::StatusOr<Caller> caller = ctx_->Authenticate(*ctx); !caller.ok()) {
+    return ToGrpc(caller.status());
+  }
   const auto tokenizer = ctx_->Tokenizer();
   if (tokenizer == nullptr) return NoTokenizer();
   if (request->text().size() > ctx_->limits.max_text_bytes) {
@@ -199,8 +215,11 @@ grpc::Status TokenizationService::Tokenize(
 }
 
 grpc::Status TokenizationService::Detokenize(
-    grpc::ServerContext*, const specserve::v1::DetokenizeRequest* request,
+    grpc::ServerContext* ctx, const specserve::v1::DetokenizeRequest* request,
     specserve::v1::DetokenizeResponse* response) {
+  if (absl::StatusOr<Caller> caller = ctx_->Authenticate(*ctx); !caller.ok()) {
+    return ToGrpc(caller.status());
+  }
   const auto tokenizer = ctx_->Tokenizer();
   if (tokenizer == nullptr) return NoTokenizer();
   std::vector<uint32_t> ids(request->ids().begin(), request->ids().end());

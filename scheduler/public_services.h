@@ -3,7 +3,9 @@
 // completion on the gRPC thread that received it (generate_call.h), so its
 // tokens go from the worker's stream to the client's on one thread; the cheap
 // refusals (draining, malformed input, a full queue) happen before any
-// tokenization.
+// tokenization. Every handler first authenticates its caller
+// (SchedulerContext::Authenticate): the sessions and requests it reaches are
+// the caller's tenant's only.
 #ifndef SPECSERVE_SCHEDULER_PUBLIC_SERVICES_H_
 #define SPECSERVE_SCHEDULER_PUBLIC_SERVICES_H_
 

@@ -1,6 +1,6 @@
 // What every public service of the scheduler shares: options, the worker
-// pool, the session table, admission, the tokenizer, metrics and the request
-// registry. Owned by main(); services hold a pointer.
+// pool, the session table, admission, the tokenizer, metrics, the request
+// registry and the authenticator. Owned by main(); services hold a pointer.
 #ifndef SPECSERVE_SCHEDULER_SCHEDULER_CONTEXT_H_
 #define SPECSERVE_SCHEDULER_SCHEDULER_CONTEXT_H_
 
@@ -8,9 +8,12 @@
 #include <memory>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "grpcpp/server_context.h"
 #include "scheduler/admission.h"
+#include "scheduler/authenticator.h"
 #include "scheduler/request_registry.h"
 #include "scheduler/request_validation.h"
 #include "scheduler/session_table.h"
@@ -67,6 +70,14 @@ struct SchedulerContext {
   }
   telemetry::SchedulerMetrics* metrics = nullptr;
   RequestRegistry* requests = nullptr;
+  // Null: no authentication (every call is Caller::Anonymous()).
+  const Authenticator* auth = nullptr;
+  // The caller of `call`, or UNAUTHENTICATED: the first thing every public
+  // handler does (scheduler/authenticator.h).
+  absl::StatusOr<Caller> Authenticate(const grpc::ServerContext& call) const {
+    if (auth == nullptr) return Caller::Anonymous();
+    return auth->Authenticate(call.client_metadata());
+  }
   // Steps aside while a burst streams (null: no effect).
   IdlePoller* idle_poller = nullptr;
   // `limits` with the model's vocabulary and context filled in from the

@@ -21,9 +21,11 @@
 #include "grpcpp/grpcpp.h"
 #include "scheduler/admin_service.h"
 #include "scheduler/admission.h"
+#include "scheduler/authenticator.h"
 #include "scheduler/idle_poller.h"
 #include "scheduler/load_model.h"
 #include "scheduler/public_services.h"
+#include "scheduler/reflection_auth.h"
 #include "scheduler/request_registry.h"
 #include "scheduler/residency_sync.h"
 #include "scheduler/scheduler_context.h"
@@ -31,9 +33,11 @@
 #include "scheduler/tokenizer/tokenizer.h"
 #include "scheduler/worker_pool.h"
 #include "telemetry/metrics_http.h"
+#include "telemetry/reload_signal.h"
 #include "telemetry/scheduler_metrics.h"
 #include "telemetry/server_lifecycle.h"
 #include "telemetry/sync_health.h"
+#include "telemetry/tls_credentials.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "Address to serve specserve.v1 on (host:port; port 0 picks a free "
@@ -76,6 +80,40 @@ ABSL_FLAG(bool, enable_fault_injection, false,
           "Tests only: forward the request metadata x-specserve-inject-nan-at "
           "(the n-th generated token gets NaN logits) to the workers, which "
           "honour it only with their own --enable_fault_injection.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain for the public port: serve TLS only (with "
+          "--tls_key). Empty = plaintext.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA: every client must present a certificate it signed "
+          "(mutual TLS on the public port). Needs --tls_cert.");
+ABSL_FLAG(std::string, worker_tls_ca, "",
+          "PEM CA that signed the workers' certificates: talk TLS to every "
+          "worker and refuse one whose certificate it did not sign. Empty = "
+          "plaintext to the workers.");
+ABSL_FLAG(std::string, worker_tls_cert, "",
+          "PEM client certificate the scheduler presents to the workers "
+          "(their --tls_client_ca must have signed it). Needs "
+          "--worker_tls_ca.");
+ABSL_FLAG(std::string, worker_tls_key, "",
+          "PEM private key of --worker_tls_cert.");
+ABSL_FLAG(std::string, worker_tls_server_name, "",
+          "Name to check on the workers' certificates when it differs from "
+          "the host in --workers (e.g. certificates for localhost, workers "
+          "at 127.0.0.1). Needs --worker_tls_ca.");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "File of bearer tokens, one 'TOKEN TENANT ROLE' per line (ROLE: "
+          "user or admin; blank lines and # comments allowed). Every RPC but "
+          "grpc.health.v1 then needs the metadata 'authorization: Bearer "
+          "TOKEN'; sessions and requests belong to the token's tenant; "
+          "LoadModel, Drain and Abort of all need admin. Read again on "
+          "SIGHUP (a bad file keeps the tokens in force). Empty = no "
+          "authentication: one tenant, every caller an admin.");
+ABSL_FLAG(std::string, worker_owner, "",
+          "The owner token this scheduler's sessions carry on the workers "
+          "(proto/worker.proto): a worker refuses calls on them without it. "
+          "Empty (the default) = a random one per start; give one only to "
+          "inspect sessions on a worker by hand (tests).");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -96,6 +134,55 @@ int main(int argc, char** argv) {
     return 2;
   }
   namespace sched = specserve::scheduler;
+
+  // Transport security, checked before anything starts: a bad TLS flag
+  // fails at once rather than serving plaintext.
+  specserve::telemetry::ServerTlsFiles public_tls;
+  public_tls.cert = absl::GetFlag(FLAGS_tls_cert);
+  public_tls.key = absl::GetFlag(FLAGS_tls_key);
+  public_tls.client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  auto public_credentials =
+      specserve::telemetry::MakeServerCredentials(public_tls);
+  if (!public_credentials.ok()) {
+    LOG(ERROR) << public_credentials.status().message();
+    return 2;
+  }
+  specserve::telemetry::ChannelTlsFiles worker_tls;
+  worker_tls.ca = absl::GetFlag(FLAGS_worker_tls_ca);
+  worker_tls.cert = absl::GetFlag(FLAGS_worker_tls_cert);
+  worker_tls.key = absl::GetFlag(FLAGS_worker_tls_key);
+  worker_tls.server_name = absl::GetFlag(FLAGS_worker_tls_server_name);
+  auto worker_security = specserve::telemetry::MakeChannelSecurity(worker_tls);
+  if (!worker_security.ok()) {
+    LOG(ERROR) << "--worker_tls_*: " << worker_security.status().message();
+    return 2;
+  }
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  if (!public_tls.enabled() &&
+      !specserve::telemetry::IsLoopbackListenAddress(listen)) {
+    LOG(WARNING) << "serving plaintext on " << listen
+                 << ", which is not a loopback address: requests and "
+                    "responses cross the network unencrypted; give "
+                    "--tls_cert and --tls_key";
+  }
+
+  // Bearer tokens, read before anything starts: a malformed file fails here,
+  // naming its line. SIGHUP reads it again (housekeeping, below).
+  sched::Authenticator auth;
+  specserve::telemetry::InstallReloadSignalHandler();
+  if (const std::string path = absl::GetFlag(FLAGS_auth_tokens);
+      !path.empty()) {
+    if (absl::Status s = auth.Load(path); !s.ok()) {
+      LOG(ERROR) << "--auth_tokens: " << s.message();
+      return 2;
+    }
+    LOG(INFO) << "bearer tokens from " << path
+              << ": every RPC but health needs one";
+  } else if (!specserve::telemetry::IsLoopbackListenAddress(listen)) {
+    LOG(WARNING) << "no --auth_tokens on " << listen
+                 << ", which is not a loopback address: anyone who can "
+                    "reach it can use every RPC, admin ones included";
+  }
 
   // The tokenizer is optional: without tokenizer.json the API takes ids only.
   auto loaded_tokenizer = sched::LoadModelTokenizer(absl::GetFlag(FLAGS_model));
@@ -133,6 +220,16 @@ int main(int argc, char** argv) {
       absl::Milliseconds(absl::GetFlag(FLAGS_worker_poll_deadline_ms));
   pool_options.lost_after =
       absl::Milliseconds(absl::GetFlag(FLAGS_worker_lost_after_ms));
+  pool_options.security = *worker_security;
+  pool_options.owner = absl::GetFlag(FLAGS_worker_owner);
+  if (pool_options.owner.empty()) {
+    absl::StatusOr<std::string> owner = sched::NewRandomId("own_");
+    if (!owner.ok()) {
+      LOG(ERROR) << "cannot choose a worker owner token: " << owner.status();
+      return 1;
+    }
+    pool_options.owner = *std::move(owner);
+  }
   sched::WorkerPool pool(addresses, pool_options, &residency_sync);
   sched::AdmissionOptions admission_options;
   admission_options.max_running = absl::GetFlag(FLAGS_max_running);
@@ -153,6 +250,7 @@ int main(int argc, char** argv) {
   context.SetTokenizer(tokenizer);
   context.metrics = &metrics;
   context.requests = &requests;
+  context.auth = &auth;
 
   specserve::telemetry::MetricsHttpServer metrics_http(
       [&metrics] { return metrics.RenderText(); },
@@ -166,11 +264,26 @@ int main(int argc, char** argv) {
     std::printf("specserve_scheduler metrics on port %d\n", *port);
   }
 
-  // Housekeeping: idle-session expiry and the gauges that mirror state.
+  // Housekeeping: idle-session expiry, the gauges that mirror state, and
+  // the reload of --auth_tokens after a SIGHUP.
   absl::Notification stop_housekeeping;
   std::thread housekeeping([&] {
+    uint64_t reloads_seen = 0;
     while (
         !stop_housekeeping.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+      if (const uint64_t n = specserve::telemetry::ReloadSignalCount();
+          n != reloads_seen) {
+        reloads_seen = n;
+        if (!auth.enabled()) {
+          LOG(INFO) << "SIGHUP: nothing to reload (no --auth_tokens)";
+        } else if (absl::StatusOr<size_t> loaded = auth.Reload(); loaded.ok()) {
+          LOG(INFO) << "SIGHUP: reloaded " << *loaded << " credential(s) from "
+                    << absl::GetFlag(FLAGS_auth_tokens);
+        } else {
+          LOG(ERROR) << "SIGHUP: " << loaded.status().message()
+                     << "; the credentials in force stay";
+        }
+      }
       for (const auto& e :
            sessions.ExpireIdle(context.options.session_idle_ttl)) {
         if (e.worker >= 0) pool.ReleaseNowOrLater(e.worker, e.id);
@@ -206,8 +319,7 @@ int main(int argc, char** argv) {
 
   int port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen),
-                           grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, *public_credentials, &port);
   // Room for the largest text input the API accepts (Limits::max_text_bytes,
   // checked with a clear INVALID_ARGUMENT): gRPC's default 4 MiB cap refused
   // larger requests first, as RESOURCE_EXHAUSTED, which reads as "retry".
@@ -221,13 +333,29 @@ int main(int argc, char** argv) {
   // request's) polls the sockets.
   specserve::telemetry::InstallSyncHealthService(&builder);
   sched::IdlePoller idle_poller(&builder);
+  if (auth.enabled()) {
+    // Reflection needs a token too: its handlers are gRPC's own, so an
+    // interceptor checks it (scheduler/reflection_auth.h).
+    std::vector<
+        std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+        interceptors;
+    interceptors.push_back(
+        std::make_unique<sched::ReflectionAuthInterceptorFactory>(&auth));
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
   builder.RegisterService(&admin);
   builder.RegisterService(&generation);
   builder.RegisterService(&sessions_service);
   builder.RegisterService(&tokenization);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_listen);
+    LOG(ERROR) << "cannot listen on " << listen
+               << (public_tls.enabled() ? " (with TLS: does --tls_key belong "
+                                          "to --tls_cert?)"
+                                        : "");
+    // A joinable std::thread destroyed by the return would abort.
+    stop_housekeeping.Notify();
+    housekeeping.join();
     return 1;
   }
   context.idle_poller = &idle_poller;

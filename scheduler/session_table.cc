@@ -36,7 +36,7 @@ absl::Status NotFound(const std::string& id) {
 
 }  // namespace
 
-absl::StatusOr<std::string> NewSessionId() {
+absl::StatusOr<std::string> NewRandomId(absl::string_view prefix) {
   unsigned char bytes[16];
   size_t got = 0;
   while (got < sizeof(bytes)) {
@@ -49,9 +49,11 @@ absl::StatusOr<std::string> NewSessionId() {
     got += static_cast<size_t>(n);
   }
   return absl::StrCat(
-      "ses_", absl::BytesToHexString(absl::string_view(
+      prefix, absl::BytesToHexString(absl::string_view(
                   reinterpret_cast<const char*>(bytes), sizeof(bytes))));
 }
+
+absl::StatusOr<std::string> NewSessionId() { return NewRandomId("ses_"); }
 
 // ---------------------------------------------------------------------------
 // SessionSnapshot

@@ -237,7 +237,9 @@ class SessionTable {
       ABSL_GUARDED_BY(mu_);
 };
 
-// 128 random bits from the kernel's CSPRNG, as "ses_" + 32 hex digits.
+// 128 random bits from the kernel's CSPRNG, as `prefix` + 32 hex digits.
+absl::StatusOr<std::string> NewRandomId(absl::string_view prefix);
+// NewRandomId("ses_").
 absl::StatusOr<std::string> NewSessionId();
 
 }  // namespace specserve::scheduler

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -99,6 +100,54 @@ TEST_F(SessionTableTest, UnknownAndOtherTenantsReadAsNotFound) {
   EXPECT_TRUE(table.List("bob").empty());
   EXPECT_EQ(table.List("alice").size(), 1u);
   EXPECT_TRUE(table.Get(mine->id, "alice").ok());
+}
+
+TEST_F(SessionTableTest, AnotherTenantLeavesTheSessionUnchanged) {
+  SessionTable table(Options());
+  auto lease = table.OpenAndAcquire(100, "alice");
+  ASSERT_TRUE(lease.ok());
+  const std::string id = lease->id();
+  ASSERT_TRUE(lease->AppendCommitted({1, 2, 3, 4}).ok());
+  ASSERT_TRUE(lease->SetRewindPos(3).ok());
+  lease->SetResidency(v1::PARKED, v1::SPECULATIVE, 0);
+  const std::string unknown_message =
+      std::string(table.Get("ses_ffffffffffffffffffffffffffffffff", "bob")
+                      .status()
+                      .message());
+  // While alice's turn runs, bob's lease reads NOT_FOUND, not ABORTED
+  // ("already has a request in flight" would confirm the id exists).
+  auto busy = table.Acquire(id, "bob");
+  EXPECT_EQ(busy.status().code(), absl::StatusCode::kNotFound);
+  lease->Release();
+
+  // Every look-up of bob's answers as for an unknown id, and changes
+  // nothing.
+  for (const absl::Status& s :
+       {table.Get(id, "bob").status(), table.Acquire(id, "bob").status(),
+        table.Close(id, "bob").status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(s.message(), absl::StrCat("session ", id, " not found"));
+  }
+  EXPECT_EQ(unknown_message,
+            "session ses_ffffffffffffffffffffffffffffffff not found");
+  // Without authentication every caller is the tenant "": not alice.
+  EXPECT_EQ(table.Get(id, "").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(table.List("bob").empty());
+  EXPECT_TRUE(table.List("").empty());
+
+  auto mine = table.Get(id, "alice");
+  ASSERT_TRUE(mine.ok());
+  EXPECT_EQ(mine->tenant, "alice");
+  EXPECT_EQ(mine->committed_len, 4u);
+  EXPECT_EQ(mine->rewind_pos, 3u);
+  EXPECT_EQ(mine->residency, v1::PARKED);
+  EXPECT_FALSE(mine->busy);
+  auto again = table.Acquire(id, "alice");
+  ASSERT_TRUE(again.ok());
+  EXPECT_THAT(again->History(), ElementsAre(1, 2, 3, 4));
+  again->Release();
+  ASSERT_EQ(table.List("alice").size(), 1u);
+  EXPECT_TRUE(table.Close(id, "alice").ok());
 }
 
 TEST_F(SessionTableTest, OneLeaseAtATime) {

@@ -8,7 +8,8 @@
 namespace specserve::scheduler {
 namespace {
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeChannel(
+    const std::string& address, const telemetry::ChannelSecurity& security) {
   grpc::ChannelArguments args;
   // Reconnect quickly to a restarted worker: gRPC's default maximum backoff
   // (120 s) would leave it marked unavailable for minutes.
@@ -16,8 +17,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   args);
+  return security.Dial(address, args);
 }
 
 }  // namespace
@@ -29,7 +29,7 @@ WorkerPool::WorkerPool(const std::vector<std::string>& addresses,
   for (const std::string& address : addresses) {
     auto w = std::make_unique<Worker>();
     w->address = address;
-    w->channel = MakeChannel(address);
+    w->channel = MakeChannel(address, options_.security);
     w->stub = specserve::worker::v1::Worker::NewStub(w->channel);
     w->health = grpc::health::v1::Health::NewStub(w->channel);
     workers_.push_back(std::move(w));
@@ -79,7 +79,8 @@ WorkerPool::Observed WorkerPool::Poll(const Worker& w, uint64_t list_instance,
   grpc::ClientContext ctx;
   ctx.set_deadline(deadline);
   specserve::worker::v1::WorkerInfoRequest req;
-  req.set_claim_sessions(true);  // renews the worker's session lease
+  req.set_claim_sessions(true);   // renews the worker's session lease
+  req.set_owner(options_.owner);  // the list holds this scheduler's only
   req.set_sessions_instance(list_instance);
   req.set_sessions_epoch(list_epoch);
   grpc::Status s = w.stub->GetWorkerInfo(&ctx, req, &o.info);

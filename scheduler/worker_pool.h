@@ -31,6 +31,7 @@
 #include "proto/health.grpc.pb.h"
 #include "proto/specserve.pb.h"
 #include "proto/worker.grpc.pb.h"
+#include "telemetry/tls_credentials.h"
 
 namespace specserve::scheduler {
 
@@ -42,6 +43,14 @@ struct WorkerPoolOptions {
   // answered for this long. One that cannot be reached at all (connection
   // refused or reset: its process is gone) loses them at once.
   absl::Duration lost_after = absl::Seconds(10);
+  // How every channel to a worker is dialled (health polls, bursts, session
+  // calls): plaintext by default, else TLS that verifies each worker's
+  // certificate and presents the scheduler's own.
+  telemetry::ChannelSecurity security;
+  // The owner token every session call carries (proto/worker.proto): the
+  // workers refuse calls on this scheduler's sessions without it. Secret;
+  // chosen at random per start (scheduler_main).
+  std::string owner;
 };
 
 // What the monitor learns about the sessions on a worker. Called on the
@@ -125,6 +134,8 @@ class WorkerPool {
     return workers_[index]->stub.get();
   }
   int size() const { return static_cast<int>(workers_.size()); }
+  // WorkerPoolOptions::owner, for the calls made with stub().
+  const std::string& owner() const { return options_.owner; }
 
  private:
   struct Worker {

@@ -64,9 +64,10 @@ void SetDeadline(grpc::ClientContext* ctx, absl::Time deadline) {
   }
 }
 
-wv1::SessionRef Ref(const std::string& session_id) {
+wv1::SessionRef Ref(const std::string& session_id, const std::string& owner) {
   wv1::SessionRef ref;
   ref.set_session_id(session_id);
+  ref.set_owner(owner);
   return ref;
 }
 
@@ -74,6 +75,7 @@ wv1::SessionRef Ref(const std::string& session_id) {
 
 grpc::Status WorkerPool::Admit(int index, const wv1::AdmitRequest& request,
                                absl::Time deadline, wv1::SessionState* state) {
+  DCHECK_EQ(request.owner(), options_.owner) << "an admit without our owner";
   grpc::ClientContext ctx;
   SetDeadline(&ctx, deadline);
   wv1::Worker::Stub* stub = workers_[index]->stub.get();
@@ -99,7 +101,8 @@ grpc::Status WorkerPool::ReleaseCall(int index, const std::string& session_id,
   grpc::ClientContext ctx;
   SetDeadline(&ctx, absl::Now() + timeout);
   wv1::ReleaseResponse rr;
-  return workers_[index]->stub->Release(&ctx, Ref(session_id), &rr);
+  return workers_[index]->stub->Release(&ctx, Ref(session_id, options_.owner),
+                                        &rr);
 }
 
 grpc::Status WorkerPool::Release(int index, const std::string& session_id,
@@ -107,7 +110,7 @@ grpc::Status WorkerPool::Release(int index, const std::string& session_id,
   grpc::ClientContext ctx;
   SetDeadline(&ctx, absl::Now() + timeout);
   wv1::Worker::Stub* stub = workers_[index]->stub.get();
-  const wv1::SessionRef ref = Ref(session_id);
+  const wv1::SessionRef ref = Ref(session_id, options_.owner);
   wv1::ReleaseResponse rr;
   return Watched<wv1::ReleaseResponse>(
       &ctx,
@@ -131,7 +134,7 @@ grpc::Status WorkerPool::Park(int index, const std::string& session_id,
   grpc::ClientContext ctx;
   SetDeadline(&ctx, absl::Now() + timeout);
   wv1::Worker::Stub* stub = workers_[index]->stub.get();
-  const wv1::SessionRef ref = Ref(session_id);
+  const wv1::SessionRef ref = Ref(session_id, options_.owner);
   return Watched<wv1::SessionState>(
       &ctx,
       [&](grpc::CompletionQueue* cq) {
@@ -146,7 +149,7 @@ grpc::Status WorkerPool::Demote(int index, const std::string& session_id,
   grpc::ClientContext ctx;
   SetDeadline(&ctx, absl::Now() + timeout);
   wv1::Worker::Stub* stub = workers_[index]->stub.get();
-  const wv1::SessionRef ref = Ref(session_id);
+  const wv1::SessionRef ref = Ref(session_id, options_.owner);
   return Watched<wv1::SessionState>(
       &ctx,
       [&](grpc::CompletionQueue* cq) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "telemetry/constant_time.h"
 
 namespace specserve::worker {
 
@@ -13,6 +14,11 @@ SessionPool::SessionPool(SessionPoolOptions options,
     : options_(options), executor_(executor) {}
 
 namespace {
+
+absl::Status NotOnThisWorker(const std::string& id) {
+  return absl::NotFoundError(
+      absl::StrCat("session ", id, " is not on this worker"));
+}
 
 // The session's saved recurrent/conv state (null without a checkpoint).
 model::TrunkCheckpoint* TrunkOf(spec::SpecSession* s) {
@@ -47,7 +53,7 @@ void SessionPool::UnlinkLocked(Entry* e) {
 }
 
 absl::StatusOr<SessionPool::Lease> SessionPool::Insert(
-    std::unique_ptr<spec::SpecSession> session) {
+    std::unique_ptr<spec::SpecSession> session, std::string owner) {
   const std::string id = session->id();
   absl::MutexLock lock(&mu_);
   if (entries_.count(id)) {
@@ -57,25 +63,31 @@ absl::StatusOr<SessionPool::Lease> SessionPool::Insert(
   evicted_.erase(id);
   Entry& e = entries_[id];
   e.session = std::move(session);
+  e.owner = std::move(owner);
   e.busy = true;
   e.device_bytes = BytesOf(*e.session);
   return Lease(this, e.session.get());
 }
 
-absl::StatusOr<SessionPool::Lease> SessionPool::Acquire(const std::string& id) {
+absl::StatusOr<SessionPool::Lease> SessionPool::Acquire(
+    const std::string& id, absl::string_view owner) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it == entries_.end()) {
-    if (evicted_.count(id)) {
+    auto evicted = evicted_.find(id);
+    if (evicted != evicted_.end() &&
+        telemetry::ConstantTimeEquals(evicted->second, owner)) {
       return absl::NotFoundError(absl::StrCat(
           "session ", id,
           " was evicted from this worker under memory pressure; rebuild it "
           "from its history"));
     }
-    return absl::NotFoundError(
-        absl::StrCat("session ", id, " is not on this worker"));
+    return NotOnThisWorker(id);
   }
   Entry& e = it->second;
+  if (!telemetry::ConstantTimeEquals(e.owner, owner)) {
+    return NotOnThisWorker(id);
+  }
   if (e.busy) {
     return absl::AbortedError(absl::StrCat(
         "session ", id, " is already running a request on this worker"));
@@ -128,12 +140,13 @@ void SessionPool::Return(spec::SpecSession* session, bool discard) {
   EnforceBudgetsLocked();
 }
 
-absl::Status SessionPool::Release(const std::string& id) {
+absl::Status SessionPool::Release(const std::string& id,
+                                  absl::string_view owner) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(id);
-  if (it == entries_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("session ", id, " is not on this worker"));
+  if (it == entries_.end() ||
+      !telemetry::ConstantTimeEquals(it->second.owner, owner)) {
+    return NotOnThisWorker(id);
   }
   if (it->second.busy) {
     // Detach now, free when the lease returns (see the header).
@@ -209,8 +222,8 @@ void SessionPool::EnforceBudgetsLocked() {
     const std::string id = *it;
     it = lru_.erase(it);
     e.in_lru = false;
+    evicted_[id] = std::move(e.owner);
     entries_.erase(id);
-    evicted_.insert(id);
     ++counters_.drops;
     ++epoch_;
     LOG(INFO) << "dropped session " << id << " (host memory budget)";
@@ -218,7 +231,21 @@ void SessionPool::EnforceBudgetsLocked() {
 }
 
 SessionPool::Stats SessionPool::stats() const {
-  absl::MutexLock lock(&mu_);
+  // Never waits on the pool: while a budget pass holds it (offloads copy
+  // gigabytes and wait for the model) the last figures are answered, so
+  // GetWorkerInfo, the scheduler's liveness poll, stays fast under load.
+  if (!mu_.TryLock()) {
+    absl::MutexLock published(&published_mu_);
+    return published_stats_;
+  }
+  Stats s = StatsLocked();
+  mu_.Unlock();
+  absl::MutexLock published(&published_mu_);
+  published_stats_ = s;
+  return s;
+}
+
+SessionPool::Stats SessionPool::StatsLocked() const {
   Stats s = counters_;
   for (const auto& [id, e] : entries_) {
     ++s.sessions;
@@ -245,13 +272,24 @@ absl::StatusOr<Residency> SessionPool::ResidencyOf(
   return it->second.residency;
 }
 
+std::optional<SessionPool::Listing> SessionPool::TryList() const {
+  if (!mu_.TryLock()) return std::nullopt;
+  Listing out = ListLocked();
+  mu_.Unlock();
+  return out;
+}
+
 SessionPool::Listing SessionPool::List() const {
   absl::MutexLock lock(&mu_);
+  return ListLocked();
+}
+
+SessionPool::Listing SessionPool::ListLocked() const {
   Listing out;
   out.epoch = epoch_;
   out.sessions.reserve(entries_.size());
   for (const auto& [id, e] : entries_) {
-    out.sessions.push_back({id, e.busy, e.residency});
+    out.sessions.push_back({id, e.owner, e.busy, e.residency});
   }
   return out;
 }

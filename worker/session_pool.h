@@ -11,6 +11,11 @@
 //    with "evicted").
 // Busy sessions are never evicted, so budgets can be exceeded while every
 // session is busy; they are enforced again as leases return.
+//
+// Each session belongs to the owner it was inserted with (proto/worker.proto:
+// the scheduler's owner token; "" for callers that give none). Acquire and
+// Release with another owner answer NOT_FOUND with the message of an unknown
+// id and change nothing (owners are compared in constant time).
 #ifndef SPECSERVE_WORKER_SESSION_POOL_H_
 #define SPECSERVE_WORKER_SESSION_POOL_H_
 
@@ -18,11 +23,13 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "worker/model/model.h"
 #include "worker/spec/model_executor.h"
@@ -43,17 +50,21 @@ class SessionPool {
 
   SessionPool(SessionPoolOptions options, spec::ModelExecutor* executor);
 
-  // Adds a new session, leased to the caller. ALREADY_EXISTS for a known id.
-  absl::StatusOr<Lease> Insert(std::unique_ptr<spec::SpecSession> session);
+  // Adds a new session of `owner`, leased to the caller. ALREADY_EXISTS for
+  // a known id.
+  absl::StatusOr<Lease> Insert(std::unique_ptr<spec::SpecSession> session,
+                               std::string owner = "");
   // Exclusive use of a session; restores offloaded caches first.
-  // NOT_FOUND (unknown or evicted), ABORTED (in use).
-  absl::StatusOr<Lease> Acquire(const std::string& id);
+  // NOT_FOUND (unknown, another owner's, or evicted), ABORTED (in use).
+  absl::StatusOr<Lease> Acquire(const std::string& id,
+                                absl::string_view owner = "");
   // Frees a session. One still leased (a burst the scheduler gave up on —
   // cancelled, past its deadline — runs until its next emit fails) is
   // detached at once, so its id is free for a new Admit, and freed when its
   // lease returns. Without this, the scheduler's Release raced the burst's
   // end, got ABORTED, and the copy stayed in the pool for good.
-  absl::Status Release(const std::string& id);
+  // NOT_FOUND, nothing freed, for an unknown id or another owner's.
+  absl::Status Release(const std::string& id, absl::string_view owner = "");
 
   struct Stats {
     int sessions = 0;
@@ -65,6 +76,8 @@ class SessionPool {
     uint64_t restores = 0;
     uint64_t drops = 0;
   };
+  // Never blocks on the pool: while it is held, the figures of the last
+  // call that found it free.
   Stats stats() const;
   uint64_t device_budget_bytes() const { return options_.device_budget_bytes; }
   // Residency of an idle session (NOT_FOUND if unknown).
@@ -76,6 +89,7 @@ class SessionPool {
   // needs a new list only when the epoch moved.
   struct Listed {
     std::string id;
+    std::string owner;
     bool busy = false;
     Residency residency = Residency::kResident;
   };
@@ -84,6 +98,8 @@ class SessionPool {
     std::vector<Listed> sessions;
   };
   Listing List() const;
+  // List() unless the pool is held now (nullopt): for the liveness poll.
+  std::optional<Listing> TryList() const;
   uint64_t epoch() const;
   // Frees every idle (not leased) session; returns how many. Leased ones
   // (a burst running) are left: they are idle again once it ends.
@@ -114,6 +130,7 @@ class SessionPool {
  private:
   struct Entry {
     std::unique_ptr<spec::SpecSession> session;
+    std::string owner;
     bool busy = false;
     Residency residency = Residency::kResident;
     // When offloaded; the session's checkpoint then holds its own host copy
@@ -133,6 +150,8 @@ class SessionPool {
   static uint64_t HostBytesOf(const Entry& e);
   // Offloads/drops idle sessions until the budgets hold (or none is idle).
   void EnforceBudgetsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Stats StatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Listing ListLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchLocked(const std::string& id, Entry* e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnlinkLocked(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -141,13 +160,17 @@ class SessionPool {
   spec::ModelExecutor* const executor_;
 
   mutable absl::Mutex mu_;
+  // stats()'s answer while mu_ is held elsewhere.
+  mutable absl::Mutex published_mu_;
+  mutable Stats published_stats_ ABSL_GUARDED_BY(published_mu_);
   std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);
   // Sessions released while leased (see Release), keyed by the session the
   // lease points at; freed by Return. Counted in stats() until then.
   std::map<const spec::SpecSession*, Entry> releasing_ ABSL_GUARDED_BY(mu_);
-  // Ids dropped under memory pressure, so Acquire can say why.
-  std::set<std::string> evicted_ ABSL_GUARDED_BY(mu_);
+  // Ids dropped under memory pressure, with their owners, so Acquire can
+  // tell their owner why.
+  std::map<std::string, std::string> evicted_ ABSL_GUARDED_BY(mu_);
   Stats counters_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
 };

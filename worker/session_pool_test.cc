@@ -146,7 +146,42 @@ TEST_F(SessionPoolTest, LeasesAreExclusiveAndBudgetsEvictLru) {
   auto gone = small.Acquire("t0");
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(gone.status().message().find("evicted"), std::string::npos);
+  // Only its owner learns that it was evicted.
+  EXPECT_EQ(small.Acquire("t0", "own_other").status().message(),
+            "session t0 is not on this worker");
   EXPECT_TRUE(small.Acquire("t1").ok());  // restored from host memory
+}
+
+TEST_F(SessionPoolTest, AnotherOwnerReadsAsUnknownAndChangesNothing) {
+  SessionPoolOptions o;
+  SessionPool pool(o, executor_.get());
+  auto s = engine_->Admit("o", 128, Prompt(9));
+  ASSERT_TRUE(s.ok());
+  {
+    auto lease = pool.Insert(std::move(*s), "own_a");
+    ASSERT_TRUE(lease.ok());
+  }
+  const std::string unknown(pool.Acquire("nope", "own_a").status().message());
+  EXPECT_EQ(unknown, "session nope is not on this worker");
+  for (const char* owner : {"", "own_b", "own_", "own_aa"}) {
+    auto got = pool.Acquire("o", owner);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << owner;
+    EXPECT_EQ(got.status().message(), "session o is not on this worker");
+    absl::Status released = pool.Release("o", owner);
+    EXPECT_EQ(released.code(), absl::StatusCode::kNotFound) << owner;
+    EXPECT_EQ(released.message(), "session o is not on this worker");
+  }
+  EXPECT_EQ(pool.stats().sessions, 1);
+  SessionPool::Listing l = pool.List();
+  ASSERT_EQ(l.sessions.size(), 1u);
+  EXPECT_EQ(l.sessions[0].owner, "own_a");
+  {
+    auto mine = pool.Acquire("o", "own_a");
+    ASSERT_TRUE(mine.ok()) << mine.status();
+    EXPECT_EQ((*mine)->committed_len(), 12);
+  }
+  EXPECT_TRUE(pool.Release("o", "own_a").ok());
+  EXPECT_EQ(pool.stats().sessions, 0);
 }
 
 TEST_F(SessionPoolTest, ResumedSessionCarriesTelemetry) {

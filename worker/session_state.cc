@@ -8,9 +8,10 @@ specserve::worker::v1::SessionState SessionStateToProto(
   specserve::worker::v1::SessionState out;
   out.set_session_id(s.id());
   out.set_residency(residency);
-  out.set_mode(s.mode() == spec::DecodeMode::kSpeculative
-                   ? specserve::v1::SPECULATIVE
-                   : specserve::v1::BATCHED);
+  // BATCHED: the session runs plain decode only (demoted, or admitted
+  // without draft state).
+  out.set_mode(s.can_draft() ? specserve::v1::SPECULATIVE
+                             : specserve::v1::BATCHED);
   out.set_committed_len(s.committed_len());
   out.set_capacity(s.cache_max_ctx());
   if (s.pending_tok) out.set_pending_tok(*s.pending_tok);

@@ -1,6 +1,7 @@
 // specserve_worker: one process per GPU (or the CPU backend). Loads a model
 // directory, serves specserve.worker.v1 to the scheduler, with health and
 // reflection; SIGTERM drains.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -19,10 +20,12 @@
 #include "grpcpp/grpcpp.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "telemetry/server_lifecycle.h"
+#include "telemetry/tls_credentials.h"
 #ifdef SPECSERVE_WITH_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
 #include "worker/model/model.h"
+#include "worker/request_limits.h"
 #include "worker/restart.h"
 #include "worker/step_costs.h"
 #include "worker/worker_service.h"
@@ -41,9 +44,11 @@ ABSL_FLAG(bool, cuda_graphs, true,
           "On cuda:N, record each step shape once as a CUDA graph and replay "
           "it (results are bit-identical either way); the CPU runs op by op.");
 ABSL_FLAG(int, threads, 0, "CPU backend threads (0 = one per core).");
-ABSL_FLAG(int64_t, memory_budget_mb, 4096,
+ABSL_FLAG(int64_t, memory_budget_mb, -1,
           "Device memory for session caches before idle sessions are "
-          "offloaded to host memory.");
+          "offloaded to host memory (0: offload every idle session). -1: on "
+          "a GPU, 90% of the memory free once the weights are loaded, less "
+          "2 GiB for workspaces and step graphs; on the CPU, 4096.");
 ABSL_FLAG(int64_t, host_budget_mb, 8192,
           "Host memory for offloaded sessions before the least recently used "
           "are dropped.");
@@ -60,6 +65,14 @@ ABSL_FLAG(int, session_lease_seconds, 60,
           "--worker_poll_ms, as does every session call; keep it well above "
           "the scheduler's poll interval. Time the process is stopped "
           "(SIGSTOP) does not count.");
+
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of this worker: serve TLS only (with "
+          "--tls_key; plaintext clients are refused). Empty = plaintext.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA: every client (the scheduler) must present a certificate "
+          "it signed (mutual TLS). Needs --tls_cert.");
 
 namespace {
 
@@ -99,6 +112,28 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
 
+  // Before the model loads: a bad TLS flag fails at once.
+  specserve::telemetry::ServerTlsFiles tls;
+  tls.cert = absl::GetFlag(FLAGS_tls_cert);
+  tls.key = absl::GetFlag(FLAGS_tls_key);
+  tls.client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  auto credentials = specserve::telemetry::MakeServerCredentials(tls);
+  if (!credentials.ok()) {
+    LOG(ERROR) << credentials.status().message();
+    return 2;
+  }
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  if (!tls.enabled() &&
+      !specserve::telemetry::IsLoopbackListenAddress(listen)) {
+    LOG(WARNING) << "serving plaintext on " << listen
+                 << ", which is not a loopback address: anyone who can "
+                    "reach it can call this worker; give --tls_cert, "
+                    "--tls_key and --tls_client_ca";
+  } else if (tls.enabled() && tls.client_ca.empty()) {
+    LOG(WARNING) << "TLS without --tls_client_ca: any client can call this "
+                    "worker";
+  }
+
   const std::string device = absl::GetFlag(FLAGS_device);
   auto backend = MakeBackend(device);
   if (!backend.ok()) {
@@ -125,8 +160,20 @@ int main(int argc, char** argv) {
   specserve::worker::WorkerOptions options;
   options.device = device;
   options.default_capacity = absl::GetFlag(FLAGS_default_capacity);
+  const int64_t budget_mb = absl::GetFlag(FLAGS_memory_budget_mb);
   options.pool.device_budget_bytes =
-      static_cast<uint64_t>(absl::GetFlag(FLAGS_memory_budget_mb)) << 20;
+      static_cast<uint64_t>(std::max<int64_t>(budget_mb, 0)) << 20;
+  if (budget_mb < 0) {
+    constexpr uint64_t kReserve = uint64_t{2} << 30;
+    absl::StatusOr<uint64_t> free_bytes = backend_owner->FreeDeviceBytes();
+    options.pool.device_budget_bytes =
+        free_bytes.ok()
+            ? (*free_bytes > kReserve ? (*free_bytes - kReserve) / 10 * 9
+                                      : *free_bytes / 2)
+            : uint64_t{4096} << 20;
+  }
+  LOG(INFO) << "session memory budget: "
+            << (options.pool.device_budget_bytes >> 20) << " MiB on " << device;
   options.pool.host_budget_bytes =
       static_cast<uint64_t>(absl::GetFlag(FLAGS_host_budget_mb)) << 20;
   options.enable_fault_injection = absl::GetFlag(FLAGS_enable_fault_injection);
@@ -160,12 +207,18 @@ int main(int argc, char** argv) {
 
   int port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen),
-                           grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, *credentials, &port);
+  // Room for an Admit of a whole context of history, and no more
+  // (worker/request_limits.h).
+  builder.SetMaxReceiveMessageSize(specserve::worker::MaxWorkerRequestBytes(
+      (*model)->config().max_position_embeddings));
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_listen);
+    LOG(ERROR) << "cannot listen on " << listen
+               << (tls.enabled() ? " (with TLS: does --tls_key belong to "
+                                   "--tls_cert?)"
+                                 : "");
     return 1;
   }
   // Tests and tools/serve read this line to learn the port.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "kernels/sampling/sampling.h"
+#include "telemetry/constant_time.h"
 #include "telemetry/grpc_reactors.h"
 #include "telemetry/server_lifecycle.h"
 #include "telemetry/status_macros.h"
@@ -117,14 +118,20 @@ grpc::ServerUnaryReactor* WorkerService::GetWorkerInfo(
   response->set_pid(static_cast<uint32_t>(getpid()));
   response->set_instance(instance_);
   // The list is read with its epoch, so the pair describes one moment: a
-  // caller that stores both asks again only after the next change.
-  uint64_t epoch = pool_.epoch();
-  if (request->sessions_instance() != instance_ ||
-      request->sessions_epoch() != epoch) {
-    SessionPool::Listing listing = pool_.List();
-    epoch = listing.epoch;
+  // caller that stores both asks again only after the next change. While the
+  // pool is held (a budget pass can take seconds) no list is sent and the
+  // caller keeps what it has: this poll is the scheduler's liveness check
+  // and must not wait on the pool.
+  std::optional<SessionPool::Listing> listing = pool_.TryList();
+  const bool same_instance = request->sessions_instance() == instance_;
+  uint64_t epoch = listing         ? listing->epoch
+                   : same_instance ? request->sessions_epoch()
+                                   : 0;
+  if (listing && (!same_instance || request->sessions_epoch() != epoch)) {
     auto* list = response->mutable_session_list();
-    for (const SessionPool::Listed& l : listing.sessions) {
+    for (const SessionPool::Listed& l : listing->sessions) {
+      // Another owner's session ids are not the caller's to know.
+      if (!telemetry::ConstantTimeEquals(l.owner, request->owner())) continue;
       auto* e = list->add_sessions();
       e->set_session_id(l.id);
       e->set_residency(l.busy ? specserve::worker::v1::RESIDENT
@@ -161,13 +168,14 @@ grpc::ServerUnaryReactor* WorkerService::Admit(
         request->session_id(), capacity, history,
         request->has_checkpoint_pos()
             ? std::optional<int>(static_cast<int>(request->checkpoint_pos()))
-            : std::nullopt);
+            : std::nullopt,
+        request->speculative());
     if (!session.ok()) {
       reactor->Finish(ToGrpc(session.status()));
       return;
     }
     {
-      auto lease = pool_.Insert(std::move(*session));
+      auto lease = pool_.Insert(std::move(*session), request->owner());
       if (!lease.ok()) {
         reactor->Finish(ToGrpc(lease.status()));
         return;
@@ -178,7 +186,7 @@ grpc::ServerUnaryReactor* WorkerService::Admit(
       // The scheduler gave up on this admit (the worker looked hung, or the
       // deadline passed) and never learns of the copy: free it now, or it
       // stays in the pool for good.
-      pool_.Release(request->session_id()).IgnoreError();
+      pool_.Release(request->session_id(), request->owner()).IgnoreError();
       reactor->Finish(
           grpc::Status(grpc::StatusCode::CANCELLED, "admit cancelled"));
       return;
@@ -208,12 +216,26 @@ grpc::ServerWriteReactor<BurstEvent>* WorkerService::Burst(
         absl::StrCat("k = ", request->k(), " exceeds the largest draft depth (",
                      model::StateOptions().max_verify_columns - 1, ")")));
   }
-  auto lease = pool_.Acquire(request->session_id());
+  auto lease = pool_.Acquire(request->session_id(), request->owner());
   if (!lease.ok()) return new Refused(ToGrpc(lease.status()));
+  if (request->has_expect_history_len()) {
+    // The integrity guard (proto/worker.proto): a copy that is not what the
+    // scheduler's history says is refused before anything touches it.
+    const spec::SpecSession& s = *lease->get();
+    const uint32_t holds = s.committed_len() + (s.has_pending() ? 1 : 0);
+    if (holds != request->expect_history_len()) {
+      return new Refused(grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrCat("session ", request->session_id(), " holds ", holds,
+                       " tokens of history here, the caller expects ",
+                       request->expect_history_len(),
+                       ": rebuild it from its history")));
+    }
+  }
   auto stop = std::make_shared<std::atomic<bool>>(false);
   {
     absl::MutexLock lock(&stops_mu_);
-    stops_[request->session_id()] = stop;
+    stops_[request->session_id()] = RunningBurst{stop, request->owner()};
   }
   auto* writer = new BurstWriter();
   std::thread([this, ctx, req = *request, lease = std::move(*lease), writer,
@@ -232,8 +254,9 @@ grpc::ServerUnaryReactor* WorkerService::StopBurst(
   {
     absl::MutexLock lock(&stops_mu_);
     auto it = stops_.find(request->session_id());
-    if (it != stops_.end()) {
-      it->second->store(true);
+    if (it != stops_.end() &&
+        telemetry::ConstantTimeEquals(it->second.owner, request->owner())) {
+      it->second.stop->store(true);
       running = true;
     }
   }
@@ -311,7 +334,7 @@ void WorkerService::RunBurst(grpc::CallbackServerContext* ctx,
   {
     absl::MutexLock lock(&stops_mu_);
     auto it = stops_.find(request.session_id());
-    if (it != stops_.end() && it->second == stop) stops_.erase(it);
+    if (it != stops_.end() && it->second.stop == stop) stops_.erase(it);
   }
   { SessionPool::Lease done = std::move(lease); }  // back to the pool first
   --active_bursts_;
@@ -320,10 +343,12 @@ void WorkerService::RunBurst(grpc::CallbackServerContext* ctx,
 }
 
 grpc::ServerUnaryReactor* WorkerService::RunSessionOp(
-    grpc::CallbackServerContext* ctx, const std::string& session_id,
-    SessionState* response, SessionOp op, bool idle_residency) {
+    grpc::CallbackServerContext* ctx,
+    const specserve::worker::v1::SessionRef& ref, SessionState* response,
+    SessionOp op, bool idle_residency) {
   lease_.Renew();
-  auto lease = pool_.Acquire(session_id);
+  const std::string& session_id = ref.session_id();
+  auto lease = pool_.Acquire(session_id, ref.owner());
   if (!lease.ok()) return FinishUnary(ctx, ToGrpc(lease.status()));
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   std::thread([this, reactor, response, op = std::move(op), session_id,
@@ -355,9 +380,9 @@ grpc::ServerUnaryReactor* WorkerService::RunSessionOp(
 grpc::ServerUnaryReactor* WorkerService::Flush(
     grpc::CallbackServerContext* ctx,
     const specserve::worker::v1::SessionRef* request, SessionState* response) {
-  return RunSessionOp(
-      ctx, request->session_id(), response,
-      [this](spec::SpecSession* s) { return engine_.Flush(s); });
+  return RunSessionOp(ctx, *request, response, [this](spec::SpecSession* s) {
+    return engine_.Flush(s);
+  });
 }
 
 grpc::ServerUnaryReactor* WorkerService::Park(
@@ -366,7 +391,7 @@ grpc::ServerUnaryReactor* WorkerService::Park(
   // Parked sessions are flushed (with next_pred) so any later request can
   // resume them; the pool may then offload them under pressure.
   return RunSessionOp(
-      ctx, request->session_id(), response,
+      ctx, *request, response,
       [this](spec::SpecSession* s) { return engine_.Flush(s); },
       /*idle_residency=*/true);
 }
@@ -376,33 +401,32 @@ grpc::ServerUnaryReactor* WorkerService::Resume(
     const specserve::worker::v1::SessionRef* request, SessionState* response) {
   // Acquire restores offloaded caches; a new request gets one fresh
   // draft-graph capture chance.
-  return RunSessionOp(ctx, request->session_id(), response,
-                      [](spec::SpecSession* s) {
-                        s->reset_graph_fallback_on_resume();
-                        return absl::OkStatus();
-                      });
+  return RunSessionOp(ctx, *request, response, [](spec::SpecSession* s) {
+    s->reset_graph_fallback_on_resume();
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* WorkerService::Rewind(
     grpc::CallbackServerContext* ctx,
     const specserve::worker::v1::SessionRef* request, SessionState* response) {
-  return RunSessionOp(
-      ctx, request->session_id(), response,
-      [this](spec::SpecSession* s) { return engine_.Rewind(s); });
+  return RunSessionOp(ctx, *request, response, [this](spec::SpecSession* s) {
+    return engine_.Rewind(s);
+  });
 }
 
 grpc::ServerUnaryReactor* WorkerService::Demote(
     grpc::CallbackServerContext* ctx,
     const specserve::worker::v1::SessionRef* request, SessionState* response) {
-  return RunSessionOp(
-      ctx, request->session_id(), response,
-      [this](spec::SpecSession* s) { return engine_.Demote(s); });
+  return RunSessionOp(ctx, *request, response, [this](spec::SpecSession* s) {
+    return engine_.Demote(s);
+  });
 }
 
 grpc::ServerUnaryReactor* WorkerService::GetSessionState(
     grpc::CallbackServerContext* ctx,
     const specserve::worker::v1::SessionRef* request, SessionState* response) {
-  return RunSessionOp(ctx, request->session_id(), response,
+  return RunSessionOp(ctx, *request, response,
                       [](spec::SpecSession*) { return absl::OkStatus(); });
 }
 
@@ -411,7 +435,8 @@ grpc::ServerUnaryReactor* WorkerService::Release(
     const specserve::worker::v1::SessionRef* request,
     specserve::worker::v1::ReleaseResponse*) {
   lease_.Renew();
-  return FinishUnary(ctx, ToGrpc(pool_.Release(request->session_id())));
+  return FinishUnary(
+      ctx, ToGrpc(pool_.Release(request->session_id(), request->owner())));
 }
 
 grpc::ServerUnaryReactor* WorkerService::LoadModel(

@@ -10,6 +10,9 @@
 // A running burst can be asked to stop at its next round boundary
 // (StopBurst): it then ends like any other burst, with its summary, so the
 // scheduler learns exactly what was committed.
+// Every session call names the session's owner, and a Burst may name the
+// history length the copy must hold: the checks of proto/worker.proto that
+// keep a caller who is not the session's scheduler from changing it.
 #ifndef SPECSERVE_WORKER_WORKER_SERVICE_H_
 #define SPECSERVE_WORKER_WORKER_SERVICE_H_
 
@@ -107,7 +110,8 @@ class WorkerService final
   // once back in the pool (PARKED or OFFLOADED; NOT_FOUND if the pool
   // dropped it at once), rather than RESIDENT as seen while leased.
   grpc::ServerUnaryReactor* RunSessionOp(
-      grpc::CallbackServerContext* ctx, const std::string& session_id,
+      grpc::CallbackServerContext* ctx,
+      const specserve::worker::v1::SessionRef& ref,
       specserve::worker::v1::SessionState* response, SessionOp op,
       bool idle_residency = false);
   specserve::worker::v1::SessionState StateOf(const spec::SpecSession& s,
@@ -129,11 +133,16 @@ class WorkerService final
   // After pool_: its thread stops before the pool goes.
   SchedulerLease lease_;
   std::atomic<int> active_bursts_{0};
-  // The stop flag of each running burst, by session id. An entry lives
-  // exactly while the burst holds the session's lease (at most one burst
-  // per session), so a StopBurst never reaches a later burst.
+  // The stop flag of each running burst, by session id, with the owner a
+  // StopBurst must name. An entry lives exactly while the burst holds the
+  // session's lease (at most one burst per session), so a StopBurst never
+  // reaches a later burst.
+  struct RunningBurst {
+    StopFlag stop;
+    std::string owner;
+  };
   absl::Mutex stops_mu_;
-  std::map<std::string, StopFlag> stops_ ABSL_GUARDED_BY(stops_mu_);
+  std::map<std::string, RunningBurst> stops_ ABSL_GUARDED_BY(stops_mu_);
 };
 
 }  // namespace specserve::worker

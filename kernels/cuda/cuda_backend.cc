@@ -216,6 +216,14 @@ absl::Status CudaBackend::CopyOnDevice(void* dst, const void* src,
   return absl::OkStatus();
 }
 
+absl::StatusOr<uint64_t> CudaBackend::FreeDeviceBytes() const {
+  SS_RETURN_IF_ERROR(UseDevice());
+  size_t free_bytes = 0, total_bytes = 0;
+  SS_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes),
+                          "cudaMemGetInfo");
+  return static_cast<uint64_t>(free_bytes);
+}
+
 absl::Status CudaBackend::Zero(void* dst, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
   SS_RETURN_IF_ERROR(UseDevice());

@@ -70,6 +70,7 @@ class CudaBackend : public Backend {
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda"; }
+  absl::StatusOr<uint64_t> FreeDeviceBytes() const override;
   int device() const { return device_; }
   // The stream every op is issued on (for events, graphs, benchmarks).
   cudaStream_t stream() const { return stream_.get(); }

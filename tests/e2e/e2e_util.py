@@ -29,6 +29,10 @@ DEFAULT_MODEL = os.path.join(procs.REPO, "models", "default")
 SPEC_ALWAYS_PAYS = "--step_costs=decode=1.0;verify=0.001"
 # How long any single RPC of a test may take before the test fails.
 RPC_TIMEOUT = 60.0
+# The owner token of every scheduler a Cluster starts (--worker_owner), so
+# tests can inspect its sessions on the workers (proto/worker.proto): pass
+# owner=WORKER_OWNER in worker session calls.
+WORKER_OWNER = "own_e2e-tests"
 
 
 wait_until = procs.wait_until
@@ -43,10 +47,17 @@ class Cluster:
 
     def __init__(self, n_workers=1, model=DEFAULT_MODEL, worker_extra=(),
                  scheduler_extra=(), metrics=False, per_worker_extra=None,
-                 scheduler=True):
+                 scheduler=True, scheduler_credentials=None,
+                 scheduler_token=None):
         """per_worker_extra: flags for worker i only (a list of lists);
-        scheduler=False: start workers only (add_scheduler later)."""
+        scheduler=False: start workers only (add_scheduler later);
+        scheduler_credentials: grpc channel credentials for schedulers that
+        serve TLS (scheduler_extra gives their --tls_* flags);
+        scheduler_token: the bearer token of self.client and of the
+        readiness checks (schedulers with --auth_tokens)."""
         self.model = model
+        self.scheduler_credentials = scheduler_credentials
+        self.scheduler_token = scheduler_token
         self.worker_extra = ["--threads=1"] + list(worker_extra)
         self.workers = []
         self.schedulers = []
@@ -60,7 +71,9 @@ class Cluster:
                 self.scheduler = self.add_scheduler(
                     [w.address for w in self.workers], scheduler_extra,
                     metrics=metrics)
-                self.client = self.client_for(self.scheduler)
+                self.client = self.client_for(self.scheduler,
+                                              scheduler_credentials,
+                                              scheduler_token)
         except BaseException:
             self.stop()
             raise
@@ -69,17 +82,20 @@ class Cluster:
         extra = list(extra)
         if metrics:
             extra.append("--metrics_port=0")
+        if not any(a.startswith("--worker_owner") for a in extra):
+            extra.append("--worker_owner=" + WORKER_OWNER)
         s = procs.start_scheduler(worker_addresses, model=self.model,
                                   extra=extra)
         self.schedulers.append(s)
-        c = self.client_for(s)
+        c = self.client_for(s, self.scheduler_credentials,
+                            self.scheduler_token)
         wait_until(lambda: all(w.available for w in c.call(
             "specserve.v1.Admin/GetServerInfo").workers), timeout=20,
             what="every worker available at the scheduler")
         return s
 
-    def client_for(self, proc):
-        c = ReflectionClient(proc.address)
+    def client_for(self, proc, credentials=None, token=None):
+        c = ReflectionClient(proc.address, credentials, token=token)
         self._clients.append(c)
         return c
 

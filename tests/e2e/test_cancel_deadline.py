@@ -89,7 +89,8 @@ def _consistent(cluster, sid):
     info = _get(cluster.client, sid)
     if u.enum_name(info, "residency") == "PARKED":
         state = cluster.worker_client(0).call(
-            "specserve.worker.v1.Worker/GetSessionState", session_id=sid)
+            "specserve.worker.v1.Worker/GetSessionState", session_id=sid,
+            owner=u.WORKER_OWNER)
         assert state.committed_len == info.committed_tokens
         assert not state.HasField("pending_tok")  # parked = flushed
 

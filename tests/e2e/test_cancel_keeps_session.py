@@ -63,7 +63,8 @@ def _parked_and_consistent(cluster, sid):
     assert info.worker == cluster.workers[0].address
     u.wait_worker_idle(cluster, 0, sessions=1)
     state = cluster.worker_client(0).call(
-        "specserve.worker.v1.Worker/GetSessionState", session_id=sid)
+        "specserve.worker.v1.Worker/GetSessionState", session_id=sid,
+        owner=u.WORKER_OWNER)
     assert state.committed_len == info.committed_tokens, (state, info)
     assert not state.HasField("pending_tok")
     return info

@@ -75,7 +75,8 @@ def _in_step(cluster, sid, committed, rewind_pos):
     info = cluster.client.call(GET_SESSION, session_id=sid)
     assert u.enum_name(info, "residency") == "PARKED", info
     i = u.worker_index_by_address(cluster, info.worker)
-    state = cluster.worker_client(i).call(WORKER_STATE, session_id=sid)
+    state = cluster.worker_client(i).call(WORKER_STATE, session_id=sid,
+                                          owner=u.WORKER_OWNER)
     assert (info.committed_tokens, info.rewind_pos) == (committed, rewind_pos)
     assert (state.committed_len, state.rewind_pos) == (committed,
                                                        rewind_pos), state

@@ -96,7 +96,8 @@ def test_grace_period_cuts_off_work_that_does_not_finish():
         # other parked holding exactly what its client was sent.
         u.wait_worker_idle(cluster, 0, sessions=1)
         state = cluster.worker_client(0).call(
-            "specserve.worker.v1.Worker/GetSessionState", session_id=sid)
+            "specserve.worker.v1.Worker/GetSessionState", session_id=sid,
+            owner=u.WORKER_OWNER)
         assert state.committed_len == len(P2) + len(b.ids)
     finally:
         cluster.stop()
@@ -197,7 +198,8 @@ def test_admin_drain_grace_end_stops_at_a_round_boundary():
         assert info.committed_tokens == len(P2) + len(b.ids)
         u.wait_worker_idle(cluster, 0, sessions=1)
         state = cluster.worker_client(0).call(
-            "specserve.worker.v1.Worker/GetSessionState", session_id=sid)
+            "specserve.worker.v1.Worker/GetSessionState", session_id=sid,
+            owner=u.WORKER_OWNER)
         assert state.committed_len == info.committed_tokens
         cluster.scheduler.signal(signal.SIGTERM)
         assert cluster.scheduler.wait(30) == 0, \

@@ -160,7 +160,8 @@ def test_generation_reaching_capacity_finishes_context_full(cluster, k):
     assert info.committed_tokens == len(prompt) + len(r.ids)
     assert len(r.ids) >= capacity - len(prompt) - k - 2
     state = cluster.worker_client(0).call(
-        "specserve.worker.v1.Worker/GetSessionState", session_id=sid)
+        "specserve.worker.v1.Worker/GetSessionState", session_id=sid,
+        owner=u.WORKER_OWNER)
     assert state.committed_len == info.committed_tokens <= state.capacity
     assert list(r.ids) == u.specgen(prompt, len(r.ids), ignore_eos=True)
     # The full session refuses a turn that cannot fit.

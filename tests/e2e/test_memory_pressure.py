@@ -106,7 +106,7 @@ def test_session_lost_between_bursts_is_rebuilt_mid_request(cluster, k):
     st = u.Stream(c, _turn(sid, P1, 400, k))
     st.wait_tokens(20)
     cluster.worker_client(0).call("specserve.worker.v1.Worker/Release",
-                                  session_id=sid)
+                                  session_id=sid, owner=u.WORKER_OWNER)
     r = st.join()
     assert r.ok, r
     u.assert_matches_reference(P1, r, 400, ignore_eos=True)

@@ -78,7 +78,9 @@ def test_every_rpc_answers(cluster):
                                model_dir="/nonexistent")
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "/nonexistent" in \
         details
-    assert c.call("specserve.v1.Admin/Abort", request_id="nope").aborted == 0
+    code, details = u.rpc_code(c.call, "specserve.v1.Admin/Abort",
+                               request_id="nope")
+    assert code == grpc.StatusCode.NOT_FOUND and "nope" in details
     code, _ = u.rpc_code(c.call, "specserve.v1.Admin/Abort")
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     ids = c.call("specserve.v1.Tokenization/Tokenize", text="hello").ids

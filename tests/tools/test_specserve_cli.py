@@ -92,7 +92,8 @@ def test_info_lists_workers_and_model(cli, cluster):
 
 def test_abort_and_errors(cli):
     r = cli("abort", "--request-id", "no-such-request")
-    assert r.returncode == 0 and "aborted 0" in r.stdout
+    assert r.returncode == 1 and "NOT_FOUND" in r.stderr and \
+        "no-such-request is not running" in r.stderr
     bad = cli("generate", "--ids", "1,2,999999", "--max-tokens", "2")
     assert bad.returncode == 1
     assert "INVALID_ARGUMENT" in bad.stderr and "vocabulary" in bad.stderr

@@ -4,6 +4,8 @@ It builds request and response classes from descriptors fetched over
 reflection (grpcio-reflection's descriptor database), the way grpcurl works, so
 the tests prove that clients with no .proto at hand can use the API.
 """
+import collections
+
 import grpc
 from google.protobuf import descriptor_pool
 from google.protobuf import message_factory
@@ -11,9 +13,55 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase)
 
 
+class _CallDetails(
+        collections.namedtuple("_CallDetails", (
+            "method", "timeout", "metadata", "credentials", "wait_for_ready",
+            "compression")),
+        grpc.ClientCallDetails):
+    pass
+
+
+class _BearerToken(grpc.UnaryUnaryClientInterceptor,
+                   grpc.UnaryStreamClientInterceptor,
+                   grpc.StreamUnaryClientInterceptor,
+                   grpc.StreamStreamClientInterceptor):
+    """Adds 'authorization: Bearer TOKEN' to every call (reflection's too)."""
+
+    def __init__(self, token):
+        self._entry = ("authorization", "Bearer " + token)
+
+    def _details(self, d):
+        return _CallDetails(d.method, d.timeout,
+                            list(d.metadata or []) + [self._entry],
+                            d.credentials, d.wait_for_ready,
+                            getattr(d, "compression", None))
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
+
+
 class ReflectionClient:
-    def __init__(self, address):
-        self.channel = grpc.insecure_channel(address)
+    def __init__(self, address, credentials=None, options=None, token=None):
+        """credentials: grpc.ssl_channel_credentials(...) for a TLS server
+        (None = plaintext); options: channel options, e.g.
+        [("grpc.ssl_target_name_override", "localhost")]; token: a bearer
+        token sent with every call (a scheduler with --auth_tokens)."""
+        self.channel = (grpc.insecure_channel(address, options=options)
+                        if credentials is None else
+                        grpc.secure_channel(address, credentials,
+                                            options=options))
+        if token:
+            self.channel = grpc.intercept_channel(self.channel,
+                                                  _BearerToken(token))
         self.db = ProtoReflectionDescriptorDatabase(self.channel)
         self.pool = descriptor_pool.DescriptorPool(self.db)
 

@@ -48,11 +48,16 @@ std::string Hint(grpc::StatusCode code, const Conn& conn) {
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
       return "the server is full; retry later";
     case grpc::StatusCode::NOT_FOUND:
-      return "unknown session (see `session list`)";
+      return "unknown session or request (see `session list`)";
     case grpc::StatusCode::ABORTED:
       return "a turn is already in flight on this session";
     case grpc::StatusCode::UNIMPLEMENTED:
       return "this server does not provide it (yet)";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "this server needs a bearer token: --token TOKEN or "
+             "$SPECSERVE_TOKEN";
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return "this needs a token with role admin";
     case grpc::StatusCode::CANCELLED:
       return "cancelled";
     default:
@@ -70,6 +75,8 @@ std::unique_ptr<grpc::ClientContext> NewContext() {
         std::chrono::system_clock::now() +
         std::chrono::microseconds(static_cast<int64_t>(timeout * 1e6)));
   }
+  const std::string token = absl::GetFlag(FLAGS_token);
+  if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
   return ctx;
 }
 

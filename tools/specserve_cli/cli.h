@@ -18,6 +18,7 @@
 #include "proto/specserve.grpc.pb.h"
 
 ABSL_DECLARE_FLAG(std::string, address);
+ABSL_DECLARE_FLAG(std::string, token);
 ABSL_DECLARE_FLAG(double, timeout);
 ABSL_DECLARE_FLAG(bool, json);
 ABSL_DECLARE_FLAG(std::string, session);
@@ -33,7 +34,7 @@ struct Conn {
   std::shared_ptr<grpc::Channel> channel;
 };
 
-// A context with the --timeout deadline (none when 0).
+// A context with the --timeout deadline (none when 0) and the --token.
 std::unique_ptr<grpc::ClientContext> NewContext();
 
 // While a call runs, Ctrl-C cancels it (the server sees CANCELLED) instead

@@ -15,9 +15,10 @@
 //   abort --request-id ID | --session ID
 //
 // Common flags: --address (default $SPECSERVE_ADDRESS or 127.0.0.1:50051),
-// --timeout SECONDS (0 = none), --json (responses as JSON). Flags may be
-// spelled with dashes or underscores and go before or after the command;
-// `--` ends the flags (for a prompt that starts with a dash).
+// --token (a bearer token, default $SPECSERVE_TOKEN: for a scheduler with
+// --auth_tokens), --timeout SECONDS (0 = none), --json (responses as JSON).
+// Flags may be spelled with dashes or underscores and go before or after the
+// command; `--` ends the flags (for a prompt that starts with a dash).
 //
 // Generated text goes to stdout exactly as streamed; session ids, ids and
 // statistics go to stderr. Exit status: 0 ok, 1 the server refused or the
@@ -39,6 +40,9 @@
 
 ABSL_FLAG(std::string, address, "",
           "scheduler address (default $SPECSERVE_ADDRESS or 127.0.0.1:50051)");
+ABSL_FLAG(std::string, token, "",
+          "bearer token sent with every call (a scheduler with "
+          "--auth_tokens; default $SPECSERVE_TOKEN)");
 ABSL_FLAG(double, timeout, 0, "deadline of each call in seconds (0 = none)");
 ABSL_FLAG(bool, json, false, "print responses as JSON");
 ABSL_FLAG(std::string, session, "",
@@ -125,6 +129,10 @@ int main(int argc, char** argv) {
   if (conn.address.empty()) {
     const char* env = std::getenv("SPECSERVE_ADDRESS");
     conn.address = env != nullptr && *env ? env : "127.0.0.1:50051";
+  }
+  if (absl::GetFlag(FLAGS_token).empty()) {
+    const char* env = std::getenv("SPECSERVE_TOKEN");
+    if (env != nullptr) absl::SetFlag(&FLAGS_token, env);
   }
   specserve::cli::InstallInterruptHandler();
   conn.channel =

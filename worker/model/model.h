@@ -139,6 +139,9 @@ struct LinearCache {
 struct StateOptions {
   int capacity = 4096;          // rows the caches hold (trunk and MTP)
   int max_verify_columns = 16;  // T limit of Verify
+  // false: no draft state (no MTP KV, no per-column verify captures), as
+  // after FreeDraftState: a session that only runs plain decode.
+  bool draft_state = true;
 };
 
 // Recorded steps (Backend::BeginRecording) by key (step kind, rows,

@@ -20,6 +20,7 @@ absl::StatusOr<std::unique_ptr<ModelState>> Model::NewState(
   std::unique_ptr<ModelState> s(new ModelState());
   s->capacity_ = options.capacity;
   s->max_verify_columns_ = options.max_verify_columns;
+  s->draft_freed_ = !options.draft_state;
   SS_RETURN_IF_ERROR(AllocateCaches(s.get()));
   return s;
 }

@@ -40,7 +40,7 @@ bool AllFinite(const float* x, int n) {
 
 absl::StatusOr<std::unique_ptr<SpecSession>> SpecEngine::Admit(
     const std::string& id, int capacity, absl::Span<const int32_t> history,
-    std::optional<int> checkpoint_pos) {
+    std::optional<int> checkpoint_pos, bool speculative) {
   const int n = static_cast<int>(history.size());
   if (n > capacity) {
     return absl::OutOfRangeError(
@@ -55,10 +55,12 @@ absl::StatusOr<std::unique_ptr<SpecSession>> SpecEngine::Admit(
   }
   model::StateOptions options;
   options.capacity = capacity;
+  const bool drafts = speculative && model_->has_mtp();
+  options.max_verify_columns = drafts ? kMaxDraftDepth + 1 : 1;
+  options.draft_state = drafts;
   SS_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelState> caches,
                       model_->NewState(options));
-  auto s =
-      std::make_unique<SpecSession>(id, std::move(caches), model_->has_mtp());
+  auto s = std::make_unique<SpecSession>(id, std::move(caches), drafts);
   if (!history.empty()) {
     // Prefill is row-invariant: two parts give the bits of one.
     SS_RETURN_IF_ERROR(executor_->Exclusive([&]() -> absl::Status {

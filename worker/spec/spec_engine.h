@@ -59,6 +59,10 @@ struct BurstResult {
 // ends at the next round boundary with kCancelled).
 using EmitFn = std::function<bool(absl::Span<const int32_t>)>;
 
+// The deepest round a speculative session is sized for (the scheduler's
+// speculation.k limit, request_validation.h Limits::max_k).
+constexpr int kMaxDraftDepth = 8;
+
 class SpecEngine {
  public:
   explicit SpecEngine(ModelExecutor* executor)
@@ -68,9 +72,13 @@ class SpecEngine {
   // (may be empty), its prompt checkpoint at `checkpoint_pos` (unset: the
   // end of the history). OUT_OF_RANGE when history does not fit or the
   // checkpoint lies past it.
+  // A speculative session holds draft state for rounds of up to
+  // kMaxDraftDepth drafts; a plain one (speculative = false) none: no MTP
+  // work per token and a fraction of the memory, and it never drafts.
   absl::StatusOr<std::unique_ptr<SpecSession>> Admit(
       const std::string& id, int capacity, absl::Span<const int32_t> history,
-      std::optional<int> checkpoint_pos = std::nullopt);
+      std::optional<int> checkpoint_pos = std::nullopt,
+      bool speculative = true);
 
   absl::StatusOr<BurstResult> RunBurst(SpecSession* s, const BurstParams& p,
                                        const EmitFn& emit);

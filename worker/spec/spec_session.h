@@ -39,7 +39,8 @@ enum class DecodeMode { kSpeculative, kBatched };
 
 class SpecSession {
  public:
-  // `has_mtp`: the model has an MTP head (drafting possible).
+  // `has_mtp`: the session can draft (the model has an MTP head and the
+  // session was admitted with draft state).
   SpecSession(std::string id, std::unique_ptr<model::ModelState> caches,
               bool has_mtp);
 
