@@ -1,0 +1,106 @@
+"""tools/serve_bench on the CPU: the random-checkpoint writer's output loads
+in a real worker (sharded, with the MTP head and an untied lm_head), and the
+benchmark's smoke mode runs end to end (checkpoint, worker, scheduler, gRPC
+load) with every row present and no errors."""
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+
+import specserve_procs as procs
+from reflection_client import ReflectionClient
+from tools_cluster import REPO
+
+TOOL = os.path.join(REPO, "tools", "serve_bench")
+_spec = importlib.util.spec_from_file_location(
+    "serve_bench_make_checkpoint", os.path.join(TOOL, "make_checkpoint.py"))
+make_checkpoint = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_checkpoint)
+
+# The 27B shape's naming and layer pattern at a size a CPU loads at once.
+SCALED = ["--layers", "4", "--hidden", "256", "--intermediate", "512",
+          "--vocab", "6144", "--heads", "4", "--kv-heads", "2", "--head-dim", "64",
+          "--linear-key-heads", "2", "--linear-value-heads", "4",
+          "--linear-head-dim", "64"]
+
+
+def make(out, *extra):
+    return subprocess.run(
+        [sys.executable, os.path.join(TOOL, "make_checkpoint.py"), "--out", str(out),
+         "--backend", "numpy"] + SCALED + list(extra),
+        capture_output=True, text=True, timeout=120)
+
+
+def test_random_checkpoint_loads_in_the_worker(tmp_path):
+    out = tmp_path / "model"
+    p = make(out, "--shard-gb", "0.004")
+    assert p.returncode == 0, p.stdout + p.stderr
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = set(index["weight_map"].values())
+    assert len(shards) > 1
+    config = json.loads((out / "config.json").read_text())
+    assert config["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
+    assert (out / "tokenizer.json").exists()  # its ids fit the vocabulary
+    names = set(index["weight_map"])
+    assert {"model.embed_tokens.weight", "lm_head.weight", "mtp.fc.weight",
+            "model.layers.3.self_attn.q_proj.weight",
+            "model.layers.0.linear_attn.in_proj_qkv.weight"} <= names
+
+    worker = procs.start_worker(model=str(out), extra=["--threads=1"])
+    try:
+        client = ReflectionClient(worker.address)
+        info = client.call("specserve.worker.v1.Worker/GetWorkerInfo")
+        client.close()
+    finally:
+        worker.stop()
+    m = info.model
+    assert m.has_mtp and not m.tie_word_embeddings
+    assert (m.num_layers, m.hidden_size, m.vocab_size) == (4, 256, 6144)
+    # Every tensor written is one the worker checks and counts.
+    tensors = make_checkpoint.tensor_list(config)
+    assert m.parameter_count == sum(math.prod(s) for _, s in tensors)
+    assert m.weight_bytes == 2 * m.parameter_count
+
+    # A second call with the same shape keeps the files.
+    again = make(out, "--shard-gb", "0.004")
+    assert again.returncode == 0 and "already holds" in again.stdout
+
+
+def test_smoke_mode_runs_every_row_without_errors(tmp_path):
+    out = tmp_path / "out"
+    p = subprocess.run(
+        [sys.executable, os.path.join(TOOL, "serve_bench.py"), "--smoke", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    result = json.loads((out / "serve_bench.json").read_text())
+    rows = result["rows"]
+    key = sorted((r["kind"], r["spec"], r["concurrency"], r["prompt_tokens"]) for r in rows)
+    assert key == sorted([("decode", False, 1, 32), ("decode", False, 2, 32),
+                          ("decode", True, 1, 32), ("decode", True, 2, 32),
+                          ("ttft", False, 1, 64), ("ttft", False, 1, 256)])
+    assert result["skipped"] == []
+    for r in rows:
+        assert r["errors"] == {} and r["cut"] == 0, r
+        assert r["done"] == r["requests"] == r["concurrency"] * r["requests_per_client"] > 0
+        assert r["ttft_p50_ms"] > 0 and r["ttft_p50_ms"] <= r["ttft_p99_ms"]
+        assert r["tok_s"] > 0 and r["client_cpu_pct"] is not None
+        assert len(r["records"]) == r["requests"]
+        if r["kind"] == "decode":
+            assert r["tpot_p50_ms"] > 0 and r["tpot_p50_ms"] <= r["tpot_p99_ms"]
+            # ignore_eos: every request runs to max_tokens (a speculative
+            # round may commit up to k more).
+            assert all(8 <= x["tokens"] <= 8 + r["k"] for x in r["records"]), r["records"]
+            assert r["finish"] == ["LENGTH"]
+        else:
+            assert all(x["tokens"] == 1 for x in r["records"])
+    spec = [r for r in rows if r["spec"]]
+    assert all(r["spec_rounds"] > 0 or r["demoted_requests"] > 0 for r in spec)
+    assert all(r.get("x_plain") is not None for r in spec)
+    assert result["model"]["has_mtp"]
+    text = (out / "serve_bench.txt").read_text()
+    for heading in ("## Plain decode", "## Speculative", "## Time to first token"):
+        assert heading in text
+    assert "requests: 16 done, 0 errors, 0 cut" in text
+    assert (out / "worker.log").exists() and (out / "scheduler.log").exists()

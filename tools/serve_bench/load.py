@@ -1,0 +1,311 @@
+"""The load of serve_bench: closed-loop clients sending Generate over gRPC,
+all in one process on one asyncio loop (grpc.aio: one stream per request in
+flight, on one HTTP/2 connection), and the statistics of a row.
+
+A row is `c` clients, each sending `n` requests one after the other (the next
+as soon as the last one's stream ended), all requests alike: c streams are in
+flight at every moment but the last request's tail. The row's wall time runs
+from the first request's start to the last one's end.
+
+Whether the client kept up is measured, not assumed: the process's CPU time
+over the row (all its threads: grpc's included) and the lateness of a 5 ms
+ticker on the loop (a loop busy with messages runs it late).
+"""
+import asyncio
+import math
+import os
+import random
+import time
+
+import grpc
+
+GENERATE = "specserve.v1.Generation/Generate"
+# Above either, a row is flagged as possibly limited by the client.
+CLIENT_CPU_LIMIT_PCT = 70.0
+LOOP_LAG_LIMIT_MS = 10.0
+
+
+def percentile(xs, q):
+    """Linear interpolation between closest ranks (numpy's default)."""
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def proc_cpu_seconds(pid):
+    """User + system CPU seconds of a local process (all threads), or None."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class Record:
+    __slots__ = ("start", "ttft", "end", "tokens", "messages", "status",
+                 "error", "finish", "completion_tokens", "rounds", "drafted",
+                 "accepted", "demoted")
+
+    def __init__(self):
+        self.start = self.ttft = self.end = None
+        self.tokens = self.messages = 0
+        self.status, self.error, self.finish = "OK", "", ""
+        self.completion_tokens = None
+        self.rounds = self.drafted = self.accepted = 0
+        self.demoted = False
+
+    def e2e(self):
+        return None if self.end is None else self.end - self.start
+
+    def tpot(self):
+        """(e2e - TTFT) / (tokens - 1): the time per output token after the
+        first, as the client saw it."""
+        if self.status != "OK" or self.tokens < 2 or self.ttft is None:
+            return None
+        return (self.e2e() - self.ttft) / (self.tokens - 1)
+
+    def to_json(self):
+        return {"start_s": self.start, "ttft_s": self.ttft, "e2e_s": self.e2e(),
+                "tokens": self.tokens, "messages": self.messages,
+                "status": self.status, "error": self.error[:200],
+                "finish": self.finish, "completion_tokens": self.completion_tokens,
+                "spec": {"rounds": self.rounds, "drafted": self.drafted,
+                         "accepted": self.accepted, "demoted": self.demoted}}
+
+
+class LoadClient:
+    """Generate requests from one process. `api` is a reflect.ServerApi of the
+    scheduler (its message classes)."""
+
+    def __init__(self, api, address, timeout_s=600.0, max_consecutive_errors=3):
+        self.api = api
+        self.address = address
+        self.timeout_s = timeout_s
+        self.max_consecutive_errors = max_consecutive_errors
+        self.req_cls, self.ev_cls, _ = api.method(GENERATE)
+        final = self.ev_cls.DESCRIPTOR.fields_by_name["final"].message_type
+        self._finish_names = {v.number: v.name for v in
+                              final.fields_by_name["finish_reason"].enum_type.values}
+        self._channel = None
+        self._generate = None
+
+    def request(self, ids, max_tokens, spec, k):
+        return self.req_cls(
+            token_ids={"ids": ids},
+            sampling={"temperature": 0.0},
+            stopping={"max_tokens": max_tokens, "ignore_eos": True},
+            speculation={"enable": bool(spec), "k": k if spec else 0},
+            response={"ids": True, "text": False, "spec_stats": True})
+
+    async def _open(self):
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(
+                self.address, options=[("grpc.max_receive_message_length", 64 << 20),
+                                       ("grpc.max_send_message_length", 64 << 20)])
+            self._generate = self.api.callable(self._channel, GENERATE)
+
+    async def close(self):
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    async def one(self, req, sink):
+        """Sends `req`, reads its stream; the record goes to `sink`, also
+        when the row's hard deadline cancels the request (status CUT)."""
+        rec = Record()
+        clock = time.perf_counter
+        rec.start = t0 = clock()
+        call = None
+        try:
+            call = self._generate(req, timeout=self.timeout_s)
+            async for ev in call:
+                kind = ev.WhichOneof("event")
+                if kind == "delta":
+                    n = len(ev.delta.ids)
+                    if n:
+                        if rec.ttft is None:
+                            rec.ttft = clock() - t0
+                        rec.tokens += n
+                        rec.messages += 1
+                elif kind == "final":
+                    f = ev.final
+                    rec.finish = self._finish_names.get(f.finish_reason, str(f.finish_reason))
+                    rec.completion_tokens = f.usage.completion_tokens
+                    s = f.spec_stats
+                    rec.rounds, rec.drafted, rec.accepted = s.rounds, s.drafted, s.accepted
+                    rec.demoted = s.demoted
+        except grpc.aio.AioRpcError as e:
+            rec.status = e.code().name
+            rec.error = e.details() or ""
+        except asyncio.CancelledError:
+            rec.status = "CUT"
+            if call is not None:
+                call.cancel()
+            raise
+        except Exception as e:  # a broken stream, a bad message
+            rec.status = "CLIENT_ERROR"
+            rec.error = repr(e)
+        finally:
+            rec.end = clock()
+            sink.append(rec)
+        return rec
+
+    async def run(self, requests, soft_s=None, hard_s=None):
+        """requests[i]: the list client i sends in turn; none is started
+        after soft_s seconds, and those still running at hard_s are cancelled
+        (recorded as CUT). Returns (records, measurements)."""
+        await self._open()
+        lags = []
+        stop = asyncio.Event()
+
+        async def ticker():
+            period = 0.005
+            while not stop.is_set():
+                t = time.perf_counter()
+                await asyncio.sleep(period)
+                lags.append(time.perf_counter() - t - period)
+
+        records = []
+
+        async def client(reqs):
+            failed = 0
+            for r in reqs:
+                if soft_s is not None and time.perf_counter() - t0 > soft_s:
+                    break
+                rec = await self.one(r, records)
+                failed = failed + 1 if rec.status != "OK" else 0
+                if failed >= self.max_consecutive_errors:
+                    break  # the server refuses: the rest would fail alike
+
+        tick = asyncio.ensure_future(ticker())
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        everyone = asyncio.gather(*(client(r) for r in requests))
+        try:
+            await asyncio.wait_for(everyone, timeout=hard_s)
+        except asyncio.TimeoutError:
+            pass  # cancelled: the running requests were recorded as CUT
+        wall = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
+        stop.set()
+        await tick
+        for r in records:  # times from the row's start
+            r.end -= t0
+            r.start -= t0
+        return records, {"wall_s": wall, "client_cpu_s": cpu,
+                         "loop_lag_p99_ms": 1e3 * (percentile(lags, 99) or 0.0),
+                         "loop_lag_max_ms": 1e3 * max(lags or [0.0])}
+
+
+def random_prompts(rng, count, length, vocab):
+    """`count` prompts of `length` token ids drawn uniformly from the
+    vocabulary (any id is a valid input; no two prompts share a prefix)."""
+    return [[rng.randrange(vocab) for _ in range(length)] for _ in range(count)]
+
+
+def summarize(records, m, cpu=None):
+    """The row's figures from its records and measurements."""
+    ok = [r for r in records if r.status == "OK"]
+    cut = [r for r in records if r.status == "CUT"]
+    errors = {}
+    for r in records:
+        if r.status not in ("OK", "CUT"):
+            errors[r.status] = errors.get(r.status, 0) + 1
+    wall = m["wall_s"]
+    # Every token received in the wall time counts toward tok/s, also those
+    # of requests the hard deadline cut.
+    tokens = sum(r.tokens for r in ok + cut)
+
+    def ms(q, xs):
+        v = percentile(xs, q)
+        return None if v is None else 1e3 * v
+
+    tpot = [r.tpot() for r in ok]
+    ttft = [r.ttft for r in ok]
+    e2e = [r.e2e() for r in ok]
+    drafted = sum(r.drafted for r in ok)
+    rounds = sum(r.rounds for r in ok)
+    accepted = sum(r.accepted for r in ok)
+    out = {
+        "requests": len(records), "done": len(ok), "cut": len(cut), "errors": errors,
+        "error_examples": sorted({"%s: %s" % (r.status, r.error[:160])
+                                  for r in records if r.status not in ("OK", "CUT")})[:5],
+        "wall_s": wall, "output_tokens": tokens,
+        "tok_s": tokens / wall if wall > 0 else 0.0,
+        "tpot_p50_ms": ms(50, tpot), "tpot_p99_ms": ms(99, tpot),
+        "ttft_p50_ms": ms(50, ttft), "ttft_p99_ms": ms(99, ttft),
+        "e2e_p50_ms": ms(50, e2e), "e2e_p99_ms": ms(99, e2e),
+        "tokens_per_request": (tokens / len(ok)) if ok else None,
+        "messages_per_request": (sum(r.messages for r in ok) / len(ok)) if ok else None,
+        "finish": sorted({r.finish for r in ok}),
+        "spec_rounds": rounds, "spec_drafted": drafted, "spec_accepted": accepted,
+        "acceptance": accepted / drafted if drafted else None,
+        "tokens_per_round": (rounds + accepted) / rounds if rounds else None,
+        "demoted_requests": sum(1 for r in ok if r.demoted),
+        "client_cpu_s": m["client_cpu_s"],
+        "client_cpu_pct": 100.0 * m["client_cpu_s"] / wall if wall > 0 else None,
+        "loop_lag_p99_ms": m["loop_lag_p99_ms"],
+        "loop_lag_max_ms": m["loop_lag_max_ms"],
+    }
+    # The client kept up when it used well under one core and its loop ran a
+    # 5 ms ticker on time (both thresholds: far from where a saturated loop
+    # sits, 100% and tens of ms).
+    # (A row that failed at once says nothing either way: its CPU share is
+    # of a wall time of milliseconds.)
+    out["client_limited"] = bool(ok and wall >= 1.0 and (
+        (out["client_cpu_pct"] or 0) > CLIENT_CPU_LIMIT_PCT or
+        out["loop_lag_p99_ms"] > LOOP_LAG_LIMIT_MS))
+    if cpu:
+        for name, secs in cpu.items():
+            out["%s_cpu_pct" % name] = 100.0 * secs / wall if wall > 0 else None
+    return out
+
+
+def run_row(client, *, concurrency, prompt_tokens, max_tokens, spec, k, vocab,
+            target_s, min_requests, max_requests, seed, pids=None,
+            fixed_requests=None, hard_s=None):
+    """One row: a warm-up round (one request per client, unrecorded: it also
+    records the step shapes of this batch size), then n requests per client
+    with n = target_s / the warm-up's wall time (clamped), or fixed_requests.
+    No request starts after 2 * target_s (when n was sized); whatever runs
+    hard_s seconds after the row's start is cut. Returns the summary dict
+    (plus "records")."""
+    rng = random.Random(seed)
+    c = concurrency
+
+    def batch(n):
+        return [[client.request(p, max_tokens, spec, k) for p in
+                 random_prompts(rng, n, prompt_tokens, vocab)] for _ in range(c)]
+
+    loop = asyncio.new_event_loop()
+    t_row = time.monotonic()
+    try:
+        warm_records, warm = loop.run_until_complete(client.run(batch(1), hard_s=hard_s))
+        if fixed_requests:
+            n, soft = fixed_requests, None
+        else:
+            n = math.ceil(target_s / max(warm["wall_s"], 1e-3))
+            n, soft = max(min_requests, min(max_requests, n)), 2.0 * target_s
+        reqs = batch(n)
+        left = None if hard_s is None else max(0.0, hard_s - (time.monotonic() - t_row))
+        cpu0 = {name: proc_cpu_seconds(pid) for name, pid in (pids or {}).items()}
+        records, m = loop.run_until_complete(client.run(reqs, soft_s=soft, hard_s=left))
+        cpu = {}
+        for name, pid in (pids or {}).items():
+            after = proc_cpu_seconds(pid)
+            if after is not None and cpu0.get(name) is not None:
+                cpu[name] = after - cpu0[name]
+        loop.run_until_complete(client.close())
+    finally:
+        loop.close()
+    s = summarize(records, m, cpu)
+    s.update(concurrency=c, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+             spec=bool(spec), k=k if spec else 0, requests_per_client=n,
+             warmup_wall_s=warm["wall_s"],
+             warmup_errors=sum(r.status not in ("OK", "CUT") for r in warm_records),
+             warmup_cut=sum(r.status == "CUT" for r in warm_records))
+    s["records"] = [r.to_json() for r in records]
+    return s

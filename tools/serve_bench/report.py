@@ -1,0 +1,258 @@
+"""serve_bench's comparisons and tables: each served row beside the kernel
+benchmark of the same run (tools/cuda_bench's JSON) and beside its bytes
+floor.
+
+Floors (all at the copy bandwidth cuda_bench measured in the same run,
+bytes read + written, as PERF.md's):
+  decode step of c sessions  (W + c * S(ctx)) / copy bandwidth, where W is the
+      weight bytes a decode step reads (cuda_bench's decode_weight_bytes) and
+      S(ctx) a session's state traffic per step: the fp32 delta-rule state and
+      conv window of every linear-attention layer, read and written, plus the
+      fp32 K and V rows of every full-attention layer read at context ctx
+      (the mean context of a row: prompt + max_tokens / 2). At c = 64, ctx 40
+      this is PERF.md's 71.6 GB (c) floor. The row's floor tok/s is
+      c / that step time.
+  prefill of P tokens  one pass of the trunk weights per rows_per_pass rows
+      (cuda_bench's prefill passes: the row-invariant 64-row kernels) plus
+      lm_head once: floor_ms * (passes * (W - lm) + lm) / W, cuda_bench's
+      bytes floor, extended to any P.
+"""
+import math
+
+import load
+
+
+def _cfg(model):
+    """The fields used here, from a ModelInfo dict or a config.json dict."""
+    g = model.get
+    types = g("layer_types")
+    if types and isinstance(types[0], str):
+        full = sum(1 for t in types if t in ("full_attention", "FULL_ATTENTION"))
+    else:
+        full = sum(1 for t in types or [] if t == 2)
+    n = g("num_layers") or g("num_hidden_layers")
+    return dict(
+        layers=n, full=full, linear=n - full,
+        vocab=g("vocab_size"), hidden=g("hidden_size"),
+        kv_heads=g("num_key_value_heads"), head_dim=g("head_dim"),
+        nk=g("linear_num_key_heads"), nv=g("linear_num_value_heads"),
+        dk=g("linear_key_head_dim"), dv=g("linear_value_head_dim"),
+        conv_k=g("linear_conv_kernel_dim"))
+
+
+def session_step_bytes(model, ctx):
+    """S(ctx): state bytes one session's decode step must move."""
+    c = _cfg(model)
+    rec = c["nv"] * c["dk"] * c["dv"] * 4
+    conv = (2 * c["nk"] * c["dk"] + c["nv"] * c["dv"]) * (c["conv_k"] - 1) * 4
+    kv = 2 * c["kv_heads"] * c["head_dim"] * 4 * ctx
+    return c["linear"] * 2 * (rec + conv) + c["full"] * kv
+
+
+def decode_floor_ms(bench, model, c, ctx):
+    m = bench["model_27b"]
+    b = m["decode_weight_bytes"] + c * session_step_bytes(model, ctx)
+    return b / (bench["copy_gbs"] * 1e6)
+
+
+def prefill_floor_ms(bench, model, p):
+    m = bench["model_27b"]
+    pre = m.get("prefill") or []
+    rows = max((e["P"] / e["passes"] for e in pre), default=64)
+    passes = math.ceil(p / rows)
+    w = m["decode_weight_bytes"]
+    c = _cfg(model)
+    lm = 2.0 * c["vocab"] * c["hidden"]
+    return m["floor_ms"] * (passes * (w - lm) + lm) / w
+
+
+def bench_batch(bench, b):
+    for e in (bench or {}).get("model_27b", {}).get("decode_batch", []):
+        if e["B"] == b:
+            return e
+    return None
+
+
+def bench_prefill(bench, p):
+    for e in (bench or {}).get("model_27b", {}).get("prefill", []):
+        if e["P"] == p:
+            return e
+    return None
+
+
+def annotate(result):
+    """Adds the bench and floor figures to every row of `result` (in
+    place)."""
+    bench, model = result.get("cuda_bench"), result.get("model") or {}
+    usable = bool(bench and "model_27b" in bench and bench.get("copy_gbs")
+                  and model.get("hidden_size"))
+    plain = {r["concurrency"]: r for r in result["rows"] if r["kind"] == "decode"
+             and not r["spec"]}
+    for r in result["rows"]:
+        if r["kind"] == "decode":
+            c = r["concurrency"]
+            if not r["spec"]:
+                e = bench_batch(bench, c)
+                if e:
+                    r["bench_step_ms"] = e["greedy_ms"]
+                    r["bench_tok_s"] = c * 1e3 / e["greedy_ms"]
+                    r["served_over_bench"] = r["tok_s"] / r["bench_tok_s"]
+                if usable:
+                    ctx = r["prompt_tokens"] + r["max_tokens"] / 2.0
+                    f = decode_floor_ms(bench, model, c, ctx)
+                    r["floor_step_ms"] = f
+                    r["floor_tok_s"] = c * 1e3 / f
+                    r["served_over_floor"] = r["tok_s"] / r["floor_tok_s"]
+                if c == 1 and bench and "model_27b" in bench:
+                    g = bench["model_27b"].get("decode_greedy_ms")
+                    if g and r.get("tpot_p50_ms"):
+                        r["bench_greedy_step_ms"] = g
+                        r["tpot_over_greedy_step"] = r["tpot_p50_ms"] / g
+            else:
+                p = plain.get(c)
+                if p and p["tok_s"] > 0:
+                    r["plain_tok_s"] = p["tok_s"]
+                    r["x_plain"] = r["tok_s"] / p["tok_s"]
+        elif r["kind"] == "ttft":
+            e = bench_prefill(bench, r["prompt_tokens"])
+            if e:
+                r["bench_prefill_ms"] = e["ms"]
+                if r.get("ttft_p50_ms"):
+                    r["ttft_over_bench"] = r["ttft_p50_ms"] / e["ms"]
+            if usable:
+                r["prefill_floor_ms"] = prefill_floor_ms(bench, model, r["prompt_tokens"])
+            if r.get("ttft_p50_ms"):
+                r["prefill_tok_s"] = r["prompt_tokens"] * 1e3 / r["ttft_p50_ms"]
+    return result
+
+
+def _f(x, fmt="%.1f"):
+    return "-" if x is None else fmt % x
+
+
+def _errs(r):
+    e = r.get("errors") or {}
+    text = ", ".join("%s %d" % kv for kv in sorted(e.items())) or "0"
+    if r.get("cut"):
+        text += " (%d cut)" % r["cut"]
+    return text
+
+
+def tables(result):
+    """The markdown report (str)."""
+    out = []
+    meta = result.get("meta", {})
+    out.append("# serve_bench (%s)" % meta.get("mode", "?"))
+    out.append("")
+    model = result.get("model") or {}
+    out.append("model: %s (%s, %s parameters, %.2f GB weights, vocab %s); device %s; "
+               "scheduler --max_running %s --burst_tokens %s" % (
+                   model.get("path", "?"), model.get("dtype", "?"),
+                   model.get("parameter_count", "?"),
+                   (model.get("weight_bytes") or 0) / 1e9, model.get("vocab_size", "?"),
+                   meta.get("device", "?"), meta.get("max_running", "?"),
+                   meta.get("burst_tokens", "default")))
+    b = result.get("cuda_bench")
+    if b and "model_27b" in b:
+        m = b["model_27b"]
+        out.append("cuda_bench (%s): %s, copy %.0f GB/s; decode weight bytes %.2f GB, "
+                   "floor %.2f ms; greedy decode step %.2f ms" % (
+                       result.get("cuda_bench_note") or "same run",
+                       b.get("device", "?"), b["copy_gbs"], m["decode_weight_bytes"] / 1e9,
+                       m["floor_ms"], m.get("decode_greedy_ms") or float("nan")))
+    else:
+        out.append("cuda_bench: %s" % (result.get("cuda_bench_note") or "not run"))
+    ck = result.get("checkpoint") or {}
+    if ck:
+        out.append("checkpoint: %s, %.2f GB, %s" % (
+            ck.get("dir"), (ck.get("bytes") or 0) / 1e9,
+            "kept from an earlier run" if ck.get("kept") else
+            "written in %.1f s on %s" % (ck.get("seconds") or 0, ck.get("device", "?"))))
+    out.append("")
+    rows = result["rows"]
+
+    def table(header, lines):
+        out.append("| " + " | ".join(header) + " |")
+        out.append("| " + " | ".join(["---"] * len(header)) + " |")
+        for cells in lines:
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+
+    def common(r):
+        return [str(r["concurrency"]), str(r["done"]), _errs(r), _f(r["tok_s"]),
+                _f(r["tpot_p50_ms"], "%.2f"), _f(r["tpot_p99_ms"], "%.2f"),
+                _f(r["ttft_p50_ms"]), _f(r["ttft_p99_ms"])]
+
+    def cpu(r):
+        mem = r.get("gpu_memory_peak_mib")
+        return [_f(r.get("client_cpu_pct"), "%.0f%%"), _f(r.get("scheduler_cpu_pct"), "%.0f%%"),
+                _f(r.get("worker_cpu_pct"), "%.0f%%"),
+                _f(None if mem is None else mem / 1024.0, "%.1f")]
+
+    head = ["c", "done", "errors", "tok/s", "TPOT p50", "TPOT p99", "TTFT p50", "TTFT p99"]
+    tail_ = ["client CPU", "sched CPU", "worker CPU", "GPU GiB"]
+    dec = [r for r in rows if r["kind"] == "decode" and not r["spec"]]
+    if dec:
+        out.append("## Plain decode (speculation off), %d output tokens per request, "
+                   "%d-token prompts" % (dec[0]["max_tokens"], dec[0]["prompt_tokens"]))
+        out.append("")
+        table(head + ["bench step ms (B=c)", "bench tok/s", "served/bench", "floor tok/s",
+                      "served/floor"] + tail_,
+              [common(r) + [_f(r.get("bench_step_ms"), "%.2f"), _f(r.get("bench_tok_s")),
+                            _f(r.get("served_over_bench"), "%.3f"), _f(r.get("floor_tok_s")),
+                            _f(r.get("served_over_floor"), "%.3f")] + cpu(r) for r in dec])
+        one = [r for r in dec if r["concurrency"] == 1 and r.get("bench_greedy_step_ms")]
+        if one:
+            r = one[0]
+            out.append("c = 1: TPOT p50 %.2f ms against cuda_bench's greedy decode step "
+                       "%.2f ms (%.3fx)" % (r["tpot_p50_ms"], r["bench_greedy_step_ms"],
+                                            r["tpot_over_greedy_step"]))
+            out.append("")
+    spec = [r for r in rows if r["kind"] == "decode" and r["spec"]]
+    if spec:
+        out.append("## Speculative (speculation enable, k = %d), same load" % spec[0]["k"])
+        out.append("")
+        table(head + ["plain tok/s", "x plain", "acceptance", "tokens/round", "demoted"] + tail_,
+              [common(r) + [_f(r.get("plain_tok_s")), _f(r.get("x_plain"), "%.3f"),
+                            _f(r.get("acceptance"), "%.3f"),
+                            _f(r.get("tokens_per_round"), "%.2f"),
+                            str(r["demoted_requests"])] + cpu(r) for r in spec])
+    tt = [r for r in rows if r["kind"] == "ttft"]
+    if tt:
+        out.append("## Time to first token (one request at a time, max_tokens 1)")
+        out.append("")
+        table(["prompt", "done", "errors", "TTFT p50", "TTFT p99", "prefill tok/s",
+               "bench prefill ms", "TTFT/bench", "bytes floor ms", "GPU GiB"],
+              [[str(r["prompt_tokens"]), str(r["done"]), _errs(r), _f(r["ttft_p50_ms"]),
+                _f(r["ttft_p99_ms"]), _f(r.get("prefill_tok_s"), "%.0f"),
+                _f(r.get("bench_prefill_ms")), _f(r.get("ttft_over_bench"), "%.3f"),
+                _f(r.get("prefill_floor_ms")), cpu(r)[3]] for r in tt])
+    for r in result.get("restarts") or []:
+        out.append("servers restarted " + r)
+        out.append("")
+    skipped = result.get("skipped") or []
+    if skipped:
+        out.append("skipped: " + "; ".join(skipped))
+        out.append("")
+    limited = [r for r in rows if r.get("client_limited")]
+    if limited:
+        out.append("WARNING: the client may have limited %d row(s) (CPU > %.0f%% of a core or "
+                   "loop lag p99 > %.0f ms): %s" % (
+                       len(limited), load.CLIENT_CPU_LIMIT_PCT, load.LOOP_LAG_LIMIT_MS, ", ".join(
+                       "%s c=%s" % (r["kind"] + ("/spec" if r.get("spec") else ""),
+                                    r.get("concurrency")) for r in limited)))
+    else:
+        out.append("client: kept up in every row that ran (CPU <= %.0f%% of one core, loop "
+                   "lag p99 <= %.0f ms; worst %.0f%%, %.2f ms)" % (
+                       load.CLIENT_CPU_LIMIT_PCT, load.LOOP_LAG_LIMIT_MS,
+                       max([r.get("client_cpu_pct") or 0 for r in rows
+                            if r["done"] and r["wall_s"] >= 1.0] or [0]),
+                       max([r.get("loop_lag_p99_ms") or 0 for r in rows
+                            if r["done"] and r["wall_s"] >= 1.0] or [0])))
+    total_err = sum(sum((r.get("errors") or {}).values()) for r in rows)
+    out.append("requests: %d done, %d errors, %d cut at the time budget" % (
+        sum(r["done"] for r in rows), total_err, sum(r.get("cut") or 0 for r in rows)))
+    for r in rows:
+        for e in r.get("error_examples") or []:
+            out.append("  error (%s c=%s): %s" % (r["kind"], r.get("concurrency"), e))
+    return "\n".join(out) + "\n"

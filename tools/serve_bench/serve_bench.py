@@ -1,0 +1,535 @@
+#!/usr/bin/env python3
+"""serve_bench: the end-to-end benchmark of specserve as users use it. Real
+processes (one specserve_worker, one specserve_scheduler), real gRPC
+Generate streams from concurrent clients, each row beside the kernel
+benchmark of the same run (tools/cuda_bench) and its bytes floor.
+
+    tools/serve_bench/run.sh [--quick]      # GPU machine (carry .carry/serve)
+    tools/serve_bench/serve_bench.py --smoke --out /tmp/sb   # CPU, seconds
+
+Steps (full and --quick, on the GPU):
+  1. a random-weight checkpoint of the Qwen3.5-27B text shape in --model
+     (default /dev/shm/serve_bench/qwen35_27b; make_checkpoint.py, kept when
+     already there);
+  2. cuda_bench --skip_matmul (before the worker takes the GPU): DecodeBatch
+     step times at B = 1..64, the greedy decode step, prefill, the copy
+     bandwidth;
+  3. specserve_worker --device cuda:0 and specserve_scheduler, each on
+     127.0.0.1:0 (the port read from its "listening on port N" line); ready
+     when the scheduler's GetServerInfo shows every worker available;
+  4. rows: plain (speculation off) and speculative (enable, k = 3) decode at
+     c = 1, 8, 16, 32, 64 closed-loop clients, 128 output tokens (ignore_eos)
+     after random 32-token-id prompts; TTFT of 2,048- and 8,192-token
+     prompts (max_tokens 1, one at a time);
+  5. $OUT/serve_bench.json (every figure, every request) and
+     $OUT/serve_bench.txt (the markdown tables), rewritten after each row,
+     plus cuda_bench.{json,txt} and the servers' log tails.
+
+--smoke runs the same code on the CPU in seconds: a tiny random checkpoint
+(make_checkpoint.py --shape tiny, numpy), bazel-bin's binaries
+($SPECSERVE_BIN_DIR), c = 1 and 2, 8 tokens, 64- and 256-token TTFT rows, no
+cuda_bench. Exit status: 0 when every row ran with no errors.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+
+import load  # noqa: E402
+import report  # noqa: E402
+from reflect import ServerApi  # noqa: E402
+
+_PORT_RE = re.compile(rb"listening on port (\d+)")
+LOG_TAIL_BYTES = 4 << 20
+# cuda_bench's sparse 27B-shape checkpoint (its weights are filled on the GPU).
+CUDA_BENCH_SYNTH = "/tmp/serve_bench_cuda_bench_27b"
+
+
+class Server:
+    """A child process: stdout scanned for its port, stdout and stderr into
+    `log`."""
+
+    def __init__(self, name, args, log, env=None):
+        self.name, self.args, self.log_path = name, args, log
+        self.port = None
+        self._seen = threading.Event()
+        # Two descriptors, both O_APPEND: the child's stderr and this
+        # process's copy of its stdout each write at the file's end (one
+        # shared buffered file object lost the child's lines).
+        open(log, "wb").close()
+        self._log = open(log, "ab", buffering=0)
+        self._log.write(("$ " + " ".join(args) + "\n").encode())
+        with open(log, "ab") as err:
+            self.popen = subprocess.Popen(args, stdout=subprocess.PIPE,
+                                          stderr=err, cwd=REPO, env=env)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in iter(self.popen.stdout.readline, b""):
+            self._log.write(line)
+            m = _PORT_RE.search(line)
+            if m and self.port is None:
+                self.port = int(m.group(1))
+                self._seen.set()
+        self._seen.set()
+
+    def wait_port(self, timeout):
+        self._seen.wait(timeout)
+        if self.port is None:
+            raise RuntimeError("%s did not come up in %.0f s (exit %s); see %s:\n%s" % (
+                self.name, timeout, self.popen.poll(), self.log_path, tail(self.log_path, 3000)))
+        return "127.0.0.1:%d" % self.port
+
+    def stop(self, grace=15.0):
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)  # drains
+            try:
+                self.popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(10)
+        self._log.close()
+
+
+def tail(path, n):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - n))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def find_bin(bin_dir, name):
+    for sub in ("", "worker", "scheduler", "tools/cuda_bench"):
+        p = os.path.join(bin_dir, sub, name)
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return None
+
+
+def log(msg):
+    print("[serve_bench %s] %s" % (time.strftime("%H:%M:%S"), msg), flush=True)
+
+
+def ints(text):
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap.add_argument("--smoke", action="store_true",
+                    help="CPU, tiny random model, seconds (CI)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a few seconds per row instead of ~25")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/serve_bench"),
+                    help="results folder (default $OUT or /tmp/serve_bench)")
+    ap.add_argument("--work", help="checkpoint and logs (default /dev/shm/serve_bench; "
+                    "--smoke: OUT/work)")
+    ap.add_argument("--model", help="model directory (default WORK/qwen35_27b; "
+                    "--smoke: WORK/tiny). Written by make_checkpoint.py unless "
+                    "--no-make")
+    ap.add_argument("--checkpoint-only", action="store_true",
+                    help="write (or keep) the checkpoint and stop: a first device "
+                    "call, so that the next one fits its rows in 600 s")
+    ap.add_argument("--no-make", action="store_true",
+                    help="serve --model as it is (e.g. models/default)")
+    ap.add_argument("--bin-dir", help="where specserve_worker, specserve_scheduler "
+                    "and cuda_bench are (default .carry/serve_bin, run.sh's "
+                    "unpacked .carry/serve; --smoke: $SPECSERVE_BIN_DIR or "
+                    "bazel-bin)")
+    ap.add_argument("--device", help="worker device (default cuda:0; --smoke: cpu)")
+    ap.add_argument("--concurrency", type=ints, help="default 1,8,16,32,64 "
+                    "(--smoke: 1,2)")
+    ap.add_argument("--modes", default="plain,spec", help="plain, spec or both")
+    ap.add_argument("--k", type=int, default=3, help="draft depth of the spec rows")
+    ap.add_argument("--max-tokens", type=int, help="output tokens per request "
+                    "(default 128; --smoke: 8)")
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--ttft-prompts", type=ints, help="default 2048,8192 "
+                    "(--smoke: 64,256); empty: none")
+    ap.add_argument("--row-seconds", type=float,
+                    help="target seconds per decode row (default 25; --quick 4)")
+    ap.add_argument("--ttft-seconds", type=float,
+                    help="target seconds per TTFT row (default 12; --quick 2)")
+    ap.add_argument("--min-requests", type=int, default=2,
+                    help="least requests per client in a row")
+    ap.add_argument("--max-requests", type=int, default=64,
+                    help="most requests per client in a row")
+    ap.add_argument("--requests", type=int,
+                    help="exactly this many requests per client (no sizing)")
+    ap.add_argument("--budget-s", type=float,
+                    help="cut requests still running this many seconds after the "
+                    "start, and start no row in the last 15 s before (default "
+                    "540: a device call is 600 s; --smoke: none)")
+    ap.add_argument("--cuda-bench", dest="cuda_bench_bin",
+                    help="cuda_bench binary (default BIN_DIR/cuda_bench)")
+    ap.add_argument("--cuda-bench-json",
+                    help="use this cuda_bench JSON instead of running it")
+    ap.add_argument("--no-cuda-bench", action="store_true")
+    ap.add_argument("--worker-arg", action="append", default=[],
+                    help="extra specserve_worker flag (repeatable)")
+    ap.add_argument("--scheduler-arg", action="append", default=[],
+                    help="extra specserve_scheduler flag (repeatable)")
+    ap.add_argument("--max-restarts", type=int, default=2,
+                    help="start the servers again (at most this often) when one "
+                    "died during a row, so that the later rows still run")
+    ap.add_argument("--startup-timeout", type=float, default=600.0,
+                    help="seconds for the worker to load and listen")
+    ap.add_argument("--request-timeout", type=float, default=600.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--keep-records", action="store_true",
+                    help="every request's record in the JSON (default: only "
+                    "with --smoke or when small)")
+    args = ap.parse_args(argv)
+    s = args.smoke
+    args.mode = "smoke" if s else ("quick" if args.quick else "full")
+    args.work = args.work or (os.path.join(args.out, "work") if s else "/dev/shm/serve_bench")
+    if args.model is None:
+        args.model = os.path.join(args.work, "tiny" if s else "qwen35_27b")
+    if args.bin_dir is None:
+        args.bin_dir = (os.environ.get("SPECSERVE_BIN_DIR", os.path.join(REPO, "bazel-bin"))
+                        if s else os.path.join(REPO, ".carry", "serve_bin"))
+    args.device = args.device or ("cpu" if s else "cuda:0")
+    args.concurrency = args.concurrency or ([1, 2] if s else [1, 8, 16, 32, 64])
+    args.max_tokens = args.max_tokens or (8 if s else 128)
+    if args.ttft_prompts is None:
+        args.ttft_prompts = [64, 256] if s else [2048, 8192]
+    args.row_seconds = args.row_seconds or (0.5 if s else (4.0 if args.quick else 25.0))
+    args.ttft_seconds = args.ttft_seconds or (0.3 if s else (2.0 if args.quick else 12.0))
+    if s and args.requests is None:
+        args.requests = 2
+    if args.budget_s is None and not s:
+        args.budget_s = 540.0
+    args.modes = [m for m in args.modes.split(",") if m]
+    if set(args.modes) - {"plain", "spec"}:
+        ap.error("--modes: plain and/or spec")
+    return args
+
+
+def make_model(args, result):
+    if args.no_make:
+        return
+    cmd = [sys.executable, os.path.join(HERE, "make_checkpoint.py"), "--out", args.model]
+    if args.smoke:
+        cmd += ["--shape", "tiny", "--backend", "numpy"]
+    log("checkpoint: " + " ".join(cmd[1:]))
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True)
+    sys.stdout.write(p.stdout)
+    if p.returncode != 0:
+        raise SystemExit("serve_bench: make_checkpoint failed (exit %d)" % p.returncode)
+    stamp = json.load(open(os.path.join(args.model, "serve_bench_checkpoint.json")))
+    result["checkpoint"] = {
+        "dir": args.model, "bytes": sum(stamp["files"].values()),
+        "kept": "already holds" in p.stdout, "seconds": stamp.get("seconds"),
+        "device": stamp.get("device"), "call_seconds": time.monotonic() - t0,
+        "tokenizer": os.path.exists(os.path.join(args.model, "tokenizer.json"))}
+
+
+def run_cuda_bench(args, result):
+    if args.cuda_bench_json:
+        result["cuda_bench"] = json.load(open(args.cuda_bench_json))
+        result["cuda_bench_note"] = "from " + args.cuda_bench_json
+        return
+    if args.no_cuda_bench or args.smoke or not args.device.startswith("cuda"):
+        result["cuda_bench_note"] = "not run (%s)" % (
+            "--smoke" if args.smoke else "--no-cuda-bench" if args.no_cuda_bench
+            else "no GPU device")
+        return
+    b = args.cuda_bench_bin or find_bin(args.bin_dir, "cuda_bench")
+    if not b:
+        result["cuda_bench_note"] = "not run: no cuda_bench in " + args.bin_dir
+        log(result["cuda_bench_note"])
+        return
+    js, txt = os.path.join(args.out, "cuda_bench.json"), os.path.join(args.out, "cuda_bench.txt")
+    cmd = [b, "--skip_matmul", "--json=" + js,
+           "--synthetic_dir=" + CUDA_BENCH_SYNTH]
+    log("cuda_bench: " + " ".join(cmd))
+    t0 = time.monotonic()
+    with open(txt, "w") as f:
+        try:
+            rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
+                                 timeout=400)
+        except subprocess.TimeoutExpired:
+            rc = "timeout (400 s)"
+    log("cuda_bench: exit %s in %.0f s" % (rc, time.monotonic() - t0))
+    if os.path.exists(js):
+        result["cuda_bench"] = json.load(open(js))
+        result["cuda_bench_note"] = "same run, exit %s" % rc
+    else:
+        result["cuda_bench_note"] = "failed (exit %s): see cuda_bench.txt" % rc
+    shutil.rmtree(CUDA_BENCH_SYNTH, ignore_errors=True)
+
+
+def model_info_dict(msg):
+    from google.protobuf import json_format
+    d = json_format.MessageToDict(msg, preserving_proto_field_name=True)
+    for k in ("parameter_count", "weight_bytes"):
+        if k in d:
+            d[k] = int(d[k])
+    return d
+
+
+def start_servers(args, result, servers):
+    worker_bin = find_bin(args.bin_dir, "specserve_worker")
+    sched_bin = find_bin(args.bin_dir, "specserve_scheduler")
+    if not worker_bin or not sched_bin:
+        raise SystemExit("serve_bench: no specserve_worker/specserve_scheduler in %s (for "
+                         "the GPU machine: run tools/cuda_bench.sh prepare on the build "
+                         "machine, carry .carry/serve, start tools/serve_bench/run.sh)"
+                         % args.bin_dir)
+    t0 = time.monotonic()
+    n = sum(1 for x in servers if x.name == "worker")  # earlier incarnations
+    suffix = ".%d" % n if n else ""
+    w = Server("worker", [worker_bin, "--device", args.device, "--model", args.model,
+                          "--listen", "127.0.0.1:0"] + args.worker_arg,
+               os.path.join(args.work, "worker%s.log" % suffix))
+    servers.append(w)
+    waddr = w.wait_port(args.startup_timeout)
+    log("worker %s on %s after %.1f s" % (waddr, args.device, time.monotonic() - t0))
+    max_running = max(args.concurrency)
+    # A carried scheduler brings the shared libraries it loads (libcpp-httplib
+    # and its dependencies: tools/cuda_bench.sh prepare) in lib/ beside it.
+    env = None
+    lib = os.path.join(os.path.dirname(sched_bin), "lib")
+    if os.path.isdir(lib):
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [os.path.abspath(lib)] + [p for p in [env.get("LD_LIBRARY_PATH")] if p])
+    s = Server("scheduler", [sched_bin, "--workers", waddr, "--listen", "127.0.0.1:0",
+                             "--model", args.model, "--max_running", str(max_running)]
+               + args.scheduler_arg, os.path.join(args.work, "scheduler%s.log" % suffix),
+               env=env)
+    servers.append(s)
+    saddr = s.wait_port(60)
+    api = ServerApi(saddr)
+    deadline = time.monotonic() + 120
+    while True:
+        info = api.call("specserve.v1.Admin/GetServerInfo", timeout=10)
+        if info.workers and all(x.available for x in info.workers):
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit("serve_bench: the worker is not available to the scheduler: %s"
+                             % info)
+        time.sleep(0.2)
+    log("scheduler %s ready after %.1f s" % (saddr, time.monotonic() - t0))
+    result["model"] = model_info_dict(info.model)
+    result["meta"].update(worker_address=waddr, scheduler_address=saddr,
+                          max_running=max_running, startup_s=time.monotonic() - t0,
+                          worker_pid=w.popen.pid, scheduler_pid=s.popen.pid,
+                          worker_device=info.workers[0].device,
+                          burst_tokens=next((a.split("=", 1)[1] for a in args.scheduler_arg
+                                             if a.startswith("--burst_tokens=")), 32))
+    return api, saddr, {"worker": w.popen.pid, "scheduler": s.popen.pid}
+
+
+def write_results(args, result):
+    report.annotate(result)
+    text = report.tables(result)
+    tmp = os.path.join(args.out, "serve_bench.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp, os.path.join(args.out, "serve_bench.json"))
+    with open(os.path.join(args.out, "serve_bench.txt"), "w") as f:
+        f.write(text)
+    return text
+
+
+def plan(args):
+    rows = []
+    for mode in args.modes:
+        for c in args.concurrency:
+            rows.append(("decode", mode == "spec", c, args.prompt_tokens, args.max_tokens))
+    for p in args.ttft_prompts:
+        rows.append(("ttft", False, 1, p, 1))
+    return rows
+
+
+class GpuMemory:
+    """The most GPU memory in use (nvidia-smi, MiB) while `with` runs, sampled
+    every second; None without nvidia-smi."""
+
+    def __init__(self, device):
+        self.index = device.split(":", 1)[1] if device.startswith("cuda:") else None
+        self.smi = shutil.which("nvidia-smi") if self.index is not None else None
+        self.peak = None
+
+    def _sample(self):
+        try:
+            out = subprocess.run([self.smi, "-i", self.index, "--query-gpu=memory.used",
+                                  "--format=csv,noheader,nounits"], capture_output=True,
+                                 text=True, timeout=10).stdout
+            v = int(out.strip().splitlines()[0])
+            self.peak = v if self.peak is None else max(self.peak, v)
+        except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+            pass
+
+    def __enter__(self):
+        self._stop = threading.Event()
+        if self.smi:
+            def run():
+                while not self._stop.wait(1.0):
+                    self._sample()
+            self._thread = threading.Thread(target=run, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self.smi:
+            self._thread.join()
+            self._sample()
+
+
+def worker_status(api):
+    """[{address, available, detail}] from the scheduler, or a one-entry
+    list with the error."""
+    try:
+        info = api.call("specserve.v1.Admin/GetServerInfo", timeout=10)
+        return [{"address": w.address, "available": w.available, "detail": w.detail,
+                 "sessions": w.sessions} for w in info.workers]
+    except Exception as e:  # the scheduler itself is gone or stuck
+        return [{"error": repr(e)[:300]}]
+
+
+def wait_available(api, timeout):
+    """'' once every worker is available to the scheduler; else why not
+    after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ws = worker_status(api)
+        if ws and all(w.get("available") for w in ws):
+            return ""
+        if time.monotonic() > deadline:
+            return "; ".join(w.get("detail") or w.get("error") or "unavailable" for w in ws)
+        time.sleep(0.5)
+
+
+def run_rows(args, result, api, saddr, pids, t_start, servers):
+    client = load.LoadClient(api, saddr, timeout_s=args.request_timeout)
+    vocab = int(result["model"]["vocab_size"])
+    restarts = 0
+    for i, (kind, spec, c, p, n_tok) in enumerate(plan(args)):
+        name = "%s%s c=%d prompt=%d" % (kind, "/spec" if spec else "", c, p)
+        live = servers[-2:]
+        dead = ["%s exited with status %s" % (x.name, x.popen.returncode) for x in live
+                if x.popen.poll() is not None]
+        if not dead:
+            why = wait_available(api, 30.0)
+            if why:
+                dead = ["the worker is not available to the scheduler after 30 s: " + why]
+        if dead and restarts < args.max_restarts:
+            # A server died in the last row (its errors are in that row):
+            # start both again so that the rows after it still run.
+            restarts += 1
+            result["restarts"].append("before %s: %s" % (name, "; ".join(dead)))
+            log("restart (%s)" % result["restarts"][-1])
+            for x in reversed(live):
+                x.stop()
+            api.close()
+            api, saddr, pids = start_servers(args, result, servers)
+            client = load.LoadClient(api, saddr, timeout_s=args.request_timeout)
+            dead = []
+        if dead:
+            result["skipped"].append("%s (%s)" % (name, "; ".join(dead)))
+            log("skip " + result["skipped"][-1])
+            continue
+        elapsed = time.monotonic() - t_start
+        if args.budget_s and elapsed > args.budget_s - 15:
+            result["skipped"].append("%s (time budget: %.0f s of %.0f s used)" % (
+                name, elapsed, args.budget_s))
+            log("skip " + result["skipped"][-1])
+            continue
+        log("row " + name)
+        decode = kind == "decode"
+        with GpuMemory(args.device) as mem:
+            s = load.run_row(
+                client, concurrency=c, prompt_tokens=p, max_tokens=n_tok, spec=spec,
+                k=args.k, vocab=vocab,
+                target_s=args.row_seconds if decode else args.ttft_seconds,
+                min_requests=args.min_requests if decode else 1,
+                max_requests=args.max_requests, seed=args.seed * 1000 + i,
+                pids=pids, fixed_requests=args.requests,
+                hard_s=(args.budget_s - (time.monotonic() - t_start)) if args.budget_s
+                else None)
+        s["kind"] = kind
+        s["gpu_memory_peak_mib"] = mem.peak
+        s["workers_after"] = worker_status(api)
+        if not (args.keep_records or args.smoke or len(s["records"]) <= 64):
+            s["records"] = s["records"][:64]
+            s["records_truncated"] = True
+        result["rows"].append(s)
+        log("  %d done, errors %s, %s TTFT p50 %s ms, client CPU %.0f%%, %.1f s" % (
+            s["done"], s["errors"] or 0,
+            ("%.1f tok/s, TPOT p50 %s ms," % (s["tok_s"], report._f(s["tpot_p50_ms"], "%.2f"))
+             if decode else ""),
+            report._f(s["ttft_p50_ms"], "%.1f"), s["client_cpu_pct"] or 0, s["wall_s"]))
+        write_results(args, result)
+    return api
+
+
+def main(argv):
+    args = parse_args(argv)
+    t_start = time.monotonic()
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.work, exist_ok=True)
+    result = {"meta": {"mode": args.mode, "device": args.device, "argv": argv,
+                       "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                       "host_cpus": os.cpu_count(), "k": args.k},
+              "config": {k: v for k, v in vars(args).items()},
+              "rows": [], "skipped": [], "restarts": []}
+    servers = []
+    ok = False
+    try:
+        make_model(args, result)
+        if args.checkpoint_only:
+            log("checkpoint ready in %s (--checkpoint-only)" % args.model)
+        else:
+            run_cuda_bench(args, result)
+            api, saddr, pids = start_servers(args, result, servers)
+            api = run_rows(args, result, api, saddr, pids, t_start, servers)
+            api.close()
+        ok = True
+    finally:
+        for s in reversed(servers):
+            s.stop()
+        for name in ("worker", "scheduler"):  # log tails come back with the results
+            mine = [x for x in servers if x.name == name]
+            if mine:
+                with open(os.path.join(args.out, name + ".log"), "w") as f:
+                    for x in mine:  # every incarnation, in one file
+                        f.write(tail(x.log_path, LOG_TAIL_BYTES // len(mine)))
+        result["meta"]["seconds"] = time.monotonic() - t_start
+        result["meta"]["ok"] = ok
+        text = write_results(args, result)
+    if args.checkpoint_only:
+        return 0
+    print(text)
+    errors = sum(sum(r["errors"].values()) for r in result["rows"])
+    rows_ok = len(result["rows"]) == len(plan(args)) and not result["skipped"]
+    log("done in %.0f s: %d rows, %d errors%s; wrote %s" % (
+        result["meta"]["seconds"], len(result["rows"]), errors,
+        "" if rows_ok else ", %d rows skipped" % len(result["skipped"]),
+        os.path.join(args.out, "serve_bench.{json,txt}")))
+    return 0 if (errors == 0 and rows_ok) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
