@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <random>
 #include <thread>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "telemetry/server_lifecycle.h"
 #include "telemetry/status_macros.h"
 #include "telemetry/stream_reactor.h"
+#include "worker/burst_request.h"
 #include "worker/model_files/checkpoint.h"
 #include "worker/model_info.h"
 #include "worker/session_state.h"
@@ -63,18 +65,6 @@ specserve::worker::v1::BurstEnd EndToProto(spec::BurstEnd end) {
       return specserve::worker::v1::CANCELLED;
   }
   return specserve::worker::v1::BURST_END_UNSPECIFIED;
-}
-
-// Sampling parameters of a burst, validated (top_p 0 = unset = 1).
-absl::StatusOr<sampling::SamplingConfig> SamplingOf(
-    const specserve::v1::SamplingParams& p) {
-  sampling::SamplingConfig c;
-  c.temperature = p.temperature();
-  c.top_k = static_cast<int>(p.top_k());
-  c.top_p = p.top_p() == 0.0f ? 1.0f : p.top_p();
-  c.min_p = p.min_p();
-  SS_RETURN_IF_ERROR(sampling::ValidateSamplingConfig(c));
-  return c;
 }
 
 }  // namespace
@@ -205,16 +195,8 @@ grpc::ServerWriteReactor<BurstEvent>* WorkerService::Burst(
   using Refused = telemetry::FinishedWriteReactor<BurstEvent>;
   lease_.Renew();
   if (telemetry::DrainRequested()) return new Refused(Draining());
-  if (request->max_new() == 0) {
-    return new Refused(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                    "max_new must be at least 1"));
-  }
-  if (static_cast<int>(request->k()) >=
-      model::StateOptions().max_verify_columns) {
-    return new Refused(grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("k = ", request->k(), " exceeds the largest draft depth (",
-                     model::StateOptions().max_verify_columns - 1, ")")));
+  if (absl::Status s = CheckBurstLimits(*request); !s.ok()) {
+    return new Refused(ToGrpc(s));
   }
   auto lease = pool_.Acquire(request->session_id(), request->owner());
   if (!lease.ok()) return new Refused(ToGrpc(lease.status()));
@@ -279,21 +261,12 @@ void WorkerService::RunBurst(grpc::CallbackServerContext* ctx,
   bool deadline_passed = false;
   absl::Status status;
   spec::BurstResult result;
-  auto sampling = SamplingOf(request.sampling());
-  if (!sampling.ok()) {
-    status = sampling.status();
+  absl::StatusOr<spec::BurstParams> params =
+      BurstParamsOf(request, options_.enable_fault_injection);
+  if (!params.ok()) {
+    status = params.status();
   } else {
-    spec::BurstParams p;
-    p.suffix.assign(request.suffix().begin(), request.suffix().end());
-    p.rewind = request.rewind();
-    p.max_new = request.max_new();
-    p.k = request.k();
-    p.sampling = *sampling;
-    p.seed = request.sampling().seed();
-    p.stop_ids.assign(request.stop_token_ids().begin(),
-                      request.stop_token_ids().end());
-    if (options_.enable_fault_injection)
-      p.inject_nan_at = request.inject_nan_at();
+    const spec::BurstParams& p = *params;
     auto r = engine_.RunBurst(lease.get(), p, [&](absl::Span<const int32_t> t) {
       BurstEvent e;
       e.mutable_tokens()->mutable_ids()->Add(t.begin(), t.end());

@@ -1,6 +1,7 @@
 #include "worker/model_files/model_config.h"
 
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -86,7 +87,17 @@ class FieldReader {
   std::string source_;
 };
 
+// Bounds that keep every size the loader derives from the config (layer
+// lists, projection widths) within int.
+constexpr int kMaxLayers = 4096;
+constexpr int64_t kMaxDim = int64_t{1} << 24;
+
 absl::Status ParseLayerTypes(const FieldReader& r, ModelConfig* c) {
+  if (c->num_hidden_layers > kMaxLayers) {
+    return r.Bad("num_hidden_layers",
+                 absl::StrCat("(", c->num_hidden_layers, ") must be at most ",
+                              kMaxLayers));
+  }
   const json* lt = r.Find("layer_types");
   if (lt != nullptr) {
     if (!lt->is_array()) return r.Bad("layer_types", "must be a list");
@@ -205,10 +216,13 @@ absl::Status ParseFields(const FieldReader& r, ModelConfig* c) {
     return s;
   }
   if (const json* v = r.Find("rms_norm_eps"); v != nullptr) {
-    if (!v->is_number() || !(v->get<double>() > 0)) {
-      return r.Bad("rms_norm_eps", "must be a positive number");
+    // Checked as the float it is stored as: 1e-60 would be 0, 1e300 inf.
+    const float eps =
+        v->is_number() ? static_cast<float>(v->get<double>()) : 0.0f;
+    if (!(eps > 0) || !std::isfinite(eps)) {
+      return r.Bad("rms_norm_eps", "must be a positive finite float");
     }
-    c->rms_norm_eps = static_cast<float>(v->get<double>());
+    c->rms_norm_eps = eps;
   }
   if (const json* v = r.Find("tie_word_embeddings"); v != nullptr) {
     if (!v->is_boolean()) return r.Bad("tie_word_embeddings", "must be a bool");
@@ -237,6 +251,20 @@ absl::Status ParseFields(const FieldReader& r, ModelConfig* c) {
 }
 
 absl::Status Validate(const FieldReader& r, const ModelConfig& c) {
+  // The derived widths (key_dim, value_dim, conv_dim, in_proj_dim) are ints.
+  const int64_t key_dim =
+      int64_t{c.linear_num_key_heads} * c.linear_key_head_dim;
+  const int64_t value_dim =
+      int64_t{c.linear_num_value_heads} * c.linear_value_head_dim;
+  const int64_t in_proj =
+      2 * key_dim + 2 * value_dim + 2 * int64_t{c.linear_num_value_heads};
+  const int64_t q_dim = int64_t{c.num_attention_heads} * c.head_dim;
+  if (key_dim > kMaxDim || value_dim > kMaxDim || in_proj > kMaxDim ||
+      q_dim > kMaxDim) {
+    return r.Bad("linear_num_key_heads",
+                 absl::StrCat("and the other head sizes give projections over ",
+                              kMaxDim, " wide"));
+  }
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     return r.Bad("num_key_value_heads",
                  absl::StrCat("(", c.num_key_value_heads,

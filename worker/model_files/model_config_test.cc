@@ -1,6 +1,7 @@
 #include "worker/model_files/model_config.h"
 
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -201,6 +202,38 @@ TEST(ModelConfigTest, LoadMissingFileIsNotFound) {
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(c.status().message(), HasSubstr("/nonexistent/dir/config.json"));
+}
+
+// Regression inputs the config fuzzer found (tools/fuzz/crashes/model_files):
+// each is refused with INVALID_ARGUMENT naming the field.
+TEST(ModelConfigTest, RefusesValuesThatOverflowWhatTheyAreStoredIn) {
+  struct Case {
+    std::string extra, drop, field;
+  };
+  for (const Case& c : std::vector<Case>{
+           // 1e-60 is 0 as a float, 1e300 inf.
+           {R"("rms_norm_eps": 1e-60,)", "", "rms_norm_eps"},
+           {R"("rms_norm_eps": 1e300,)", "", "rms_norm_eps"},
+           // key_dim = heads x head dim past int.
+           {R"("linear_num_key_heads": 1073741824, "linear_num_value_heads":
+               1073741824,)",
+            "linear_num_key_heads", "linear_num_key_heads"},
+           // A 2^30-entry layer list is never built.
+           {R"("num_hidden_layers": 1073741824,)", "num_hidden_layers",
+            "num_hidden_layers"},
+       }) {
+    std::string text = Config(c.extra, c.drop);
+    if (c.field == "linear_num_key_heads") {
+      // (both head counts replaced)
+      text = Config(c.extra, "linear_num_value_heads");
+      const std::string dup = R"("linear_num_key_heads": 2, )";
+      text.erase(text.find(dup), dup.size());
+    }
+    auto parsed = ParseModelConfig(text, "c");
+    ASSERT_FALSE(parsed.ok()) << c.extra;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(parsed.status().message()), HasSubstr(c.field));
+  }
 }
 
 }  // namespace

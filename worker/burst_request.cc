@@ -1,0 +1,43 @@
+#include "worker/burst_request.h"
+
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/sampling/sampling.h"
+#include "telemetry/status_macros.h"
+#include "worker/model/model.h"
+
+namespace specserve::worker {
+
+absl::Status CheckBurstLimits(const specserve::worker::v1::BurstRequest& r) {
+  if (r.max_new() == 0 || r.max_new() > static_cast<uint32_t>(INT32_MAX)) {
+    return absl::InvalidArgumentError("max_new must be in 1..2147483647");
+  }
+  const int columns = model::StateOptions().max_verify_columns;
+  if (r.k() >= static_cast<uint32_t>(columns)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "k = ", r.k(), " exceeds the largest draft depth (", columns - 1, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<spec::BurstParams> BurstParamsOf(
+    const specserve::worker::v1::BurstRequest& r, bool fault_injection) {
+  const specserve::v1::SamplingParams& s = r.sampling();
+  spec::BurstParams p;
+  p.sampling.temperature = s.temperature();
+  p.sampling.top_k = static_cast<int>(s.top_k());
+  p.sampling.top_p = s.top_p() == 0.0f ? 1.0f : s.top_p();
+  p.sampling.min_p = s.min_p();
+  SS_RETURN_IF_ERROR(sampling::ValidateSamplingConfig(p.sampling));
+  p.suffix.assign(r.suffix().begin(), r.suffix().end());
+  p.rewind = r.rewind();
+  p.max_new = static_cast<int>(r.max_new());
+  p.k = static_cast<int>(r.k());
+  p.seed = s.seed();
+  p.stop_ids.assign(r.stop_token_ids().begin(), r.stop_token_ids().end());
+  if (fault_injection) p.inject_nan_at = static_cast<int>(r.inject_nan_at());
+  return p;
+}
+
+}  // namespace specserve::worker

@@ -1,0 +1,27 @@
+// What a worker makes of a BurstRequest before it touches the session: the
+// checks that refuse it (INVALID_ARGUMENT) and the engine parameters it
+// becomes. One place for WorkerService::Burst and tools/fuzz's burst target,
+// so the fuzzer runs the worker's own code.
+#ifndef SPECSERVE_WORKER_BURST_REQUEST_H_
+#define SPECSERVE_WORKER_BURST_REQUEST_H_
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/worker.pb.h"
+#include "worker/spec/spec_engine.h"
+
+namespace specserve::worker {
+
+// max_new in 1..INT32_MAX (the engine counts in int) and k below the verify
+// columns any session holds.
+absl::Status CheckBurstLimits(const specserve::worker::v1::BurstRequest& r);
+
+// The engine's parameters for `r` (which passed CheckBurstLimits), its
+// sampling validated (top_p 0 = unset = 1). `fault_injection`: honour
+// inject_nan_at (--enable_fault_injection).
+absl::StatusOr<spec::BurstParams> BurstParamsOf(
+    const specserve::worker::v1::BurstRequest& r, bool fault_injection);
+
+}  // namespace specserve::worker
+
+#endif  // SPECSERVE_WORKER_BURST_REQUEST_H_
