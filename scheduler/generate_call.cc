@@ -375,18 +375,21 @@ absl::Status Call::EnsureResident() {
   // UNAVAILABLE (AdmitOn marks it unavailable): place again, at most once
   // per worker.
   for (int attempt = 0; attempt < ctx_->workers->size(); ++attempt) {
-    std::vector<WorkerLoad> loads;
-    for (int i = 0; i < ctx_->workers->size(); ++i) {
-      loads.push_back(WorkerLoad::FromInfo(ctx_->workers->Available(i),
-                                           ctx_->workers->Info(i)));
-      loads.back().placed_sessions = ctx_->sessions->CountPlacedOn(i);
+    {
+      // Placed before the Admit returns, so that sessions placed meanwhile
+      // count it (PlaceSession's live session counts).
+      absl::MutexLock placing(&ctx_->placement_mu);
+      std::vector<WorkerLoad> loads;
+      for (int i = 0; i < ctx_->workers->size(); ++i) {
+        loads.push_back(WorkerLoad::FromInfo(ctx_->workers->Available(i),
+                                             ctx_->workers->Info(i)));
+        loads.back().placed_sessions = ctx_->sessions->CountPlacedOn(i);
+      }
+      SS_ASSIGN_OR_RETURN(Placement p,
+                          PlaceSession(residency, snap.worker, loads));
+      worker_ = p.worker;
+      lease_.SetResidency(specserve::v1::ACTIVE, snap.mode, worker_);
     }
-    SS_ASSIGN_OR_RETURN(Placement p,
-                        PlaceSession(residency, snap.worker, loads));
-    worker_ = p.worker;
-    // Placed before the Admit returns, so that sessions placed meanwhile
-    // count it (PlaceSession's live session counts).
-    lease_.SetResidency(specserve::v1::ACTIVE, snap.mode, worker_);
     admitted = AdmitOn(worker_, history);
     if (admitted.code() != absl::StatusCode::kUnavailable) break;
     residency = specserve::v1::LOST;

@@ -48,7 +48,7 @@ struct WorkerLoad {
 };
 
 struct PlacementOptions {
-  double burst_weight = 0.05;
+  double burst_weight = 0.01;  // a running burst weighs as one session
   double session_weight = 0.01;
   // Memory fraction at which a worker counts as full.
   double full_fraction = 0.95;

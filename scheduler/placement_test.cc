@@ -113,7 +113,7 @@ TEST(PlacementTest, FromInfo) {
   EXPECT_TRUE(w.available);
   EXPECT_EQ(w.memory_used_bytes, 250u);
   EXPECT_EQ(w.sessions, 4u);
-  EXPECT_DOUBLE_EQ(LoadScore(w, PlacementOptions()), 0.25 + 0.15);
+  EXPECT_DOUBLE_EQ(LoadScore(w, PlacementOptions()), 0.25 + 0.03);
 }
 
 // Sessions placed one after another, with the polled figures never

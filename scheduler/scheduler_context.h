@@ -57,6 +57,9 @@ struct SchedulerContext {
   WorkerPool* workers = nullptr;
   SessionTable* sessions = nullptr;
   AdmissionController* admission = nullptr;
+  // Held from reading the live placement counts to recording the choice
+  // (Call::EnsureResident), so concurrent new sessions see each other.
+  absl::Mutex placement_mu;
   // The current model's tokenizer; null when its directory has no
   // tokenizer.json (ids only). Admin.LoadModel replaces it: a request
   // takes one snapshot and keeps it.
