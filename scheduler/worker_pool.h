@@ -138,6 +138,17 @@ class WorkerPool {
   const std::string& owner() const { return options_.owner; }
 
  private:
+  // A Stub's PrepareAsync method of a call on one session (Park, Demote).
+  using PrepareSessionCall = std::unique_ptr<
+      grpc::ClientAsyncResponseReader<specserve::worker::v1::SessionState>> (
+      specserve::worker::v1::Worker::Stub::*)(
+      grpc::ClientContext*, const specserve::worker::v1::SessionRef&,
+      grpc::CompletionQueue*);
+  // `prepare` watched like every session call (see Admit).
+  grpc::Status SessionStateCall(int index, const std::string& session_id,
+                                absl::Duration timeout,
+                                specserve::worker::v1::SessionState* state,
+                                PrepareSessionCall prepare) const;
   struct Worker {
     std::string address;
     std::shared_ptr<grpc::Channel> channel;

@@ -128,9 +128,11 @@ void WorkerPool::ReleaseNowOrLater(int index, const std::string& session_id) {
   }
 }
 
-grpc::Status WorkerPool::Park(int index, const std::string& session_id,
-                              absl::Duration timeout,
-                              wv1::SessionState* state) const {
+grpc::Status WorkerPool::SessionStateCall(int index,
+                                          const std::string& session_id,
+                                          absl::Duration timeout,
+                                          wv1::SessionState* state,
+                                          PrepareSessionCall prepare) const {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, absl::Now() + timeout);
   wv1::Worker::Stub* stub = workers_[index]->stub.get();
@@ -138,24 +140,23 @@ grpc::Status WorkerPool::Park(int index, const std::string& session_id,
   return Watched<wv1::SessionState>(
       &ctx,
       [&](grpc::CompletionQueue* cq) {
-        return stub->PrepareAsyncPark(&ctx, ref, cq);
+        return (stub->*prepare)(&ctx, ref, cq);
       },
       state, [this, index] { return !Available(index); });
+}
+
+grpc::Status WorkerPool::Park(int index, const std::string& session_id,
+                              absl::Duration timeout,
+                              wv1::SessionState* state) const {
+  return SessionStateCall(index, session_id, timeout, state,
+                          &wv1::Worker::Stub::PrepareAsyncPark);
 }
 
 grpc::Status WorkerPool::Demote(int index, const std::string& session_id,
                                 absl::Duration timeout,
                                 wv1::SessionState* state) const {
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, absl::Now() + timeout);
-  wv1::Worker::Stub* stub = workers_[index]->stub.get();
-  const wv1::SessionRef ref = Ref(session_id, options_.owner);
-  return Watched<wv1::SessionState>(
-      &ctx,
-      [&](grpc::CompletionQueue* cq) {
-        return stub->PrepareAsyncDemote(&ctx, ref, cq);
-      },
-      state, [this, index] { return !Available(index); });
+  return SessionStateCall(index, session_id, timeout, state,
+                          &wv1::Worker::Stub::PrepareAsyncDemote);
 }
 
 }  // namespace specserve::scheduler
