@@ -5,7 +5,7 @@ speculative rounds (a round costs 1.05 steps and yields ~1 + a·k tokens),
 while with 8 concurrent clients the sessions are demoted to batched decode
 (8 verifies cost ~8 steps for at most k+1 tokens each). Outputs are exact
 either way (greedy == specgen), demotion is one-way, and a demoted session
-still regenerates (REWIND) exactly."""
+still regenerates (REWIND) exactly from its cached prompt checkpoint."""
 import threading
 
 import pytest
@@ -109,15 +109,15 @@ def test_many_clients_are_demoted_and_stay_exact(cluster):
                                ignore_eos=True)
     assert more.final.spec_stats.rounds == 0
     assert u.enum_name(_get(c, sids[0]), "mode") == "BATCHED"
-    # A demoted session (its draft state and worker checkpoint freed) still
-    # regenerates its last reply exactly.
+    # A demoted session (its draft state freed) keeps its prompt checkpoint:
+    # it regenerates its last reply exactly, from its caches.
     regen = u.generate_ok(c, {"session": {"session_id": sids[0],
                                           "mode": "REWIND"},
                               "stopping": {"max_tokens": 12,
                                            "ignore_eos": True},
                               "response": {"ids": True}})
     assert regen.ids == more.ids
-    # (Rebuilt at the checkpoint, it is still demoted.)
+    assert regen.final.usage.cached_prompt_tokens == len(history) + 3
     assert u.enum_name(_get(c, sids[0]), "mode") == "BATCHED"
     info = _get(c, sids[0])
     assert info.committed_tokens == len(history) + 3 + len(regen.ids)

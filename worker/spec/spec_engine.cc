@@ -126,7 +126,6 @@ absl::Status SpecEngine::AppendLocked(SpecSession* s,
 }
 
 absl::Status SpecEngine::SaveCheckpointLocked(SpecSession* s) {
-  if (s->mode() == DecodeMode::kBatched) return absl::OkStatus();
   auto c = std::make_unique<TurnCheckpoint>();
   c->pos = s->committed_len();
   SS_ASSIGN_OR_RETURN(c->trunk, model_->SaveCheckpoint(*s->caches()));

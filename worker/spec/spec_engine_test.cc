@@ -154,9 +154,9 @@ TEST_P(SpecEngineTest, GreedySpecEqualsPlainAcrossScripts) {
         } else if (!demoted) {
           ASSERT_TRUE(engine.Demote(s.get()).ok());
           demoted = true;
-          // A demoted session keeps streaming plain decode.
+          // A demoted session keeps streaming plain decode and keeps its
+          // prompt checkpoint for a later rewind.
         }
-        if (p.rewind && demoted) p.rewind = false;  // checkpoint is gone
         if (s->committed_len() + 64 + static_cast<int>(p.suffix.size()) >
             kCapacity) {
           break;

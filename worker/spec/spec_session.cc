@@ -27,8 +27,9 @@ bool SpecSession::rewind_is_resident() const {
 void SpecSession::MarkDemoted() {
   CHECK(demote_ready()) << "session " << id_
                         << ": demotion needs a flushed session with next_pred";
+  // The prompt checkpoint is trunk state only (no draft state), so a demoted
+  // session can still REWIND to it.
   mode_ = DecodeMode::kBatched;
-  checkpoint_.reset();
 }
 
 bool SpecSession::reset_graph_fallback_on_resume() {
