@@ -104,3 +104,26 @@ def test_smoke_mode_runs_every_row_without_errors(tmp_path):
         assert heading in text
     assert "requests: 16 done, 0 errors, 0 cut" in text
     assert (out / "worker.log").exists() and (out / "scheduler.log").exists()
+
+
+def test_smoke_scaling_mode_runs_one_and_two_workers(tmp_path):
+    out = tmp_path / "out"
+    p = subprocess.run(
+        [sys.executable, os.path.join(TOOL, "serve_bench.py"), "--smoke", "--out", str(out),
+         "--workers", "2"],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    result = json.loads((out / "serve_bench.json").read_text())
+    rows = result["rows"]
+    # One worker at c, then two at 2c, for each per-worker c of --smoke (1, 2).
+    assert [(r["workers"], r["concurrency"]) for r in rows] == [(1, 1), (1, 2), (2, 2), (2, 4)]
+    for r in rows:
+        assert r["errors"] == {} and r["cut"] == 0 and r["done"] > 0, r
+        assert not r["spec"] and r["kind"] == "decode"
+        assert len(r["workers_after"]) == r["workers"], r["workers_after"]
+        assert all(w["available"] for w in r["workers_after"])
+    one = {r["concurrency"]: r["tok_s"] for r in rows if r["workers"] == 1}
+    for r in (r for r in rows if r["workers"] == 2):
+        assert r["n_x_one_tok_s"] == 2 * one[r["concurrency"] // 2]
+        assert r["over_n_x_one"] == r["tok_s"] / r["n_x_one_tok_s"]
+    assert "## Plain decode over 2 workers" in (out / "serve_bench.txt").read_text()

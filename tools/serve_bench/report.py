@@ -87,9 +87,21 @@ def annotate(result):
     usable = bool(bench and "model_27b" in bench and bench.get("copy_gbs")
                   and model.get("hidden_size"))
     plain = {r["concurrency"]: r for r in result["rows"] if r["kind"] == "decode"
-             and not r["spec"]}
+             and not r["spec"] and r.get("workers", 1) == 1}
     for r in result["rows"]:
-        if r["kind"] == "decode":
+        n = r.get("workers", 1)
+        if r["kind"] == "decode" and n > 1:
+            # Scaling: beside N x the one-worker row at the same per-worker
+            # concurrency, and N x that row's floor.
+            one = plain.get(r["concurrency"] // n)
+            if one:
+                r["one_worker_tok_s"] = one["tok_s"]
+                r["n_x_one_tok_s"] = n * one["tok_s"]
+                if one["tok_s"] > 0:
+                    r["over_n_x_one"] = r["tok_s"] / r["n_x_one_tok_s"]
+                if one.get("floor_tok_s"):
+                    r["floor_tok_s"] = n * one["floor_tok_s"]
+        elif r["kind"] == "decode":
             c = r["concurrency"]
             if not r["spec"]:
                 e = bench_batch(bench, c)
@@ -191,7 +203,8 @@ def tables(result):
 
     head = ["c", "done", "errors", "tok/s", "TPOT p50", "TPOT p99", "TTFT p50", "TTFT p99"]
     tail_ = ["client CPU", "sched CPU", "worker CPU", "GPU GiB"]
-    dec = [r for r in rows if r["kind"] == "decode" and not r["spec"]]
+    dec = [r for r in rows if r["kind"] == "decode" and not r["spec"]
+           and r.get("workers", 1) == 1]
     if dec:
         out.append("## Plain decode (speculation off), %d output tokens per request, "
                    "%d-token prompts" % (dec[0]["max_tokens"], dec[0]["prompt_tokens"]))
@@ -208,6 +221,18 @@ def tables(result):
                        "%.2f ms (%.3fx)" % (r["tpot_p50_ms"], r["bench_greedy_step_ms"],
                                             r["tpot_over_greedy_step"]))
             out.append("")
+    scaled = [r for r in rows if r["kind"] == "decode" and r.get("workers", 1) > 1]
+    if scaled:
+        n = scaled[0]["workers"]
+        out.append("## Plain decode over %d workers, beside %d x one worker at the same "
+                   "per-worker concurrency" % (n, n))
+        out.append("")
+        table(["c per worker"] + head + ["1 worker tok/s", "N x 1 worker", "N workers / (N x 1)",
+                                         "floor tok/s"] + tail_,
+              [[str(r["concurrency"] // n)] + common(r) +
+               [_f(r.get("one_worker_tok_s")), _f(r.get("n_x_one_tok_s")),
+                _f(r.get("over_n_x_one"), "%.3f"), _f(r.get("floor_tok_s"))] + cpu(r)
+               for r in scaled])
     spec = [r for r in rows if r["kind"] == "decode" and r["spec"]]
     if spec:
         out.append("## Speculative (speculation enable, k = %d), same load" % spec[0]["k"])

@@ -25,6 +25,12 @@ Steps (full and --quick, on the GPU):
      $OUT/serve_bench.txt (the markdown tables), rewritten after each row,
      plus cuda_bench.{json,txt} and the servers' log tails.
 
+--workers N (N > 1) measures how the service scales over N workers (one per
+GPU, --devices, default cuda:0..N-1): plain decode rows at each per-GPU
+concurrency c of --concurrency, first with one worker at c, then with N
+workers at N * c, so each N-worker figure stands beside N x the one-worker
+figure of the same run. Speculative and TTFT rows are not run in this mode.
+
 --smoke runs the same code on the CPU in seconds: a tiny random checkpoint
 (make_checkpoint.py --shape tiny, numpy), bazel-bin's binaries
 ($SPECSERVE_BIN_DIR), c = 1 and 2, 8 tokens, 64- and 256-token TTFT rows, no
@@ -154,6 +160,10 @@ def parse_args(argv):
                     "unpacked .carry/serve; --smoke: $SPECSERVE_BIN_DIR or "
                     "bazel-bin)")
     ap.add_argument("--device", help="worker device (default cuda:0; --smoke: cpu)")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="N > 1: the scaling rows over N workers (see above)")
+    ap.add_argument("--devices", help="comma list, one device per worker with "
+                    "--workers (default cuda:0..N-1; --smoke: cpu for each)")
     ap.add_argument("--concurrency", type=ints, help="default 1,8,16,32,64 "
                     "(--smoke: 1,2)")
     ap.add_argument("--modes", default="plain,spec", help="plain, spec or both")
@@ -219,6 +229,17 @@ def parse_args(argv):
     args.modes = [m for m in args.modes.split(",") if m]
     if set(args.modes) - {"plain", "spec"}:
         ap.error("--modes: plain and/or spec")
+    if args.workers < 1:
+        ap.error("--workers: at least 1")
+    if args.devices:
+        args.devices = [d for d in args.devices.split(",") if d]
+    elif args.workers > 1:
+        args.devices = (["cpu"] * args.workers if s else
+                        ["cuda:%d" % i for i in range(args.workers)])
+    else:
+        args.devices = [args.device]
+    if len(args.devices) != args.workers:
+        ap.error("--devices: %d devices for --workers %d" % (len(args.devices), args.workers))
     return args
 
 
@@ -287,7 +308,9 @@ def model_info_dict(msg):
     return d
 
 
-def start_servers(args, result, servers):
+def start_servers(args, result, servers, n_workers=1):
+    """Starts the first n_workers of args.devices and a scheduler over them;
+    returns (api, scheduler address, {name: pid}, the servers started)."""
     worker_bin = find_bin(args.bin_dir, "specserve_worker")
     sched_bin = find_bin(args.bin_dir, "specserve_scheduler")
     if not worker_bin or not sched_bin:
@@ -296,15 +319,20 @@ def start_servers(args, result, servers):
                          "machine, carry .carry/serve, start tools/serve_bench/run.sh)"
                          % args.bin_dir)
     t0 = time.monotonic()
-    n = sum(1 for x in servers if x.name == "worker")  # earlier incarnations
+    n = sum(1 for x in servers if x.name == "scheduler")  # earlier incarnations
     suffix = ".%d" % n if n else ""
-    w = Server("worker", [worker_bin, "--device", args.device, "--model", args.model,
-                          "--listen", "127.0.0.1:0"] + args.worker_arg,
-               os.path.join(args.work, "worker%s.log" % suffix))
-    servers.append(w)
-    waddr = w.wait_port(args.startup_timeout)
-    log("worker %s on %s after %.1f s" % (waddr, args.device, time.monotonic() - t0))
-    max_running = max(args.concurrency)
+    started = []
+    for i, device in enumerate(args.devices[:n_workers]):
+        w = Server("worker", [worker_bin, "--device", device, "--model", args.model,
+                              "--listen", "127.0.0.1:0"] + args.worker_arg,
+                   os.path.join(args.work, "worker%s%s.log" % (i or "", suffix)))
+        servers.append(w)
+        started.append(w)
+    # The workers load their weights in parallel.
+    waddrs = [w.wait_port(args.startup_timeout) for w in started]
+    for device, waddr in zip(args.devices, waddrs):
+        log("worker %s on %s after %.1f s" % (waddr, device, time.monotonic() - t0))
+    max_running = max(args.concurrency) * n_workers
     # A carried scheduler brings the shared libraries it loads (libcpp-httplib
     # and its dependencies: tools/cuda_bench.sh prepare) in lib/ beside it.
     env = None
@@ -313,31 +341,33 @@ def start_servers(args, result, servers):
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
             [os.path.abspath(lib)] + [p for p in [env.get("LD_LIBRARY_PATH")] if p])
-    s = Server("scheduler", [sched_bin, "--workers", waddr, "--listen", "127.0.0.1:0",
+    s = Server("scheduler", [sched_bin, "--workers", ",".join(waddrs), "--listen", "127.0.0.1:0",
                              "--model", args.model, "--max_running", str(max_running)]
                + args.scheduler_arg, os.path.join(args.work, "scheduler%s.log" % suffix),
                env=env)
     servers.append(s)
+    started.append(s)
     saddr = s.wait_port(60)
     api = ServerApi(saddr)
     deadline = time.monotonic() + 120
     while True:
         info = api.call("specserve.v1.Admin/GetServerInfo", timeout=10)
-        if info.workers and all(x.available for x in info.workers):
+        if len(info.workers) == n_workers and all(x.available for x in info.workers):
             break
         if time.monotonic() > deadline:
-            raise SystemExit("serve_bench: the worker is not available to the scheduler: %s"
+            raise SystemExit("serve_bench: not every worker is available to the scheduler: %s"
                              % info)
         time.sleep(0.2)
     log("scheduler %s ready after %.1f s" % (saddr, time.monotonic() - t0))
     result["model"] = model_info_dict(info.model)
-    result["meta"].update(worker_address=waddr, scheduler_address=saddr,
+    result["meta"].update(worker_address=",".join(waddrs), scheduler_address=saddr,
                           max_running=max_running, startup_s=time.monotonic() - t0,
-                          worker_pid=w.popen.pid, scheduler_pid=s.popen.pid,
-                          worker_device=info.workers[0].device,
+                          worker_pid=started[0].popen.pid, scheduler_pid=s.popen.pid,
+                          worker_device=info.workers[0].device, workers=n_workers,
                           burst_tokens=next((a.split("=", 1)[1] for a in args.scheduler_arg
                                              if a.startswith("--burst_tokens=")), 32))
-    return api, saddr, {"worker": w.popen.pid, "scheduler": s.popen.pid}
+    # CPU shares: the first worker stands for all of them.
+    return api, saddr, {"worker": started[0].popen.pid, "scheduler": s.popen.pid}, started
 
 
 def write_results(args, result):
@@ -353,12 +383,16 @@ def write_results(args, result):
 
 
 def plan(args):
+    """[(kind, spec, concurrency, prompt tokens, max tokens, workers)]."""
+    if args.workers > 1:
+        return [("decode", False, c * n, args.prompt_tokens, args.max_tokens, n)
+                for n in (1, args.workers) for c in args.concurrency]
     rows = []
     for mode in args.modes:
         for c in args.concurrency:
-            rows.append(("decode", mode == "spec", c, args.prompt_tokens, args.max_tokens))
+            rows.append(("decode", mode == "spec", c, args.prompt_tokens, args.max_tokens, 1))
     for p in args.ttft_prompts:
-        rows.append(("ttft", False, 1, p, 1))
+        rows.append(("ttft", False, 1, p, 1, 1))
     return rows
 
 
@@ -422,19 +456,30 @@ def wait_available(api, timeout):
         time.sleep(0.5)
 
 
-def run_rows(args, result, api, saddr, pids, t_start, servers):
+def run_rows(args, result, t_start, servers):
+    rows = plan(args)
+    n_live = rows[0][5] if rows else 1
+    api, saddr, pids, live = start_servers(args, result, servers, n_live)
     client = load.LoadClient(api, saddr, timeout_s=args.request_timeout)
     vocab = int(result["model"]["vocab_size"])
     restarts = 0
-    for i, (kind, spec, c, p, n_tok) in enumerate(plan(args)):
-        name = "%s%s c=%d prompt=%d" % (kind, "/spec" if spec else "", c, p)
-        live = servers[-2:]
+    for i, (kind, spec, c, p, n_tok, n_workers) in enumerate(rows):
+        name = "%s%s c=%d prompt=%d%s" % (kind, "/spec" if spec else "", c, p,
+                                          " workers=%d" % n_workers if args.workers > 1 else "")
+        if n_workers != n_live:
+            # The scaling rows' second half: the same load spread over more workers.
+            for x in reversed(live):
+                x.stop()
+            api.close()
+            n_live = n_workers
+            api, saddr, pids, live = start_servers(args, result, servers, n_live)
+            client = load.LoadClient(api, saddr, timeout_s=args.request_timeout)
         dead = ["%s exited with status %s" % (x.name, x.popen.returncode) for x in live
                 if x.popen.poll() is not None]
         if not dead:
             why = wait_available(api, 30.0)
             if why:
-                dead = ["the worker is not available to the scheduler after 30 s: " + why]
+                dead = ["a worker is not available to the scheduler after 30 s: " + why]
         if dead and restarts < args.max_restarts:
             # A server died in the last row (its errors are in that row):
             # start both again so that the rows after it still run.
@@ -444,7 +489,7 @@ def run_rows(args, result, api, saddr, pids, t_start, servers):
             for x in reversed(live):
                 x.stop()
             api.close()
-            api, saddr, pids = start_servers(args, result, servers)
+            api, saddr, pids, live = start_servers(args, result, servers, n_live)
             client = load.LoadClient(api, saddr, timeout_s=args.request_timeout)
             dead = []
         if dead:
@@ -459,7 +504,7 @@ def run_rows(args, result, api, saddr, pids, t_start, servers):
             continue
         log("row " + name)
         decode = kind == "decode"
-        with GpuMemory(args.device) as mem:
+        with GpuMemory(args.devices[0]) as mem:
             s = load.run_row(
                 client, concurrency=c, prompt_tokens=p, max_tokens=n_tok, spec=spec,
                 k=args.k, vocab=vocab,
@@ -470,6 +515,7 @@ def run_rows(args, result, api, saddr, pids, t_start, servers):
                 hard_s=(args.budget_s - (time.monotonic() - t_start)) if args.budget_s
                 else None)
         s["kind"] = kind
+        s["workers"] = n_workers
         s["gpu_memory_peak_mib"] = mem.peak
         s["workers_after"] = worker_status(api)
         if not (args.keep_records or args.smoke or len(s["records"]) <= 64):
@@ -490,7 +536,7 @@ def main(argv):
     t_start = time.monotonic()
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.work, exist_ok=True)
-    result = {"meta": {"mode": args.mode, "device": args.device, "argv": argv,
+    result = {"meta": {"mode": args.mode, "device": ",".join(args.devices), "argv": argv,
                        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                        "host_cpus": os.cpu_count(), "k": args.k},
               "config": {k: v for k, v in vars(args).items()},
@@ -503,8 +549,7 @@ def main(argv):
             log("checkpoint ready in %s (--checkpoint-only)" % args.model)
         else:
             run_cuda_bench(args, result)
-            api, saddr, pids = start_servers(args, result, servers)
-            api = run_rows(args, result, api, saddr, pids, t_start, servers)
+            api = run_rows(args, result, t_start, servers)
             api.close()
         ok = True
     finally:
