@@ -35,11 +35,12 @@ double VerifySeconds(absl::Span<const double> by_columns, uint32_t columns) {
   return Extrapolate(by_columns, columns, /*single_entry_slope=*/1.0);
 }
 
-double SmoothedAcceptance(uint64_t drafted, uint64_t accepted,
+double SmoothedAcceptance(double drafted, double accepted,
                           const SpecGateConfig& config) {
-  const double acc = static_cast<double>(std::min(accepted, drafted));
+  drafted = std::max(0.0, drafted);
+  const double acc = std::clamp(accepted, 0.0, drafted);
   const double w = std::max(0.0, config.prior_weight);
-  const double denom = static_cast<double>(drafted) + w;
+  const double denom = drafted + w;
   if (denom <= 0) return std::clamp(config.prior_acceptance, 0.0, 1.0);
   return std::clamp((acc + config.prior_acceptance * w) / denom, 0.0, 1.0);
 }
@@ -81,7 +82,34 @@ SpecGateDecision DecideSpec(const SpecGateInputs& in,
   const uint32_t k = std::max<uint32_t>(1, in.k);
   const uint32_t b = std::max<uint32_t>(1, in.batch_size);
   d.batch_size = b;
-  d.measured_acceptance = SmoothedAcceptance(in.drafted, in.accepted, config);
+  // The recent window: lifetime counts that went down belong to a session
+  // started over (rebuilt), so all of them are new.
+  const bool restarted = in.drafted < in.state.seen_drafted ||
+                         in.accepted < in.state.seen_accepted;
+  const double new_drafted = static_cast<double>(
+      restarted ? in.drafted : in.drafted - in.state.seen_drafted);
+  const double new_accepted = static_cast<double>(
+      restarted ? in.accepted : in.accepted - in.state.seen_accepted);
+  // An exponential window over drafted tokens: the new counts (spread over
+  // their drafts) enter with weight W/δ·(1 − e^(−δ/W)) ≈ 1 for δ ≪ W, so the
+  // window holds about the last W drafts however large one step is.
+  const double w = std::max(1.0, config.acceptance_window);
+  const double keep = std::exp(-new_drafted / w);
+  const double enter = new_drafted > 0 ? w / new_drafted * (1.0 - keep) : 1.0;
+  d.next_state = in.state;
+  d.next_state.seen_drafted = in.drafted;
+  d.next_state.seen_accepted = in.accepted;
+  d.next_state.recent_drafted =
+      in.state.recent_drafted * keep + new_drafted * enter;
+  d.next_state.recent_accepted =
+      in.state.recent_accepted * keep + new_accepted * enter;
+  // The prior stands in for rounds not yet run: its weight fades as the
+  // session's lifetime drafts grow past the window.
+  SpecGateConfig faded = config;
+  faded.prior_weight =
+      config.prior_weight * w / (w + static_cast<double>(in.drafted));
+  d.measured_acceptance = SmoothedAcceptance(
+      d.next_state.recent_drafted, d.next_state.recent_accepted, faded);
   d.expected_tokens_per_round = 1.0 + d.measured_acceptance * k;
 
   if (!in.speculation_requested) {
@@ -104,7 +132,6 @@ SpecGateDecision DecideSpec(const SpecGateInputs& in,
   const double verify = VerifySeconds(in.verify_seconds_by_columns, k + 1);
   if (decode <= 0 || verify <= 0) {
     d.mode = v1::SPECULATIVE;
-    d.next_state = in.state;
     d.reason = "no step costs from the worker yet: speculating by default";
     return d;
   }

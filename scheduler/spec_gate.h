@@ -5,9 +5,14 @@
 // hysteresis state the caller keeps on the session (SessionTable does).
 //
 // The model.
-//   Acceptance. r = accepted / drafted over the session's lifetime, smoothed
-//   toward a prior for sessions with few rounds: r^ = (accepted + r0·w) /
-//   (drafted + w).
+//   Acceptance. r = accepted / drafted over the session's recent rounds: the
+//   counts since the last evaluation are added to a window that forgets
+//   exponentially per drafted token (e^(−new drafted / window)), so r follows
+//   the last ~`acceptance_window` drafts and a session whose drafts stop
+//   landing is seen within a few bursts. It is smoothed toward a prior for
+//   sessions with few rounds: r^ = (accepted + r0·w') / (drafted + w'), the
+//   prior's weight w' = w·W / (W + lifetime drafted) fading as the session
+//   runs (W = acceptance_window).
 //   Tokens per round. E = 1 + r^·k. This is not an approximation: with k
 //   drafts per round, the mean accepted count per round is r·k by the
 //   definition of r, plus the bonus token (it is vLLM's "mean acceptance
@@ -19,8 +24,9 @@
 //   one after another (conservative: the worker may batch them, which only
 //   makes speculation cheaper), so each session gets E tokens per b·V(k+1)
 //   seconds, V(c) = a verify of c columns at batch 1 (WorkerInfo reports no
-//   separate draft cost, so V should be measured as a whole round: k draft
-//   steps + the verify; otherwise the gate leans toward speculation). Hence
+//   separate draft cost: its V is a whole round, k draft steps + the verify +
+//   the MTP fill, measured while serving: worker/spec/live_step_costs.h).
+//   Hence
 //     verify_cost_ratio = b·V(k+1) / D(b)   (a round's cost in plain steps)
 //     speculation pays  ⇔  E > verify_cost_ratio  ⇔  gain = E / ratio > 1.
 //   Costs past the end of a worker's table are extrapolated linearly from its
@@ -46,8 +52,11 @@ struct SpecGateConfig {
   // Prior acceptance and its weight in pseudo-drafted tokens.
   double prior_acceptance = 0.6;
   double prior_weight = 16;
-  // Demote when gain < 1 - margin ...
-  double margin = 0.1;
+  // Drafted tokens over which the measured acceptance forgets by 1/e.
+  double acceptance_window = 128;
+  // Demote when gain < 1 - margin (a speculative session then costs at most
+  // ~1/(1 - margin) of plain decode while the streak builds) ...
+  double margin = 0.04;
   // ... for this many consecutive evaluations.
   uint32_t demote_after = 3;
 };
@@ -56,6 +65,12 @@ struct SpecGateConfig {
 struct SpecGateState {
   // Consecutive evaluations of a speculative session below 1 - margin.
   uint32_t below_count = 0;
+  // The session's lifetime counts at the last evaluation, and the recent
+  // window (see "Acceptance" above).
+  uint64_t seen_drafted = 0;
+  uint64_t seen_accepted = 0;
+  double recent_drafted = 0;
+  double recent_accepted = 0;
 };
 
 struct SpecGateInputs {
@@ -63,7 +78,7 @@ struct SpecGateInputs {
   // (MTP) head; otherwise the answer is BATCHED.
   bool speculation_requested = true;
   bool draft_available = true;
-  // Session-lifetime telemetry.
+  // Session-lifetime telemetry (the gate keeps its recent window in state).
   uint64_t drafted = 0;
   uint64_t accepted = 0;
   // Draft depth the session runs with (>= 1).
@@ -88,7 +103,7 @@ struct SpecGateDecision {
   double verify_cost_ratio = 0;          // b·V(k+1) / D(b); 0 = unknown
   uint32_t batch_size = 0;
   std::string reason;
-  // Store on the session for the next evaluation.
+  // Store on the session for the next evaluation (whatever the mode).
   SpecGateState next_state;
 
   specserve::v1::GateDecision ToProto() const;
@@ -107,7 +122,7 @@ uint32_t ChooseK(double rate, uint32_t measured_k, uint32_t max_k,
 
 // Helpers of the model, exposed for tests.
 // Smoothed acceptance r^.
-double SmoothedAcceptance(uint64_t drafted, uint64_t accepted,
+double SmoothedAcceptance(double drafted, double accepted,
                           const SpecGateConfig& config);
 // Per-position acceptance a whose geometric model gives mean acceptance
 // `rate` over `k` positions: rate = (a + a^2 + ... + a^k) / k.

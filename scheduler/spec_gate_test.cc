@@ -108,15 +108,58 @@ TEST(SpecGateTest, HysteresisPreventsFlapping) {
 }
 
 TEST(SpecGateTest, SmallDipWithinMarginKeepsSpeculating) {
-  // gain in [0.9, 1): not worth a one-way demotion.
-  // Batch 2, r = 0.45: E = 2.35, ratio 2.476, gain 0.949.
-  SpecGateInputs in = Inputs(2, 100000, 45000);
+  // gain in [1 - margin, 1): not worth a one-way demotion.
+  // Batch 2, r = 0.48: E = 2.44, ratio 2.476, gain 0.985.
+  SpecGateInputs in = Inputs(2, 100000, 48000);
   for (int i = 0; i < 10; ++i) {
     SpecGateDecision d = DecideSpec(in);
     ASSERT_EQ(d.mode, v1::SPECULATIVE);
     EXPECT_EQ(d.next_state.below_count, 0u);
     in.state = d.next_state;
   }
+}
+
+TEST(SpecGateTest, AcceptanceFollowsTheRecentRounds) {
+  // 3000 drafts at r = 0.7, then the drafts stop landing (a change of
+  // topic): within ~2 windows of drafted tokens the measured acceptance is
+  // near 0 and the session is demoted (a few bursts, the demotion streak
+  // included), although its lifetime rate is still above 0.5.
+  SpecGateInputs in = Inputs(1, 3000, 2100);
+  SpecGateDecision d = DecideSpec(in);
+  ASSERT_EQ(d.mode, v1::SPECULATIVE);
+  EXPECT_THAT(d.measured_acceptance, DoubleNear(0.7, 0.01));
+  int evaluations = 0;
+  while (d.mode == v1::SPECULATIVE && evaluations < 100) {
+    in.state = d.next_state;
+    in.drafted += 96;  // one burst of 32 rounds at k = 3, none accepted
+    d = DecideSpec(in);
+    ++evaluations;
+  }
+  EXPECT_EQ(d.mode, v1::BATCHED);
+  EXPECT_LE(evaluations, 8);
+  EXPECT_LT(d.measured_acceptance, 0.2);
+  EXPECT_GT(static_cast<double>(in.accepted) / in.drafted, 0.5);
+}
+
+TEST(SpecGateTest, NoNewRoundsLeaveTheWindowAsItIs) {
+  SpecGateInputs in = Inputs(1, 600, 300);
+  SpecGateDecision first = DecideSpec(in);
+  in.state = first.next_state;
+  SpecGateDecision again = DecideSpec(in);
+  EXPECT_DOUBLE_EQ(again.measured_acceptance, first.measured_acceptance);
+  EXPECT_DOUBLE_EQ(again.next_state.recent_drafted,
+                   first.next_state.recent_drafted);
+}
+
+TEST(SpecGateTest, RestartedTelemetryCountsAsNew) {
+  // A rebuilt session's lifetime counts start again below what was seen.
+  SpecGateInputs in = Inputs(1, 6000, 6000);
+  in.state = DecideSpec(in).next_state;
+  in.drafted = 3000;
+  in.accepted = 0;
+  SpecGateDecision d = DecideSpec(in);
+  EXPECT_EQ(d.next_state.seen_drafted, 3000u);
+  EXPECT_LT(d.measured_acceptance, 0.05);
 }
 
 TEST(SpecGateTest, DemotedNeverRepromotes) {

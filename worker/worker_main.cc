@@ -192,6 +192,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   options.costs = *costs;
+  options.live_costs = absl::GetFlag(FLAGS_step_costs).empty();
   // Worker.LoadModel: drain and shut down, then restart this process on the
   // new model.
   absl::Mutex reload_mu;

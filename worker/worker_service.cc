@@ -75,10 +75,21 @@ WorkerService::WorkerService(WorkerOptions options, model::Model* model)
       model_info_(DescribeModel(model->checkpoint())),
       instance_((uint64_t{std::random_device{}()} << 32) |
                 std::random_device{}()),
+      live_costs_(options_.live_costs
+                      ? std::make_unique<spec::LiveStepCosts>(
+                            std::vector<double>(
+                                options_.costs.decode_seconds_by_batch().begin(),
+                                options_.costs.decode_seconds_by_batch().end()),
+                            std::vector<double>(
+                                options_.costs.verify_seconds_by_columns().begin(),
+                                options_.costs.verify_seconds_by_columns().end()))
+                      : nullptr),
       executor_(model),
       engine_(&executor_),
       pool_(options_.pool, &executor_),
-      lease_(options_.session_lease, [this] { return pool_.ReleaseIdle(); }) {}
+      lease_(options_.session_lease, [this] { return pool_.ReleaseIdle(); }) {
+  executor_.set_live_costs(live_costs_.get());
+}
 
 SessionState WorkerService::StateOf(const spec::SpecSession& s, bool busy) {
   specserve::worker::v1::WorkerResidency r = specserve::worker::v1::RESIDENT;
@@ -104,7 +115,16 @@ grpc::ServerUnaryReactor* WorkerService::GetWorkerInfo(
   response->set_memory_used_bytes(stats.device_bytes);
   response->set_sessions(stats.sessions);
   response->set_active_bursts(active_bursts_.load());
-  *response->mutable_costs() = options_.costs;
+  if (live_costs_ != nullptr) {
+    const spec::LiveStepCosts::Table t = live_costs_->Snapshot();
+    auto* costs = response->mutable_costs();
+    costs->mutable_decode_seconds_by_batch()->Add(
+        t.decode_seconds_by_batch.begin(), t.decode_seconds_by_batch.end());
+    costs->mutable_verify_seconds_by_columns()->Add(
+        t.round_seconds_by_columns.begin(), t.round_seconds_by_columns.end());
+  } else {
+    *response->mutable_costs() = options_.costs;
+  }
   response->set_pid(static_cast<uint32_t>(getpid()));
   response->set_instance(instance_);
   // The list is read with its epoch, so the pair describes one moment: a

@@ -28,6 +28,7 @@
 #include "worker/model/model.h"
 #include "worker/scheduler_lease.h"
 #include "worker/session_pool.h"
+#include "worker/spec/live_step_costs.h"
 #include "worker/spec/model_executor.h"
 #include "worker/spec/spec_engine.h"
 
@@ -40,6 +41,9 @@ struct WorkerOptions {
   // Honour BurstRequest.inject_nan_at (tests of docs/RELIABILITY.md row 8).
   bool enable_fault_injection = false;
   specserve::worker::v1::StepCosts costs;  // measured at start-up
+  // Report step costs as measured while serving (spec::LiveStepCosts, seeded
+  // by `costs`) instead of `costs` as they are. Off for fixed --step_costs.
+  bool live_costs = true;
   // Idle sessions are released once no scheduler has called for this long
   // (worker/scheduler_lease.h); zero: never.
   absl::Duration session_lease = absl::Seconds(60);
@@ -127,6 +131,8 @@ class WorkerService final
   const specserve::v1::ModelInfo model_info_;
   // WorkerInfo.instance: random per process start.
   const uint64_t instance_;
+  // Before executor_: outlives every forward call that records into it.
+  const std::unique_ptr<spec::LiveStepCosts> live_costs_;
   spec::ModelExecutor executor_;
   spec::SpecEngine engine_;
   SessionPool pool_;

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "telemetry/status_macros.h"
 
 namespace specserve::spec {
@@ -50,7 +51,12 @@ absl::Status ModelExecutor::Decode(model::ModelState* state, int32_t token,
       all.want_logits = false;
       for (Step* s : batch)
         all.want_logits = all.want_logits || s->out->want_logits;
+      const absl::Time t0 = absl::Now();
       absl::Status status = model_->DecodeBatch(states, tokens, &all);
+      if (status.ok() && live_costs_ != nullptr) {
+        live_costs_->RecordDecode(static_cast<int>(batch.size()),
+                                  absl::ToDoubleSeconds(absl::Now() - t0));
+      }
       if (!status.ok() && batch.size() > 1) {
         // One bad step (e.g. a full cache) must not fail its batch-mates:
         // run each alone and give every caller its own status. DecodeBatch

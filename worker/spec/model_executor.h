@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "worker/model/model.h"
+#include "worker/spec/live_step_costs.h"
 
 namespace specserve::spec {
 
@@ -28,6 +29,11 @@ class ModelExecutor {
   explicit ModelExecutor(model::Model* model) : model_(model) {}
 
   model::Model* model() const { return model_; }
+
+  // Where decode passes and speculative rounds report what they cost (null:
+  // nowhere). Set before the first forward call; not owned.
+  void set_live_costs(LiveStepCosts* costs) { live_costs_ = costs; }
+  LiveStepCosts* live_costs() const { return live_costs_; }
 
   // Runs `fn` with exclusive use of the model.
   absl::Status Exclusive(const std::function<absl::Status()>& fn);
@@ -62,6 +68,7 @@ class ModelExecutor {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(model_mu_);
 
   model::Model* const model_;
+  LiveStepCosts* live_costs_ = nullptr;
   // Held for every forward call.
   absl::Mutex model_mu_;
 

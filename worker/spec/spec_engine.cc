@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "glog/logging.h"
 #include "kernels/sampling/sampling.h"
 #include "telemetry/status_macros.h"
@@ -408,8 +409,15 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(SpecSession* s,
             : 0;
     std::vector<int32_t> emitted;
     if (k > 0) {
-      SS_RETURN_IF_ERROR(
-          executor_->Exclusive([&] { return RoundLocked(s, b, k, &emitted); }));
+      SS_RETURN_IF_ERROR(executor_->Exclusive([&] {
+        // Timed with the model held: the round's own cost, not the wait.
+        const absl::Time t0 = absl::Now();
+        SS_RETURN_IF_ERROR(RoundLocked(s, b, k, &emitted));
+        if (LiveStepCosts* costs = executor_->live_costs()) {
+          costs->RecordRound(k + 1, absl::ToDoubleSeconds(absl::Now() - t0));
+        }
+        return absl::OkStatus();
+      }));
     } else {
       int32_t next;
       SS_RETURN_IF_ERROR(PlainStep(s, b, &next));
