@@ -59,8 +59,15 @@ absl::StatusOr<std::unique_ptr<SpecSession>> SpecEngine::Admit(
   const bool drafts = speculative && model_->has_mtp();
   options.max_verify_columns = drafts ? kMaxDraftDepth + 1 : 1;
   options.draft_state = drafts;
-  SS_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelState> caches,
-                      model_->NewState(options));
+  // The caches are allocated and zeroed with the model held: backend work
+  // from another thread while a step shape is being recorded would be
+  // refused ("Allocate cannot be recorded") or, on a shared stream, land in
+  // the recording.
+  std::unique_ptr<model::ModelState> caches;
+  SS_RETURN_IF_ERROR(executor_->Exclusive([&]() -> absl::Status {
+    SS_ASSIGN_OR_RETURN(caches, model_->NewState(options));
+    return absl::OkStatus();
+  }));
   auto s = std::make_unique<SpecSession>(id, std::move(caches), drafts);
   if (!history.empty()) {
     // Prefill is row-invariant: two parts give the bits of one.
