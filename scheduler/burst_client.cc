@@ -43,6 +43,17 @@ BurstOutcome RunBurstOnWorker(
     specserve::worker::v1::Worker::Stub* stub,
     const specserve::worker::v1::BurstRequest& request, const BurstWatch& watch,
     const std::function<bool(absl::Span<const uint32_t>)>& on_tokens) {
+  return RunBurstOnWorker(
+      stub, request, watch,
+      [&](absl::Span<const uint32_t> ids,
+          const google::protobuf::RepeatedPtrField<
+              specserve::v1::TokenLogprobs>&) { return on_tokens(ids); });
+}
+
+BurstOutcome RunBurstOnWorker(
+    specserve::worker::v1::Worker::Stub* stub,
+    const specserve::worker::v1::BurstRequest& request, const BurstWatch& watch,
+    const BurstTokensFn& on_tokens) {
   BurstOutcome out;
   grpc::ClientContext ctx;
   if (watch.deadline != absl::InfiniteFuture()) {
@@ -126,7 +137,8 @@ BurstOutcome RunBurstOnWorker(
         }
         if (event.has_tokens()) {
           const auto& ids = event.tokens().ids();
-          if (!on_tokens(absl::MakeConstSpan(ids.data(), ids.size()))) {
+          if (!on_tokens(absl::MakeConstSpan(ids.data(), ids.size()),
+                         event.logprobs())) {
             request_stop();
           }
         } else if (event.has_summary()) {

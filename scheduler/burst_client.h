@@ -46,11 +46,23 @@ struct BurstWatch {
   absl::Duration stop_grace = absl::Seconds(2);
 };
 
+// Receives one token event: its ids and, when the request asked for
+// logprobs, one TokenLogprobs per id (empty otherwise).
+using BurstTokensFn =
+    std::function<bool(absl::Span<const uint32_t> ids,
+                       const google::protobuf::RepeatedPtrField<
+                           specserve::v1::TokenLogprobs>& logprobs)>;
+
 // `on_tokens` receives each token event on the calling thread, as it arrives
 // (the watch waits while it runs); returning false asks the worker to stop
 // the burst, like client_cancelled. Tokens that arrive after a stop was
 // asked for are still passed to it: the worker committed them. Returns when
 // the call is over.
+BurstOutcome RunBurstOnWorker(
+    specserve::worker::v1::Worker::Stub* stub,
+    const specserve::worker::v1::BurstRequest& request, const BurstWatch& watch,
+    const BurstTokensFn& on_tokens);
+// The same, for callers that read the ids only.
 BurstOutcome RunBurstOnWorker(
     specserve::worker::v1::Worker::Stub* stub,
     const specserve::worker::v1::BurstRequest& request, const BurstWatch& watch,

@@ -14,6 +14,8 @@
 #include "scheduler/idle_poller.h"
 #include "scheduler/output_stream.h"
 #include "scheduler/placement.h"
+#include "scheduler/prefix_reuse.h"
+#include "scheduler/worker_wait.h"
 #include "telemetry/grpc_reactors.h"
 #include "telemetry/server_lifecycle.h"
 #include "telemetry/status_macros.h"
@@ -66,6 +68,9 @@ class Call {
     return absl::OkStatus();
   }
   absl::Status WaitForSlot(AdmissionTicket* ticket);
+  // Returns at once while a worker is available, else waits for one
+  // (scheduler/worker_wait.h): CANCELLED if the client cancels meanwhile.
+  absl::Status AwaitWorker();
   absl::Status Tokenize();
   absl::Status OpenSession();
   // Makes the session resident on an available worker (rebuilding it by
@@ -83,6 +88,11 @@ class Call {
   // Worker-side copy no longer trusted: release it, mark the session LOST.
   void DropWorkerCopy(const std::string& why);
   void Park();
+  // Automatic prefix reuse (scheduler/prefix_reuse.h): a session with
+  // nothing resident yet starts as a copy of a cached checkpoint of its
+  // prompt's longest known prefix; base_ then holds that prefix and input_
+  // the rest. False: no usable checkpoint (nothing changed).
+  bool ForkFromPrefix();
   void SendFinal();
   grpc::Status Fail(const absl::Status& s);
 
@@ -129,6 +139,12 @@ class Call {
   std::unique_ptr<OutputStream> output_;
   uint32_t produced_ = 0;  // tokens committed by this request's bursts
   uint32_t cached_ = 0;
+  // Prompt tokens taken from a cached checkpoint (moved from input_ to
+  // base_ by ForkFromPrefix).
+  uint32_t prefix_reused_ = 0;
+  // The session table tenant of this request's session: a one-shot one is
+  // filed under the prefix cache's tenant, which keeps it once parked.
+  std::string table_tenant_;
   // This turn's worker copy was rebuilt by a prefill of the history: none
   // of its prompt came from a cache.
   bool rebuilt_ = false;
@@ -143,6 +159,10 @@ class Call {
   FinishReason finish_ = specserve::v1::FINISH_REASON_UNSPECIFIED;
   bool demoted_ = false;  // this request demoted the session
   telemetry::SpecTelemetry spec_totals_;
+  // This turn's prompt logprobs (from the burst that appended the suffix),
+  // when the request asked for them.
+  google::protobuf::RepeatedPtrField<specserve::v1::TokenLogprobs>
+      prompt_logprobs_;
 };
 
 grpc::Status Call::Run(AdmissionTicket ticket) {
@@ -162,8 +182,10 @@ grpc::Status Call::Run(AdmissionTicket ticket) {
                                req_.session().session_id());
   }
   absl::Status s = WaitForSlot(&ticket);
+  // The workers may all have gone while the request was queued.
+  if (s.ok()) s = AwaitWorker();
   if (s.ok() && !ctx_->CurrentLimits(&limits_)) {
-    s = absl::UnavailableError("no worker has reported its model yet");
+    s = NoWorkerError(*ctx_->workers, absl::ZeroDuration());
   }
   eos_ = ctx_->EosIds();
   tokenizer_ = ctx_->Tokenizer();
@@ -182,7 +204,7 @@ grpc::Status Call::Run(AdmissionTicket ticket) {
     if (one_shot_ && lease_.valid()) {
       const std::string id = lease_.id();
       lease_.Release();
-      ctx_->sessions->Close(id, tenant_).IgnoreError();
+      ctx_->sessions->Close(id, table_tenant_).IgnoreError();
     }
     if (lease_.valid()) lease_.Release();
   }
@@ -225,6 +247,14 @@ absl::Status Call::WaitForSlot(AdmissionTicket* ticket) {
   return s;
 }
 
+absl::Status Call::AwaitWorker() {
+  return scheduler::AwaitWorker(*ctx_, deadline_, [this] {
+    return Cancelled()
+               ? absl::CancelledError("cancelled while waiting for a worker")
+               : absl::OkStatus();
+  });
+}
+
 absl::Status Call::Tokenize() {
   if (req_.has_token_ids()) {
     input_.assign(req_.token_ids().ids().begin(), req_.token_ids().ids().end());
@@ -255,8 +285,11 @@ absl::Status Call::OpenSession() {
                      : std::min<uint64_t>(limits_.max_context,
                                           input_.size() + max_tokens_ + k_room);
     }
-    SS_ASSIGN_OR_RETURN(lease_,
-                        ctx_->sessions->OpenAndAcquire(capacity, tenant_));
+    table_tenant_ = one_shot_ && ctx_->prefix != nullptr
+                        ? OwnedTenant(tenant_)
+                        : tenant_;
+    SS_ASSIGN_OR_RETURN(
+        lease_, ctx_->sessions->OpenAndAcquire(capacity, table_tenant_));
   } else {
     SS_ASSIGN_OR_RETURN(
         lease_, ctx_->sessions->Acquire(req_.session().session_id(), tenant_));
@@ -322,6 +355,13 @@ absl::Status Call::AdmitOn(int worker, const std::vector<uint32_t>& history) {
   // stays demoted (one-way) when rebuilt.
   admit.set_speculative((req_.speculation().enable() || !one_shot_) &&
                         lease_.Snapshot().mode != specserve::v1::BATCHED);
+  // A one-shot request's verify captures are sized for its own depth (its
+  // only turn; the gate never picks deeper); a session's for the deepest,
+  // since a later turn may ask for any k.
+  if (one_shot_) {
+    admit.set_draft_depth(req_.speculation().k() > 0 ? req_.speculation().k()
+                                                     : ctx_->options.default_k);
+  }
   // Watched (WorkerPool::Admit): on a worker that stops answering it fails
   // UNAVAILABLE as soon as the monitor notices, and EnsureResident places
   // the session on another worker.
@@ -347,7 +387,37 @@ absl::Status Call::AdmitOn(int worker, const std::vector<uint32_t>& history) {
   return absl::OkStatus();
 }
 
+bool Call::ForkFromPrefix() {
+  // Prompt logprobs need every prompt row's logits: prefilled, not reused.
+  if (ctx_->prefix == nullptr || !base_.empty() || suffix_recorded_ ||
+      input_.empty() || req_.response().has_prompt_logprobs() ||
+      lease_.Snapshot().residency != specserve::v1::NEW) {
+    return false;
+  }
+  const absl::Time until =
+      std::min(deadline_, absl::Now() + ctx_->options.worker_call_timeout);
+  // Draft state where Admit would give it (AdmitOn).
+  const std::optional<PrefixFork> fork = ctx_->prefix->TryFork(
+      ctx_, tenant_, &lease_, input_,
+      req_.speculation().enable() || !one_shot_, until);
+  if (!fork) return false;
+  worker_ = fork->worker;
+  base_.assign(input_.begin(), input_.begin() + fork->pos);
+  input_.erase(input_.begin(), input_.begin() + fork->pos);
+  prefix_reused_ = fork->pos;
+  lease_.AppendCommitted(base_).IgnoreError();
+  // The fork's prompt checkpoint: a turn that prefills nothing more ends
+  // its prompt there.
+  lease_.SetRewindPos(fork->pos).IgnoreError();
+  worker_has_base_ = true;
+  fresh_copy_ = true;
+  admitted_mode_ = fork->mode;
+  lease_.SetResidency(specserve::v1::ACTIVE, admitted_mode_, worker_);
+  return true;
+}
+
 absl::Status Call::EnsureResident() {
+  if (ForkFromPrefix()) return absl::OkStatus();
   const SessionSnapshot snap = lease_.Snapshot();
   const bool has_copy =
       snap.worker >= 0 && (snap.residency == specserve::v1::PARKED ||
@@ -372,9 +442,13 @@ absl::Status Call::EnsureResident() {
       has_copy ? specserve::v1::LOST : snap.residency;
   absl::Status admitted;
   // A worker that died since the last health poll fails the Admit with
-  // UNAVAILABLE (AdmitOn marks it unavailable): place again, at most once
-  // per worker.
-  for (int attempt = 0; attempt < ctx_->workers->size(); ++attempt) {
+  // UNAVAILABLE (AdmitOn marks it unavailable), and so does one that stopped
+  // answering during the Admit: place again, at most once per worker and
+  // once more, waiting for a worker whenever none is available (the only
+  // worker may be back within no_worker_wait).
+  for (int attempt = 0; attempt <= ctx_->workers->size(); ++attempt) {
+    admitted = AwaitWorker();
+    if (!admitted.ok()) break;
     {
       // Placed before the Admit returns, so that sessions placed meanwhile
       // count it (PlaceSession's live session counts).
@@ -385,10 +459,18 @@ absl::Status Call::EnsureResident() {
                                              ctx_->workers->Info(i)));
         loads.back().placed_sessions = ctx_->sessions->CountPlacedOn(i);
       }
-      SS_ASSIGN_OR_RETURN(Placement p,
-                          PlaceSession(residency, snap.worker, loads));
-      worker_ = p.worker;
-      lease_.SetResidency(specserve::v1::ACTIVE, snap.mode, worker_);
+      absl::StatusOr<Placement> p = PlaceSession(residency, snap.worker, loads);
+      if (!p.ok() && p.status().code() != absl::StatusCode::kUnavailable) {
+        return p.status();
+      }
+      if (p.ok()) {
+        worker_ = p->worker;
+        lease_.SetResidency(specserve::v1::ACTIVE, snap.mode, worker_);
+      } else {
+        // The last worker went away since AwaitWorker saw it: wait again.
+        admitted = NoWorkerError(*ctx_->workers, absl::ZeroDuration());
+        continue;
+      }
     }
     admitted = AdmitOn(worker_, history);
     if (admitted.code() != absl::StatusCode::kUnavailable) break;
@@ -510,6 +592,12 @@ absl::Status Call::RunBursts() {
     *b.mutable_sampling() = req_.sampling();
     b.mutable_sampling()->set_seed(seed_);
     b.set_k(k);
+    const specserve::v1::ResponseOptions& response = req_.response();
+    if (response.has_logprobs()) b.set_logprobs(response.logprobs());
+    // Only the burst that appends the suffix scores the prompt.
+    if (first && response.has_prompt_logprobs()) {
+      b.set_prompt_logprobs(response.prompt_logprobs());
+    }
     // Fault injection counts tokens per burst on the worker: aim at the
     // request's n-th token within the burst that will produce it.
     if (inject_nan_at_ > produced_) {
@@ -530,7 +618,9 @@ absl::Status Call::RunBursts() {
     IdlePoller::StreamingScope streaming(ctx_->idle_poller);
     BurstOutcome o = RunBurstOnWorker(
         ctx_->workers->stub(worker_), b, watch,
-        [&](absl::Span<const uint32_t> tokens) {
+        [&](absl::Span<const uint32_t> tokens,
+            const google::protobuf::RepeatedPtrField<
+                specserve::v1::TokenLogprobs>& logprobs) {
           // The copy is dropped below: nothing after the failure is kept.
           if (!feed_status.ok()) return false;
           if (first) RecordTurn();
@@ -548,13 +638,15 @@ absl::Status Call::RunBursts() {
                 absl::ToDoubleSeconds(now - *last_token_time_) / tokens.size());
           }
           last_token_time_ = now;
-          auto delta = output_->Feed(
-              std::vector<uint32_t>(tokens.begin(), tokens.end()));
+          auto delta =
+              output_->Feed(std::vector<uint32_t>(tokens.begin(), tokens.end()),
+                            response.has_logprobs() ? &logprobs : nullptr);
           if (!delta.ok()) {
             feed_status = delta.status();
             return false;
           }
-          if (delta->ids_size() > 0 || !delta->text().empty()) {
+          if (delta->ids_size() > 0 || !delta->text().empty() ||
+              delta->logprobs_size() > 0) {
             GenerateEvent e;
             *e.mutable_delta() = std::move(*delta);
             if (!out_->Write(std::move(e))) return false;  // the client is gone
@@ -581,9 +673,14 @@ absl::Status Call::RunBursts() {
               ? grpc::StatusCode::UNAVAILABLE
               : o.status.error_code();
       const std::string address = ctx_->workers->address(w);
-      if (code == grpc::StatusCode::UNAVAILABLE) {
+      // Only a failed connection says the worker is gone. A burst we
+      // cancelled (its client, its deadline, or the watch once the health
+      // polls marked the worker down) or that ran slow says nothing about
+      // the worker: the health polls decide (scheduler/worker_pool.h).
+      if (o.status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+          o.cancelled_by == BurstOutcome::CancelledBy::kNone) {
         ctx_->workers->MarkUnavailable(
-            w, "burst failed: " + o.status.error_message());
+            w, "burst could not reach it: " + o.status.error_message());
       }
       // Retry on a rebuilt copy when nothing of this burst reached the
       // client: the worker restarted or evicted the session (NOT_FOUND); it
@@ -642,6 +739,7 @@ absl::Status Call::RunBursts() {
     // A rebuilt copy reports the history it was admitted with as cached;
     // that history was prefilled for this turn.
     if (first) cached_ = rebuilt_ ? 0 : sum.cached_tokens();
+    if (first) prompt_logprobs_ = sum.prompt_logprobs();
     // A burst can end well with no token (no round fits the capacity): its
     // suffix is in the copy all the same.
     if (first) RecordTurn();
@@ -674,11 +772,14 @@ void Call::Park() {
   // A session closed while this request ran (CloseSession leaves a busy
   // session's caches to its request) is freed like a one-shot one, not
   // parked where nothing would ever release it.
-  if (one_shot_ || lease_.closed()) {
+  // A one-shot request's session is kept parked for prefix reuse when the
+  // cache is on (scheduler/prefix_reuse.h); otherwise freed.
+  const bool keep = one_shot_ && ctx_->prefix != nullptr;
+  if ((one_shot_ && !keep) || lease_.closed()) {
     ctx_->workers->ReleaseNowOrLater(worker_, lease_.id());
     const std::string id = lease_.id();
     lease_.Release();
-    if (one_shot_) ctx_->sessions->Close(id, tenant_).IgnoreError();
+    if (one_shot_) ctx_->sessions->Close(id, table_tenant_).IgnoreError();
     return;
   }
   specserve::worker::v1::SessionState state;
@@ -692,6 +793,11 @@ void Call::Park() {
                           ? specserve::v1::OFFLOADED
                           : specserve::v1::PARKED,
                       state.mode(), worker_);
+  if (ctx_->prefix != nullptr) {
+    ctx_->prefix->RecordParked(ctx_, tenant_, lease_, /*owned=*/keep);
+    // The cache owns a kept one-shot session now: Run must not close it.
+    if (keep) lease_.Release();
+  }
 }
 
 void Call::SendFinal() {
@@ -704,7 +810,7 @@ void Call::SendFinal() {
   auto* f = e.mutable_final();
   f->set_finish_reason(finish_);
   auto* u = f->mutable_usage();
-  u->set_prompt_tokens(input_.size());
+  u->set_prompt_tokens(prefix_reused_ + input_.size());
   u->set_completion_tokens(output_->shown_tokens());
   u->set_cached_prompt_tokens(cached_);
   u->set_overshoot_tokens(
@@ -722,6 +828,7 @@ void Call::SendFinal() {
   if (!one_shot_) f->set_session_id(session_id_);
   f->set_request_id(request_id_);
   f->set_seed(seed_);
+  *f->mutable_prompt_logprobs() = std::move(prompt_logprobs_);
   out_->Write(std::move(e));
   ctx_->metrics->request_success(finish_)->Increment();
   ctx_->metrics->request_generation_tokens()->Observe(output_->shown_tokens());

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "telemetry/status_macros.h"
 
 namespace specserve::scheduler {
@@ -22,15 +23,25 @@ OutputStream::OutputStream(const tokenizer::Tokenizer* tokenizer,
 }
 
 absl::StatusOr<specserve::v1::TokenDelta> OutputStream::Feed(
-    const std::vector<uint32_t>& tokens) {
+    const std::vector<uint32_t>& tokens,
+    const google::protobuf::RepeatedPtrField<specserve::v1::TokenLogprobs>*
+        logprobs) {
   specserve::v1::TokenDelta delta;
-  for (uint32_t t : tokens) {
+  if (logprobs != nullptr &&
+      logprobs->size() != static_cast<int>(tokens.size())) {
+    return absl::InternalError(absl::StrCat("the worker sent ",
+                                            logprobs->size(), " logprobs for ",
+                                            tokens.size(), " tokens"));
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const uint32_t t = tokens[i];
     if (stopped_) break;
     if (stop_ids_.count(t)) {
       stopped_ = true;
       break;
     }
     if (want_ids_) delta.add_ids(t);
+    if (logprobs != nullptr) *delta.add_logprobs() = (*logprobs)[i];
     ++shown_;
     if (decode_) {
       SS_ASSIGN_OR_RETURN(std::string piece, detok_->Feed(t));

@@ -28,8 +28,13 @@ class OutputStream {
                const std::vector<std::string>& stop_strings);
 
   // Feeds newly committed tokens; returns the delta to send (possibly empty).
+  // `logprobs` (nullable; else one per token): each shown token's entry
+  // goes into the delta with it, so delta.logprobs stays aligned with the
+  // tokens shown, whether or not their ids are sent.
   absl::StatusOr<specserve::v1::TokenDelta> Feed(
-      const std::vector<uint32_t>& tokens);
+      const std::vector<uint32_t>& tokens,
+      const google::protobuf::RepeatedPtrField<specserve::v1::TokenLogprobs>*
+          logprobs = nullptr);
   // The held-back text at the end of a request that did not stop.
   specserve::v1::TokenDelta Finish();
 

@@ -1,5 +1,6 @@
 #include "scheduler/public_services.h"
 
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -8,6 +9,7 @@
 #include "scheduler/generate_call.h"
 #include "scheduler/request_parsing.h"
 #include "scheduler/request_validation.h"
+#include "scheduler/worker_wait.h"
 #include "telemetry/grpc_reactors.h"
 #include "telemetry/server_lifecycle.h"
 
@@ -50,15 +52,31 @@ grpc::Status GenerationService::HandleGenerate(
   absl::StatusOr<Caller> caller = ctx_->Authenticate(*ctx);
   if (!caller.ok()) return refuse(caller.status());
   if (telemetry::DrainRequested()) return Draining();
-  if (ctx_->workers->NumAvailable() == 0) {
-    return refuse(absl::UnavailableError(
-        "no worker is available; see Admin.GetServerInfo"));
-  }
   // Cheap checks first: nothing is tokenized or queued for a bad request.
+  // The limits come from a worker's model: with no worker available the
+  // request waits for one (scheduler/worker_wait.h), holding an admission
+  // ticket so that waiting requests are bounded like queued ones.
   Limits limits;
+  std::optional<AdmissionTicket> waited_ticket;
   if (!ctx_->CurrentLimits(&limits)) {
-    return refuse(
-        absl::UnavailableError("no worker has reported its model yet"));
+    auto ticket = ctx_->admission->TryAdmit();
+    if (!ticket.ok()) return refuse(ticket.status());
+    waited_ticket = std::move(*ticket);
+    absl::Status s = AwaitWorker(
+        *ctx_, absl::FromChrono(ctx->deadline()), [ctx]() -> absl::Status {
+          if (ctx->IsCancelled()) {
+            return absl::CancelledError("cancelled while waiting for a worker");
+          }
+          if (telemetry::DrainRequested()) {
+            return absl::UnavailableError(
+                "server is draining: no new work accepted");
+          }
+          return absl::OkStatus();
+        });
+    if (s.ok() && !ctx_->CurrentLimits(&limits)) {
+      s = NoWorkerError(*ctx_->workers, absl::ZeroDuration());
+    }
+    if (!s.ok()) return refuse(s);
   }
   // A server-streaming call carries exactly one request message; none means
   // the client half-closed without one (or went away).
@@ -87,7 +105,9 @@ grpc::Status GenerationService::HandleGenerate(
           absl::StrCat(kInjectNanAtMetadata, " must be a token index")));
     }
   }
-  auto ticket = ctx_->admission->TryAdmit();
+  auto ticket = waited_ticket
+                    ? absl::StatusOr<AdmissionTicket>(std::move(*waited_ticket))
+                    : ctx_->admission->TryAdmit();
   if (!ticket.ok()) return refuse(ticket.status());
 
   telemetry::InFlightGuard in_flight;

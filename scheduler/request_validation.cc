@@ -119,6 +119,21 @@ absl::Status ValidateStopping(const v1::StoppingParams& s,
   return absl::OkStatus();
 }
 
+absl::Status ValidateResponse(const v1::ResponseOptions& r,
+                              const Limits& limits) {
+  if (r.has_logprobs() && r.logprobs() > limits.max_logprobs) {
+    return Invalid(absl::StrCat("response.logprobs = ", r.logprobs(),
+                                "; it must be 0..", limits.max_logprobs,
+                                " (top alternatives per token)"));
+  }
+  if (r.has_prompt_logprobs() && r.prompt_logprobs() > limits.max_logprobs) {
+    return Invalid(absl::StrCat(
+        "response.prompt_logprobs = ", r.prompt_logprobs(), "; it must be 0..",
+        limits.max_logprobs, " (top alternatives per prompt token)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateSessionParams(const v1::GenerateRequest& req,
                                    const Limits& limits) {
   if (!req.has_session()) return absl::OkStatus();
@@ -166,6 +181,7 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& req,
     return Invalid(absl::StrCat("speculation.k = ", k, "; it must be 1..",
                                 limits.max_k, " (0 = the server's default)"));
   }
+  SS_RETURN_IF_ERROR(ValidateResponse(req.response(), limits));
   SS_RETURN_IF_ERROR(ValidateSessionParams(req, limits));
   if (req.input_case() == v1::GenerateRequest::kTokenIds) {
     SS_RETURN_IF_ERROR(ValidatePromptLength(

@@ -29,6 +29,9 @@ struct Limits {
   uint32_t vocab_size = 0;   // ids must be < vocab_size
   uint32_t max_context = 0;  // model context, rows
   uint32_t max_k = 8;        // speculation.k in 1..max_k (0 = default)
+  // response.logprobs and response.prompt_logprobs in 0..max_logprobs (the
+  // worker's spec::kMaxTopLogprobs).
+  uint32_t max_logprobs = 20;
   uint32_t max_stop_strings = 16;
   size_t max_stop_len = 256;  // bytes per stop string
   uint32_t max_stop_token_ids = 64;

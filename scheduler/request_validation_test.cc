@@ -124,6 +124,21 @@ TEST(RequestValidationTest, SpeculationK) {
   EXPECT_TRUE(ValidateGenerateRequest(r, TestLimits()).ok());
 }
 
+TEST(RequestValidationTest, LogprobsRange) {
+  for (uint32_t n : {0u, 1u, 20u}) {
+    v1::GenerateRequest r = TextRequest();
+    r.mutable_response()->set_logprobs(n);
+    r.mutable_response()->set_prompt_logprobs(n);
+    EXPECT_TRUE(ValidateGenerateRequest(r, TestLimits()).ok()) << n;
+  }
+  v1::GenerateRequest r = TextRequest();
+  r.mutable_response()->set_logprobs(21);
+  ExpectInvalid(r, "response.logprobs = 21; it must be 0..20");
+  r = TextRequest();
+  r.mutable_response()->set_prompt_logprobs(4000000000u);
+  ExpectInvalid(r, "response.prompt_logprobs = 4000000000; it must be 0..20");
+}
+
 TEST(RequestValidationTest, MaxTokensAndStops) {
   v1::GenerateRequest huge = TextRequest();
   huge.mutable_stopping()->set_max_tokens(4000000000u);

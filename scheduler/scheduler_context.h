@@ -35,6 +35,9 @@ struct SchedulerOptions {
   absl::Duration worker_call_timeout = absl::Seconds(60);
   // Sessions idle this long are closed.
   absl::Duration session_idle_ttl = absl::Hours(1);
+  // How long a request that finds no available worker waits for one (within
+  // its deadline) before it fails UNAVAILABLE (scheduler/worker_wait.h).
+  absl::Duration no_worker_wait = absl::Seconds(5);
   // Tests only (docs/RELIABILITY.md row 8): forward the request metadata
   // kInjectNanAtMetadata to the workers as BurstRequest.inject_nan_at. Off by
   // default, so clients of a production scheduler cannot inject faults.
@@ -47,7 +50,8 @@ struct SchedulerOptions {
 // --enable_fault_injection).
 inline constexpr char kInjectNanAtMetadata[] = "x-specserve-inject-nan-at";
 
-class IdlePoller;  // scheduler/idle_poller.h
+class IdlePoller;   // scheduler/idle_poller.h
+class PrefixReuse;  // scheduler/prefix_reuse.h
 
 struct SchedulerContext {
   SchedulerOptions options;
@@ -83,6 +87,9 @@ struct SchedulerContext {
   }
   // Steps aside while a burst streams (null: no effect).
   IdlePoller* idle_poller = nullptr;
+  // Automatic prefix reuse in Generate; null: off (--prefix_cache_sessions
+  // 0).
+  PrefixReuse* prefix = nullptr;
   // `limits` with the model's vocabulary and context filled in from the
   // first available worker; false when no worker has reported a model.
   bool CurrentLimits(Limits* out) const {

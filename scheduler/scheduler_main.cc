@@ -2,6 +2,7 @@
 // is given, watches their health, and (as the issues land) owns sessions,
 // admission, the spec gate and the tokenizer. Health and reflection on; SIGTERM
 // drains.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -24,6 +25,7 @@
 #include "scheduler/authenticator.h"
 #include "scheduler/idle_poller.h"
 #include "scheduler/load_model.h"
+#include "scheduler/prefix_reuse.h"
 #include "scheduler/public_services.h"
 #include "scheduler/reflection_auth.h"
 #include "scheduler/request_registry.h"
@@ -31,6 +33,7 @@
 #include "scheduler/scheduler_context.h"
 #include "scheduler/session_table.h"
 #include "scheduler/tokenizer/tokenizer.h"
+#include "scheduler/vllm_engine/vllm_engine_service.h"
 #include "scheduler/worker_pool.h"
 #include "telemetry/metrics_http.h"
 #include "telemetry/reload_signal.h"
@@ -53,9 +56,20 @@ ABSL_FLAG(std::string, served_model_name, "",
           "--model.");
 ABSL_FLAG(int, worker_poll_ms, 500,
           "How often worker health is polled, in milliseconds.");
-ABSL_FLAG(int, worker_poll_deadline_ms, 1000,
-          "A health poll that takes longer marks the worker unavailable: "
-          "new work goes elsewhere and calls in flight to it are cancelled.");
+ABSL_FLAG(int, worker_poll_deadline_ms, 500,
+          "A health poll not answered within this is a miss; "
+          "--worker_down_after_misses misses in a row mark the worker "
+          "unavailable.");
+ABSL_FLAG(int, worker_down_after_misses, 2,
+          "Consecutive missed health polls that mark a worker unavailable: "
+          "new work goes elsewhere and calls in flight to it are cancelled "
+          "(a suspect worker is polled again at once). A worker whose port "
+          "refuses connections is marked unavailable at once; a burst that "
+          "is cancelled, passes its deadline or runs slow never marks it.");
+ABSL_FLAG(int, no_worker_wait_ms, 5000,
+          "How long a request that finds no available worker waits for one "
+          "(within its own deadline) before failing UNAVAILABLE; 0 = fail at "
+          "once.");
 ABSL_FLAG(int, worker_lost_after_ms, 10000,
           "A worker that has not answered for this long (hung) has its "
           "sessions marked LOST; one that cannot be reached at all (its "
@@ -72,8 +86,22 @@ ABSL_FLAG(int, max_queued, 256,
           "Requests waiting for a slot before RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, burst_tokens, 32, "Tokens per burst dispatched to a worker.");
 ABSL_FLAG(int, default_k, 3, "Draft depth when a request gives none.");
+ABSL_FLAG(bool, gateway_speculation, true,
+          "Requests of the SMG gateway's engine protocol "
+          "(vllm.grpc.engine.VllmEngine), which has no field for it, ask for "
+          "speculative decoding (the spec gate still decides per burst).");
+ABSL_FLAG(int, gateway_k, 0,
+          "Draft depth of gateway requests (1..8); 0 = --default_k.");
 ABSL_FLAG(int, default_session_capacity, 1024,
           "Rows of a session opened without a capacity.");
+ABSL_FLAG(int, prefix_cache_sessions, 0,
+          "Automatic prefix reuse (docs/DESIGN.md \"Prefix reuse\"): how "
+          "many finished one-shot requests stay parked on their workers as "
+          "checkpoints (least recently used released first); their prefixes "
+          "and those of parked sessions then seed new requests. 0: off.");
+ABSL_FLAG(int, prefix_cache_entries, 4096,
+          "Sessions (kept one-shot requests and client sessions) whose "
+          "reusable positions the prefix tree indexes.");
 ABSL_FLAG(int, session_idle_ttl_seconds, 3600,
           "Idle sessions are closed after this long.");
 ABSL_FLAG(bool, enable_fault_injection, false,
@@ -134,6 +162,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   namespace sched = specserve::scheduler;
+  if (const int k = absl::GetFlag(FLAGS_gateway_k); k < 0 || k > 8) {
+    LOG(ERROR) << "--gateway_k must be in 0..8 (0 = --default_k)";
+    return 2;
+  }
 
   // Transport security, checked before anything starts: a bad TLS flag
   // fails at once rather than serving plaintext.
@@ -220,6 +252,14 @@ int main(int argc, char** argv) {
       absl::Milliseconds(absl::GetFlag(FLAGS_worker_poll_deadline_ms));
   pool_options.lost_after =
       absl::Milliseconds(absl::GetFlag(FLAGS_worker_lost_after_ms));
+  pool_options.down_after_misses =
+      absl::GetFlag(FLAGS_worker_down_after_misses);
+  if (pool_options.down_after_misses < 1 ||
+      absl::GetFlag(FLAGS_no_worker_wait_ms) < 0) {
+    LOG(ERROR) << "--worker_down_after_misses must be >= 1 and "
+                  "--no_worker_wait_ms >= 0";
+    return 2;
+  }
   pool_options.security = *worker_security;
   pool_options.owner = absl::GetFlag(FLAGS_worker_owner);
   if (pool_options.owner.empty()) {
@@ -240,6 +280,8 @@ int main(int argc, char** argv) {
   sched::SchedulerContext context;
   context.options.burst_tokens = absl::GetFlag(FLAGS_burst_tokens);
   context.options.default_k = absl::GetFlag(FLAGS_default_k);
+  context.options.no_worker_wait =
+      absl::Milliseconds(absl::GetFlag(FLAGS_no_worker_wait_ms));
   context.options.session_idle_ttl =
       absl::Seconds(absl::GetFlag(FLAGS_session_idle_ttl_seconds));
   context.options.enable_fault_injection =
@@ -251,6 +293,17 @@ int main(int argc, char** argv) {
   context.metrics = &metrics;
   context.requests = &requests;
   context.auth = &auth;
+  std::unique_ptr<sched::PrefixReuse> prefix_reuse;
+  if (absl::GetFlag(FLAGS_prefix_cache_sessions) > 0) {
+    sched::PrefixCacheOptions prefix_options;
+    prefix_options.max_owned = absl::GetFlag(FLAGS_prefix_cache_sessions);
+    prefix_options.max_sessions =
+        std::max<size_t>(prefix_options.max_owned,
+                         std::max(0, absl::GetFlag(FLAGS_prefix_cache_entries)));
+    prefix_reuse = std::make_unique<sched::PrefixReuse>(prefix_options,
+                                                        &metrics.registry());
+    context.prefix = prefix_reuse.get();
+  }
 
   specserve::telemetry::MetricsHttpServer metrics_http(
       [&metrics] { return metrics.RenderText(); },
@@ -306,6 +359,7 @@ int main(int argc, char** argv) {
         budget += info.memory_budget_bytes();
       }
       metrics.kv_cache_usage_perc()->Set(budget ? double(used) / budget : 0.0);
+      if (prefix_reuse != nullptr) prefix_reuse->UpdateGauges(pool);
     }
   });
 
@@ -316,6 +370,13 @@ int main(int argc, char** argv) {
   sched::GenerationService generation(&context);
   sched::SessionsService sessions_service(&context);
   sched::TokenizationService tokenization(&context);
+  sched::vllm_engine::VllmEngineOptions vllm_options;
+  vllm_options.gateway.speculation = absl::GetFlag(FLAGS_gateway_speculation);
+  vllm_options.gateway.k = absl::GetFlag(FLAGS_gateway_k);
+  vllm_options.served_model_name = metrics_options.model_name;
+  vllm_options.model_dir = absl::GetFlag(FLAGS_model);
+  vllm_options.max_running = admission_options.max_running;
+  sched::vllm_engine::VllmEngineService vllm_engine(&context, vllm_options);
 
   int port = 0;
   grpc::ServerBuilder builder;
@@ -347,6 +408,7 @@ int main(int argc, char** argv) {
   builder.RegisterService(&generation);
   builder.RegisterService(&sessions_service);
   builder.RegisterService(&tokenization);
+  builder.RegisterService(&vllm_engine);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     LOG(ERROR) << "cannot listen on " << listen
@@ -376,7 +438,8 @@ int main(int argc, char** argv) {
   specserve::telemetry::ServeUntilDrained(
       server.get(),
       {"specserve.v1.Generation", "specserve.v1.Sessions",
-       "specserve.v1.Tokenization", "specserve.v1.Admin"},
+       "specserve.v1.Tokenization", "specserve.v1.Admin",
+       "vllm.grpc.engine.VllmEngine"},
       absl::Seconds(absl::GetFlag(FLAGS_drain_grace_seconds)), cut_off);
   idle_poller.Stop();
   // Requests the cut-off did not end still run on the server's handler

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 
@@ -68,6 +69,7 @@ WorkerPool::Observed WorkerPool::Poll(const Worker& w, uint64_t list_instance,
       // UNAVAILABLE: no connection could be made or kept (refused, reset);
       // a hung process still accepts connections and times out instead.
       o.unreachable = s.error_code() == grpc::StatusCode::UNAVAILABLE;
+      o.timed_out = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
       return o;
     }
     if (resp.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
@@ -86,6 +88,7 @@ WorkerPool::Observed WorkerPool::Poll(const Worker& w, uint64_t list_instance,
   grpc::Status s = w.stub->GetWorkerInfo(&ctx, req, &o.info);
   if (!s.ok()) {
     o.detail = "GetWorkerInfo failed: " + s.error_message();
+    o.timed_out = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
     return o;
   }
   o.available = true;
@@ -116,7 +119,7 @@ bool WorkerPool::SendPendingReleases(int i) {
   return pending.empty();
 }
 
-void WorkerPool::PollWorker(int i) {
+bool WorkerPool::PollWorker(int i) {
   uint64_t list_instance = 0, list_epoch = 0;
   absl::Time last_seen;
   {
@@ -156,6 +159,21 @@ void WorkerPool::PollWorker(int i) {
   }
   absl::MutexLock lock(&mu_);
   Observed& prev = observed_[i];
+  o.misses = o.timed_out ? prev.misses + 1 : 0;
+  if (o.timed_out && prev.available && prev.marked_unavailable < sent &&
+      o.misses < options_.down_after_misses) {
+    // Slow is not down: one late answer keeps the worker, its info and its
+    // work; only down_after_misses in a row take it away.
+    LOG(WARNING) << "worker " << workers_[i]->address << " missed " << o.misses
+                 << " health poll(s) of " << options_.down_after_misses
+                 << " that mark it unavailable: " << o.detail;
+    o.available = true;
+    o.detail =
+        absl::StrCat("missed ", o.misses, " of ", options_.down_after_misses,
+                     " health polls: ", o.detail);
+    o.last_seen = prev.last_seen;
+    o.info = prev.info;
+  }
   if (o.available && prev.marked_unavailable >= sent) {
     // A call failed while this poll was in flight: the next poll decides.
     o.available = false;
@@ -170,15 +188,21 @@ void WorkerPool::PollWorker(int i) {
   }
   if (!o.available && !o.info.has_model()) o.info = prev.info;
   o.marked_unavailable = prev.marked_unavailable;
+  const bool suspect = o.available && o.misses > 0;
   prev = std::move(o);
+  return suspect;
 }
 
 void WorkerPool::MonitorLoop(int i) {
   while (true) {
-    PollWorker(i);
+    // A suspect worker is polled again at once: its next miss decides, and
+    // waiting an interval first would only delay moving work off a frozen
+    // worker.
+    const bool suspect = PollWorker(i);
     absl::MutexLock lock(&mu_);
-    if (mu_.AwaitWithTimeout(absl::Condition(&stopping_),
-                             options_.poll_interval)) {
+    if (mu_.AwaitWithTimeout(
+            absl::Condition(&stopping_),
+            suspect ? absl::ZeroDuration() : options_.poll_interval)) {
       return;
     }
   }

@@ -3,11 +3,20 @@
 // (so a hung worker delays no other worker's poll).
 //
 // A worker is `available` while its health check answers SERVING and its info
-// call succeeds within the poll deadline. A worker that dies is marked
-// unavailable within one poll interval, one that hangs within an interval
-// plus the poll deadline; gRPC channels reconnect on their own (with a short
-// maximum backoff set here), so a restarted worker at the same address
-// becomes available again without restarting the scheduler.
+// call succeeds within the poll deadline. Slow is not down: a poll that only
+// timed out is a miss, and an available worker is marked unavailable after
+// `down_after_misses` consecutive misses (a suspect worker is polled again
+// at once, not after the interval), so a hiccup shorter than that many poll
+// deadlines takes no work away. A poll that fails outright (the connection
+// is refused or reset: the process is gone; NOT_SERVING: it drains) marks it
+// unavailable at once. A worker that dies is so marked within one poll
+// interval, one that hangs within an interval plus down_after_misses poll
+// deadlines (1.5 s by default). What a burst or session call ends with
+// (CANCELLED, DEADLINE_EXCEEDED, slow) never marks a worker unavailable;
+// only a failed connection does (MarkUnavailable). gRPC channels reconnect
+// on their own (with a short maximum backoff set here), so a restarted
+// worker at the same address becomes available again without restarting
+// the scheduler.
 //
 // Session calls made through the pool (Admit, Park, Demote, Release) are
 // watched like bursts (scheduler/burst_client.h): one still running when its
@@ -37,7 +46,12 @@ namespace specserve::scheduler {
 
 struct WorkerPoolOptions {
   absl::Duration poll_interval = absl::Milliseconds(500);
-  absl::Duration poll_deadline = absl::Milliseconds(1000);
+  // A poll (health check, then GetWorkerInfo) not answered within this is a
+  // miss. Both are answered off the worker's step loop (worker_service.h),
+  // in well under a millisecond on an idle one.
+  absl::Duration poll_deadline = absl::Milliseconds(500);
+  // Consecutive misses that mark an available worker unavailable (>= 1).
+  int down_after_misses = 2;
   // A worker whose polls time out (hung, frozen, overloaded) still holds its
   // sessions and may come back: they count as lost only after it has not
   // answered for this long. One that cannot be reached at all (connection
@@ -92,7 +106,8 @@ class WorkerPool {
   const std::string& address(int index) const {
     return workers_[index]->address;
   }
-  // Marks a worker unavailable now (a call to it failed with UNAVAILABLE);
+  // Marks a worker unavailable now (a call to it could not connect: it
+  // failed with UNAVAILABLE from the transport, not from our own cancel);
   // the monitor marks it available again when a poll sent after this
   // answers (one already in flight may predate the failure).
   void MarkUnavailable(int index, const std::string& detail);
@@ -163,6 +178,10 @@ class WorkerPool {
     // The poll could not reach the process at all (its port refuses or
     // resets connections), as opposed to a call that timed out.
     bool unreachable = false;
+    // The poll failed only by timing out (a miss; see the top of this file).
+    bool timed_out = false;
+    // Consecutive misses up to this poll.
+    int misses = 0;
     // The (instance, pool_epoch) of the last session list handed to the
     // listener: the worker sends a new list only when either moves.
     uint64_t list_instance = 0;
@@ -175,7 +194,9 @@ class WorkerPool {
   Observed Poll(const Worker& w, uint64_t list_instance,
                 uint64_t list_epoch) const;
   // One poll of worker i and what follows from it (listener, releases).
-  void PollWorker(int i);
+  // Returns whether worker i is suspect (available, its last poll missed):
+  // it is then polled again at once.
+  bool PollWorker(int i);
   // Sends worker i's pending releases; returns false if any is left.
   bool SendPendingReleases(int i);
   // Release without the watch (the monitor's, while i is unavailable).

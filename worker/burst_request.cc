@@ -18,6 +18,17 @@ absl::Status CheckBurstLimits(const specserve::worker::v1::BurstRequest& r) {
     return absl::InvalidArgumentError(absl::StrCat(
         "k = ", r.k(), " exceeds the largest draft depth (", columns - 1, ")"));
   }
+  const uint32_t most = spec::kMaxTopLogprobs;
+  if (r.has_logprobs() && r.logprobs() > most) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logprobs = ", r.logprobs(),
+                     " exceeds the most alternatives (", most, ")"));
+  }
+  if (r.has_prompt_logprobs() && r.prompt_logprobs() > most) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt_logprobs = ", r.prompt_logprobs(),
+                     " exceeds the most alternatives (", most, ")"));
+  }
   return absl::OkStatus();
 }
 
@@ -36,6 +47,10 @@ absl::StatusOr<spec::BurstParams> BurstParamsOf(
   p.k = static_cast<int>(r.k());
   p.seed = s.seed();
   p.stop_ids.assign(r.stop_token_ids().begin(), r.stop_token_ids().end());
+  if (r.has_logprobs()) p.logprobs = static_cast<int>(r.logprobs());
+  if (r.has_prompt_logprobs()) {
+    p.prompt_logprobs = static_cast<int>(r.prompt_logprobs());
+  }
   if (fault_injection) p.inject_nan_at = static_cast<int>(r.inject_nan_at());
   return p;
 }

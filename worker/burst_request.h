@@ -12,8 +12,9 @@
 
 namespace specserve::worker {
 
-// max_new in 1..INT32_MAX (the engine counts in int) and k below the verify
-// columns any session holds.
+// max_new in 1..INT32_MAX (the engine counts in int), k below the verify
+// columns any session holds, logprobs and prompt_logprobs (when set) at most
+// spec::kMaxTopLogprobs.
 absl::Status CheckBurstLimits(const specserve::worker::v1::BurstRequest& r);
 
 // The engine's parameters for `r` (which passed CheckBurstLimits), its

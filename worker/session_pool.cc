@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "telemetry/constant_time.h"
+#include "telemetry/status_macros.h"
 
 namespace specserve::worker {
 
@@ -92,35 +93,61 @@ absl::StatusOr<SessionPool::Lease> SessionPool::Acquire(
     return absl::AbortedError(absl::StrCat(
         "session ", id, " is already running a request on this worker"));
   }
-  if (e.residency == Residency::kOffloaded) {
-    const model::Model* model = executor_->model();
-    model::TrunkCheckpoint* checkpoint = TrunkOf(e.session.get());
-    absl::Status s = executor_->Exclusive([&] {
-      // The checkpoint first: a failure of either leaves the session
-      // offloaded as a whole.
-      if (checkpoint != nullptr) {
-        absl::Status c = model->ReloadCheckpoint(checkpoint);
-        if (!c.ok()) return c;
-      }
-      absl::Status r = model->Restore(e.session->caches(), *e.snapshot);
-      if (!r.ok() && checkpoint != nullptr) {
-        // Best effort; a checkpoint left on the device is counted there.
-        model->OffloadCheckpoint(checkpoint).IgnoreError();
-      }
-      return r;
-    });
-    if (!s.ok()) {
-      e.device_bytes = BytesOf(*e.session);
-      return s;
-    }
-    e.snapshot.reset();
-    e.residency = Residency::kResident;
-    e.device_bytes = BytesOf(*e.session);
-    ++counters_.restores;
-  }
+  SS_RETURN_IF_ERROR(RestoreLocked(&e));
   UnlinkLocked(&e);
   e.busy = true;
   return Lease(this, e.session.get());
+}
+
+absl::Status SessionPool::RestoreLocked(Entry* e) {
+  if (e->residency != Residency::kOffloaded) return absl::OkStatus();
+  const model::Model* model = executor_->model();
+  model::TrunkCheckpoint* checkpoint = TrunkOf(e->session.get());
+  absl::Status s = executor_->Exclusive([&] {
+    // The checkpoint first: a failure of either leaves the session
+    // offloaded as a whole.
+    if (checkpoint != nullptr) {
+      absl::Status c = model->ReloadCheckpoint(checkpoint);
+      if (!c.ok()) return c;
+    }
+    absl::Status r = model->Restore(e->session->caches(), *e->snapshot);
+    if (!r.ok() && checkpoint != nullptr) {
+      // Best effort; a checkpoint left on the device is counted there.
+      model->OffloadCheckpoint(checkpoint).IgnoreError();
+    }
+    return r;
+  });
+  if (!s.ok()) {
+    e->device_bytes = BytesOf(*e->session);
+    return s;
+  }
+  e->snapshot.reset();
+  e->residency = Residency::kResident;
+  e->device_bytes = BytesOf(*e->session);
+  ++counters_.restores;
+  return absl::OkStatus();
+}
+
+absl::Status SessionPool::WithIdle(const std::string& id,
+                                   absl::string_view owner,
+                                   const IdleFn& fn) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() ||
+      !telemetry::ConstantTimeEquals(it->second.owner, owner)) {
+    return NotOnThisWorker(id);
+  }
+  Entry& e = it->second;
+  if (e.busy) {
+    return absl::AbortedError(absl::StrCat(
+        "session ", id, " is running a request on this worker"));
+  }
+  SS_RETURN_IF_ERROR(RestoreLocked(&e));
+  absl::Status s = fn(*e.session);
+  // A source that was read is recently used: the last to be offloaded.
+  TouchLocked(id, &e);
+  EnforceBudgetsLocked();
+  return s;
 }
 
 void SessionPool::Return(spec::SpecSession* session, bool discard) {

@@ -20,6 +20,7 @@
 #define SPECSERVE_WORKER_SESSION_POOL_H_
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -65,6 +66,15 @@ class SessionPool {
   // end, got ABORTED, and the copy stayed in the pool for good.
   // NOT_FOUND, nothing freed, for an unknown id or another owner's.
   absl::Status Release(const std::string& id, absl::string_view owner = "");
+
+  // Runs `fn` on the idle session `id` of `owner` (its caches restored
+  // first when offloaded) with the pool held, so nothing can lease the
+  // session meanwhile: a request for it waits for `fn` instead of being
+  // refused (how ForkSession reads a source another request may want next).
+  // `fn` must not call the pool. NOT_FOUND as Acquire, ABORTED while leased.
+  using IdleFn = std::function<absl::Status(const spec::SpecSession&)>;
+  absl::Status WithIdle(const std::string& id, absl::string_view owner,
+                        const IdleFn& fn);
 
   struct Stats {
     int sessions = 0;
@@ -145,6 +155,9 @@ class SessionPool {
   };
 
   void Return(spec::SpecSession* session, bool discard);
+  // Brings an offloaded entry's caches and checkpoint back into device
+  // memory (a no-op for a resident one); on error it stays offloaded.
+  absl::Status RestoreLocked(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t BytesOf(const spec::SpecSession& s) const;
   // Host bytes of an offloaded entry: its snapshot and its checkpoint's copy.
   static uint64_t HostBytesOf(const Entry& e);

@@ -34,6 +34,7 @@ class BurstWriter final : public telemetry::StreamReactor<BurstEvent> {
   bool Merge(BurstEvent* into, const BurstEvent& next) override {
     if (!into->has_tokens() || !next.has_tokens()) return false;
     into->mutable_tokens()->mutable_ids()->MergeFrom(next.tokens().ids());
+    into->mutable_logprobs()->MergeFrom(next.logprobs());
     return true;
   }
 };
@@ -51,6 +52,15 @@ bool LeavesSessionInconsistent(const absl::Status& s) {
   return s.code() == absl::StatusCode::kInternal ||
          s.code() == absl::StatusCode::kUnknown ||
          s.code() == absl::StatusCode::kDataLoss;
+}
+
+void LogprobsToProto(const spec::TokenLogprobs& lp,
+                     specserve::v1::TokenLogprobs* out) {
+  out->set_id(lp.id);
+  out->set_logprob(lp.logprob);
+  out->mutable_top_ids()->Add(lp.top_ids.begin(), lp.top_ids.end());
+  out->mutable_top_logprobs()->Add(lp.top_logprobs.begin(),
+                                   lp.top_logprobs.end());
 }
 
 specserve::worker::v1::BurstEnd EndToProto(spec::BurstEnd end) {
@@ -113,6 +123,7 @@ grpc::ServerUnaryReactor* WorkerService::GetWorkerInfo(
   response->set_default_capacity(options_.default_capacity);
   response->set_memory_budget_bytes(pool_.device_budget_bytes());
   response->set_memory_used_bytes(stats.device_bytes);
+  response->set_host_memory_used_bytes(stats.host_bytes);
   response->set_sessions(stats.sessions);
   response->set_active_bursts(active_bursts_.load());
   if (live_costs_ != nullptr) {
@@ -179,7 +190,9 @@ grpc::ServerUnaryReactor* WorkerService::Admit(
         request->has_checkpoint_pos()
             ? std::optional<int>(static_cast<int>(request->checkpoint_pos()))
             : std::nullopt,
-        request->speculative());
+        request->speculative(),
+        request->draft_depth() > 0 ? static_cast<int>(request->draft_depth())
+                                   : spec::kMaxDraftDepth);
     if (!session.ok()) {
       reactor->Finish(ToGrpc(session.status()));
       return;
@@ -218,31 +231,40 @@ grpc::ServerWriteReactor<BurstEvent>* WorkerService::Burst(
   if (absl::Status s = CheckBurstLimits(*request); !s.ok()) {
     return new Refused(ToGrpc(s));
   }
-  auto lease = pool_.Acquire(request->session_id(), request->owner());
-  if (!lease.ok()) return new Refused(ToGrpc(lease.status()));
-  if (request->has_expect_history_len()) {
-    // The integrity guard (proto/worker.proto): a copy that is not what the
-    // scheduler's history says is refused before anything touches it.
-    const spec::SpecSession& s = *lease->get();
-    const uint32_t holds = s.committed_len() + (s.has_pending() ? 1 : 0);
-    if (holds != request->expect_history_len()) {
-      return new Refused(grpc::Status(
-          grpc::StatusCode::FAILED_PRECONDITION,
-          absl::StrCat("session ", request->session_id(), " holds ", holds,
-                       " tokens of history here, the caller expects ",
-                       request->expect_history_len(),
-                       ": rebuild it from its history")));
-    }
-  }
-  auto stop = std::make_shared<std::atomic<bool>>(false);
-  {
-    absl::MutexLock lock(&stops_mu_);
-    stops_[request->session_id()] = RunningBurst{stop, request->owner()};
-  }
   auto* writer = new BurstWriter();
-  std::thread([this, ctx, req = *request, lease = std::move(*lease), writer,
-               stop = std::move(stop)]() mutable {
-    RunBurst(ctx, std::move(req), std::move(lease), writer, std::move(stop));
+  // The session is taken on the burst's own thread, never in this reaction:
+  // Acquire restores an offloaded session (waiting for the model) and waits
+  // while a budget pass holds the pool, and a reaction that blocks holds one
+  // of gRPC's callback threads, which also answer Health and GetWorkerInfo,
+  // the scheduler's liveness polls (a busy worker must not look down).
+  std::thread([this, ctx, req = *request, writer]() mutable {
+    telemetry::InFlightGuard in_flight;
+    auto refuse = [writer](grpc::Status status) {
+      writer->Finish(std::move(status));
+      writer->Done();
+    };
+    auto lease = pool_.Acquire(req.session_id(), req.owner());
+    if (!lease.ok()) return refuse(ToGrpc(lease.status()));
+    if (req.has_expect_history_len()) {
+      // The integrity guard (proto/worker.proto): a copy that is not what
+      // the scheduler's history says is refused before anything touches it.
+      const spec::SpecSession& s = *lease->get();
+      const uint32_t holds = s.committed_len() + (s.has_pending() ? 1 : 0);
+      if (holds != req.expect_history_len()) {
+        return refuse(grpc::Status(
+            grpc::StatusCode::FAILED_PRECONDITION,
+            absl::StrCat("session ", req.session_id(), " holds ", holds,
+                         " tokens of history here, the caller expects ",
+                         req.expect_history_len(),
+                         ": rebuild it from its history")));
+      }
+    }
+    auto stop = std::make_shared<std::atomic<bool>>(false);
+    {
+      absl::MutexLock lock(&stops_mu_);
+      stops_[req.session_id()] = RunningBurst{stop, req.owner()};
+    }
+    RunBurst(ctx, std::move(req), std::move(*lease), writer, std::move(stop));
   }).detach();
   return writer;
 }
@@ -287,19 +309,25 @@ void WorkerService::RunBurst(grpc::CallbackServerContext* ctx,
     status = params.status();
   } else {
     const spec::BurstParams& p = *params;
-    auto r = engine_.RunBurst(lease.get(), p, [&](absl::Span<const int32_t> t) {
-      BurstEvent e;
-      e.mutable_tokens()->mutable_ids()->Add(t.begin(), t.end());
-      if (!writer->Write(std::move(e))) return false;
-      // Checked after the tokens are written: a stopped burst streams every
-      // token it committed, then its summary.
-      if (stop->load()) return false;
-      if (std::chrono::system_clock::now() > deadline) {
-        deadline_passed = true;
-        return false;
-      }
-      return true;
-    });
+    auto r = engine_.RunBurst(
+        lease.get(), p,
+        [&](absl::Span<const int32_t> t,
+            absl::Span<const spec::TokenLogprobs> lps) {
+          BurstEvent e;
+          e.mutable_tokens()->mutable_ids()->Add(t.begin(), t.end());
+          for (const spec::TokenLogprobs& lp : lps) {
+            LogprobsToProto(lp, e.add_logprobs());
+          }
+          if (!writer->Write(std::move(e))) return false;
+          // Checked after the tokens are written: a stopped burst streams
+          // every token it committed, then its summary.
+          if (stop->load()) return false;
+          if (std::chrono::system_clock::now() > deadline) {
+            deadline_passed = true;
+            return false;
+          }
+          return true;
+        });
     status = r.status();
     if (r.ok()) result = *r;
   }
@@ -322,6 +350,9 @@ void WorkerService::RunBurst(grpc::CallbackServerContext* ctx,
     *summary->mutable_telemetry_delta() = result.telemetry_delta.ToProto();
     *summary->mutable_state() = StateOf(*lease.get(), /*busy=*/true);
     summary->set_cached_tokens(result.cached_tokens);
+    for (const spec::TokenLogprobs& lp : result.prompt_logprobs) {
+      LogprobsToProto(lp, summary->add_prompt_logprobs());
+    }
     writer->Write(std::move(e));
   }
   {
@@ -340,12 +371,18 @@ grpc::ServerUnaryReactor* WorkerService::RunSessionOp(
     const specserve::worker::v1::SessionRef& ref, SessionState* response,
     SessionOp op, bool idle_residency) {
   lease_.Renew();
-  const std::string& session_id = ref.session_id();
-  auto lease = pool_.Acquire(session_id, ref.owner());
-  if (!lease.ok()) return FinishUnary(ctx, ToGrpc(lease.status()));
+  const std::string session_id = ref.session_id();
+  const std::string owner = ref.owner();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  std::thread([this, reactor, response, op = std::move(op), session_id,
-               idle_residency, lease = std::move(*lease)]() mutable {
+  // Acquired on the op's thread, not in the reaction (see Burst).
+  std::thread([this, reactor, response, op = std::move(op), session_id, owner,
+               idle_residency]() mutable {
+    auto acquired = pool_.Acquire(session_id, owner);
+    if (!acquired.ok()) {
+      reactor->Finish(ToGrpc(acquired.status()));
+      return;
+    }
+    SessionPool::Lease lease = std::move(*acquired);
     absl::Status s = op(lease.get());
     if (s.ok()) *response = StateOf(*lease.get(), /*busy=*/true);
     if (LeavesSessionInconsistent(s)) lease.Discard();
@@ -428,8 +465,14 @@ grpc::ServerUnaryReactor* WorkerService::Release(
     const specserve::worker::v1::SessionRef* request,
     specserve::worker::v1::ReleaseResponse*) {
   lease_.Renew();
-  return FinishUnary(
-      ctx, ToGrpc(pool_.Release(request->session_id(), request->owner())));
+  // On a thread of its own: the pool may be held by a budget pass (see
+  // Burst).
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  std::thread([this, reactor, id = request->session_id(),
+               owner = request->owner()] {
+    reactor->Finish(ToGrpc(pool_.Release(id, owner)));
+  }).detach();
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* WorkerService::LoadModel(

@@ -3,7 +3,10 @@
 // Sessions live in the SessionPool; the SpecEngine runs admits, bursts,
 // flushes, rewinds and demotions on them; every model call goes through one
 // ModelExecutor (serialized, plain-decode steps of concurrent bursts batched).
-// RPCs that run the model do so on their own thread (reactions never block).
+// RPCs that run the model or take a session from the pool do so on their own
+// thread: reactions never block, so gRPC's callback threads stay free for
+// Health and GetWorkerInfo, which never wait on the model or the pool (the
+// scheduler's liveness polls: a busy worker must not look down).
 // Every session call and the scheduler's claiming GetWorkerInfo renew the
 // session lease; idle sessions are released once it runs out
 // (worker/scheduler_lease.h).
@@ -81,6 +84,11 @@ class WorkerService final
   grpc::ServerUnaryReactor* Park(
       grpc::CallbackServerContext* ctx,
       const specserve::worker::v1::SessionRef* request,
+      specserve::worker::v1::SessionState* response) override;
+  // worker/worker_service_fork.cc.
+  grpc::ServerUnaryReactor* ForkSession(
+      grpc::CallbackServerContext* ctx,
+      const specserve::worker::v1::ForkSessionRequest* request,
       specserve::worker::v1::SessionState* response) override;
   grpc::ServerUnaryReactor* Resume(
       grpc::CallbackServerContext* ctx,

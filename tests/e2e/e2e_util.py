@@ -188,6 +188,9 @@ class Result:
         self.ids = []
         self.text = ""
         self.deltas = 0
+        # Every delta event as received, and their logprobs in order.
+        self.delta_events = []
+        self.logprobs = []
         self.final = None
         self.code = None
         self.details = ""
@@ -238,6 +241,8 @@ class Stream:
                 with self.changed:
                     if ev.HasField("delta"):
                         r.deltas += 1
+                        r.delta_events.append(ev.delta)
+                        r.logprobs.extend(ev.delta.logprobs)
                         r.ids.extend(ev.delta.ids)
                         r.text += ev.delta.text
                         if r.first_delta_at is None:

@@ -301,7 +301,8 @@ def test_scheduler_refuses_a_worker_its_ca_did_not_sign(pki, run):
     status = wait_worker(c, False)
     assert re.search(r"ssl|tls|handshake|certificate", status.detail, re.I), \
         status.detail
-    # Refused at once with UNAVAILABLE, well before the call's deadline.
+    # Refused with UNAVAILABLE once --no_worker_wait_ms (5 s) has passed,
+    # well before the call's deadline.
     r = u.generate(c, GENERATE_REQ, timeout=20)
     assert r.code == grpc.StatusCode.UNAVAILABLE, r
     assert "no worker" in r.details, r

@@ -31,8 +31,12 @@
 //    produced >= max_new, STOP_TOKEN that a stop id was emitted, CANCELLED
 //    that the burst was asked to stop;
 //  - every emitted token is committed or the carried pending token: the
-//    session's tokens (committed, then pending) end with the burst's output.
+//    session's tokens (committed, then pending) end with the burst's output;
+//  - with logprobs asked, every emitted token has its entry (its id, a
+//    finite logprob <= 0, min(n, V) alternatives by descending logprob);
+//    without, none.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -97,6 +101,7 @@ struct Outcome {
   absl::Status status;
   BurstResult result;
   std::vector<int32_t> emitted;
+  std::vector<specserve::spec::TokenLogprobs> logprobs;
   bool stop_requested = false;
   bool discarded = false;
 };
@@ -131,9 +136,12 @@ Outcome Burst(SessionPool* pool, const wv1::BurstRequest& request,
     o.status = params.status();
   } else {
     const BurstParams& p = *params;
-    auto r =
-        g->engine->RunBurst(lease->get(), p, [&](absl::Span<const int32_t> t) {
+    auto r = g->engine->RunBurst(
+        lease->get(), p,
+        [&](absl::Span<const int32_t> t,
+            absl::Span<const specserve::spec::TokenLogprobs> lps) {
           o.emitted.insert(o.emitted.end(), t.begin(), t.end());
+          o.logprobs.insert(o.logprobs.end(), lps.begin(), lps.end());
           if (stop_after_first) o.stop_requested = true;
           return !o.stop_requested;
         });
@@ -182,6 +190,27 @@ void CheckOutcome(const wv1::BurstRequest& req, const Outcome& o) {
   for (int32_t t : o.emitted) {
     FUZZ_CHECK(t >= 0 && t < vocab, "emitted token %d outside the vocabulary",
                t);
+  }
+  if (!req.has_logprobs()) {
+    FUZZ_CHECK(o.logprobs.empty(), "%zu logprobs unasked", o.logprobs.size());
+  } else {
+    FUZZ_CHECK(o.logprobs.size() == o.emitted.size(),
+               "%zu logprobs for %zu tokens", o.logprobs.size(),
+               o.emitted.size());
+    const size_t n = std::min<size_t>(req.logprobs(), vocab);
+    for (size_t i = 0; i < o.logprobs.size(); ++i) {
+      const specserve::spec::TokenLogprobs& lp = o.logprobs[i];
+      FUZZ_CHECK(lp.id == o.emitted[i], "logprobs of %d for token %d", lp.id,
+                 o.emitted[i]);
+      FUZZ_CHECK(std::isfinite(lp.logprob) && lp.logprob <= 0.0f, "logprob %f",
+                 lp.logprob);
+      FUZZ_CHECK(lp.top_ids.size() == n && lp.top_logprobs.size() == n,
+                 "%zu alternatives, %zu asked", lp.top_ids.size(), n);
+      for (size_t j = 1; j < n; ++j) {
+        FUZZ_CHECK(lp.top_logprobs[j - 1] >= lp.top_logprobs[j],
+                   "alternatives out of order");
+      }
+    }
   }
   const int64_t max_new = req.max_new();
   const int64_t want_overshoot = std::max<int64_t>(0, r.produced - max_new);

@@ -137,4 +137,8 @@ EOF
 $B "$C/burst_request/inject_nan" <<'EOF'
 session_id: "s" max_new: 6 k: 1 inject_nan_at: 3
 EOF
+$B "$C/burst_request/logprobs_spec_suffix" <<'EOF'
+session_id: "s" suffix: [9, 200] max_new: 7 k: 3 logprobs: 5 prompt_logprobs: 2
+sampling { temperature: 0.9 seed: 3 }
+EOF
 ls -l "$C"/*

@@ -70,6 +70,8 @@ FUZZ_SRCS_burst_request=(
   gen/proto/worker.pb.cc
   worker/burst_request.cc
   worker/session_pool.cc
+  worker/spec/live_step_costs.cc
+  worker/spec/logprobs.cc
   worker/spec/model_executor.cc
   worker/spec/spec_accept.cc
   worker/spec/spec_engine.cc

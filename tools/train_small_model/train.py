@@ -221,6 +221,13 @@ def encode_corpus(tok, texts, eos_id: int, chunk: int = 512) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.int32)
 
 
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
 def write_tokenizer_files(tok, out: str, eos_id: int, max_len: int):
     from transformers import GenerationConfig
 
@@ -234,6 +241,8 @@ def write_tokenizer_files(tok, out: str, eos_id: int, max_len: int):
         "added_tokens_decoder": added, "model_max_length": max_len,
         "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_prefix_space": False,
         "split_special_tokens": False, "errors": "replace",
+        # ChatML, as Qwen's: what gateways (SMG) render chat requests with.
+        "chat_template": CHAT_TEMPLATE,
     }
     with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
         json.dump(cfg, f, indent=2)

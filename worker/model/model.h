@@ -419,6 +419,18 @@ class Model {
   absl::Status RestoreCheckpoint(ModelState* state,
                                  const TrunkCheckpoint& checkpoint) const;
 
+  // Makes `dst` an exact copy of `src`'s state at one of its reusable
+  // positions (worker/model/fork.cc): at `src`'s committed end when `at` is
+  // null, else at the checkpoint `at` (saved from `src`, resident). Copies
+  // the attention KV rows [0, pos), the recurrent and conv state at pos and,
+  // when both states hold draft state, the MTP KV rows valid at pos. `dst`
+  // keeps its own capacity and options and behaves bit-identically to `src`
+  // returned to pos. Requires `dst` empty (length 0) and resident, `src`
+  // resident with no pending Verify; OUT_OF_RANGE when pos exceeds `dst`'s
+  // capacity, INVALID_ARGUMENT when `at` does not fit `src`.
+  absl::Status ForkState(const ModelState& src, const TrunkCheckpoint* at,
+                         ModelState* dst) const;
+
   // Host copy of linear-attention layer `index`'s state (index counts the
   // linear layers only): the committed state when column < 0, else the
   // pending Verify's capture after `column`. For tests and cross-backend

@@ -15,7 +15,8 @@ double StartupAt(const std::vector<double>& t, size_t index) {
   if (t.size() == 1) return t[0];
   const double last = t[t.size() - 1];
   const double slope = last - t[t.size() - 2];
-  return std::max(last, last + slope * static_cast<double>(index + 1 - t.size()));
+  return std::max(last,
+                  last + slope * static_cast<double>(index + 1 - t.size()));
 }
 
 }  // namespace

@@ -47,10 +47,10 @@ absl::Status ModelExecutor::Decode(model::ModelState* state, int32_t token,
         states.push_back(s->state);
         tokens.push_back(s->token);
       }
+      // Logits stay in the workspace: the rows asked for are copied out
+      // one by one below, not the whole [B][V] block.
       model::ForwardResult all;
       all.want_logits = false;
-      for (Step* s : batch)
-        all.want_logits = all.want_logits || s->out->want_logits;
       const absl::Time t0 = absl::Now();
       absl::Status status = model_->DecodeBatch(states, tokens, &all);
       if (status.ok() && live_costs_ != nullptr) {
@@ -66,7 +66,6 @@ absl::Status ModelExecutor::Decode(model::ModelState* state, int32_t token,
           if (s->status.ok()) s->status = DrawRows({s}, *s->out, {0});
         }
       }
-      const int V = model_->config().vocab_size;
       const int H = model_->config().hidden_size;
       for (size_t i = 0; i < batch.size(); ++i) {
         Step* s = batch[i];
@@ -78,11 +77,10 @@ absl::Status ModelExecutor::Decode(model::ModelState* state, int32_t token,
         {
           s->out->rows = 1;
           s->out->first_position = s->state->length() - 1;
+          s->out->logits.clear();
           if (s->out->want_logits) {
-            s->out->logits.assign(all.logits.begin() + i * V,
-                                  all.logits.begin() + (i + 1) * V);
-          } else {
-            s->out->logits.clear();
+            s->status =
+                model_->CopyLogitsRow(static_cast<int>(i), &s->out->logits);
           }
           s->out->hidden.assign(all.hidden.begin() + i * H,
                                 all.hidden.begin() + (i + 1) * H);

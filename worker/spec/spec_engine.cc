@@ -37,11 +37,19 @@ bool AllFinite(const float* x, int n) {
   return true;
 }
 
+// The logprobs of `token`, chosen from the row `logits` ([V]) of a burst
+// that asked for them (the target distribution after temperature).
+TokenLogprobs LogprobsOf(const BurstParams& p, const float* logits, int V,
+                         int32_t token) {
+  return ComputeLogprobs(absl::MakeConstSpan(logits, V), p.sampling.temperature,
+                         token, *p.logprobs);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SpecSession>> SpecEngine::Admit(
     const std::string& id, int capacity, absl::Span<const int32_t> history,
-    std::optional<int> checkpoint_pos, bool speculative) {
+    std::optional<int> checkpoint_pos, bool speculative, int draft_depth) {
   const int n = static_cast<int>(history.size());
   if (n > capacity) {
     return absl::OutOfRangeError(
@@ -57,7 +65,8 @@ absl::StatusOr<std::unique_ptr<SpecSession>> SpecEngine::Admit(
   model::StateOptions options;
   options.capacity = capacity;
   const bool drafts = speculative && model_->has_mtp();
-  options.max_verify_columns = drafts ? kMaxDraftDepth + 1 : 1;
+  options.max_verify_columns =
+      drafts ? std::clamp(draft_depth, 1, kMaxDraftDepth) + 1 : 1;
   options.draft_state = drafts;
   // The caches are allocated and zeroed with the model held: backend work
   // from another thread while a step shape is being recorded would be
@@ -95,17 +104,63 @@ absl::Status SpecEngine::FillMtpLocked(SpecSession* s, int first_row,
 }
 
 absl::Status SpecEngine::AppendLocked(SpecSession* s,
-                                      absl::Span<const int32_t> tokens) {
+                                      absl::Span<const int32_t> tokens,
+                                      const PromptLogprobs* prompt_logprobs) {
+  // The new rows' MTP fill attends over the owed ones.
+  SS_RETURN_IF_ERROR(FlushMtpLocked(s));
   const int old_len = s->committed_len();
   const int H = model_->config().hidden_size;
+  const int V = model_->config().vocab_size;
   const int n = static_cast<int>(tokens.size());
   model::PrefillOptions options;
   // Every row's hidden feeds the MTP KV; logits are needed for the last row
-  // only (no lm_head pass per prompt row).
+  // only (no lm_head pass per prompt row) unless prompt logprobs are asked.
   std::vector<float> row_hidden;
   if (s->can_draft()) options.all_hidden = &row_hidden;
   model::ForwardResult r;
-  SS_RETURN_IF_ERROR(model_->Prefill(s->caches(), tokens, options, &r));
+  if (prompt_logprobs == nullptr) {
+    SS_RETURN_IF_ERROR(model_->Prefill(s->caches(), tokens, options, &r));
+  } else {
+    // Every row's logits, a chunk of Model::kMaxRows rows at a time (any
+    // chunking is bit-identical to one pass), so at most one chunk of
+    // [rows][V] logits is held. Token i's row is the one before it: the
+    // stored last logits for the first token of a turn that continues a
+    // history (nothing is pending: the suffix comes after a flush).
+    std::vector<float> before;
+    if (old_len > 0) before = s->last_logits();
+    CHECK(old_len == 0 || static_cast<int>(before.size()) == V)
+        << "session " << s->id() << ": no last logits before the suffix";
+    options.all_rows = true;
+    std::vector<float> chunk_hidden;
+    if (s->can_draft()) options.all_hidden = &chunk_hidden;
+    bool finite = true;  // non-finite logits fail the call below
+    for (int i = 0; i < n; i += model::Model::kMaxRows) {
+      const int rows = std::min(model::Model::kMaxRows, n - i);
+      SS_RETURN_IF_ERROR(
+          model_->Prefill(s->caches(), tokens.subspan(i, rows), options, &r));
+      row_hidden.insert(row_hidden.end(), chunk_hidden.begin(),
+                        chunk_hidden.end());
+      finite = finite && r.AllFinite();
+      if (!finite) continue;
+      for (int j = 0; j < rows; ++j) {
+        if (!before.empty()) {
+          prompt_logprobs->out->push_back(
+              ComputeLogprobs(before, prompt_logprobs->temperature,
+                              tokens[i + j], prompt_logprobs->top_n));
+        }
+        before.assign(r.logits.begin() + static_cast<size_t>(j) * V,
+                      r.logits.begin() + static_cast<size_t>(j + 1) * V);
+      }
+    }
+    // Keep the last row only, as a plain prefill returns it.
+    const int last = r.rows - 1;
+    r.logits.assign(r.logits.begin() + static_cast<size_t>(last) * V,
+                    r.logits.begin() + static_cast<size_t>(last + 1) * V);
+    r.hidden.assign(r.hidden.begin() + static_cast<size_t>(last) * H,
+                    r.hidden.begin() + static_cast<size_t>(last + 1) * H);
+    r.argmax = {r.argmax[last]};
+    r.finite = {finite ? 1 : 0};
+  }
   ++trunk_passes_;
   if (s->can_draft()) {
     // MTP row p takes (h_p, t_{p+1}) for p = old_len−1 .. new_len−2: the
@@ -149,10 +204,13 @@ absl::Status SpecEngine::CommitOne(SpecSession* s, int32_t tok,
   SS_RETURN_IF_ERROR(executor_->Decode(s->caches(), tok, out));
   ++trunk_passes_;
   if (s->can_draft() && old_len > 0) {
-    // MTP row old_len−1 pairs the previous last hidden with `tok`.
-    SS_RETURN_IF_ERROR(executor_->Exclusive([&] {
-      return FillMtpLocked(s, old_len - 1, s->last_hidden(), {tok});
-    }));
+    // MTP row old_len−1 pairs the previous last hidden with `tok`: owed,
+    // written by the next FlushMtpLocked (in one pass with its neighbours).
+    DeferredMtp& d = s->deferred_mtp();
+    if (d.empty()) d.first_row = old_len - 1;
+    d.hiddens.insert(d.hiddens.end(), s->last_hidden().begin(),
+                     s->last_hidden().end());
+    d.tokens.push_back(tok);
   }
   s->committed.push_back(tok);
   s->last_hidden() = out->hidden;
@@ -162,13 +220,23 @@ absl::Status SpecEngine::CommitOne(SpecSession* s, int32_t tok,
   return absl::OkStatus();
 }
 
-absl::Status SpecEngine::Flush(SpecSession* s) {
-  if (!s->has_pending()) return absl::OkStatus();
-  model::ForwardResult r;
-  SS_RETURN_IF_ERROR(CommitOne(s, *s->pending_tok, &r));
-  s->pending_tok.reset();
-  s->next_pred = r.argmax[0];
+absl::Status SpecEngine::FlushMtpLocked(SpecSession* s) {
+  DeferredMtp& d = s->deferred_mtp();
+  if (d.empty()) return absl::OkStatus();
+  SS_RETURN_IF_ERROR(FillMtpLocked(s, d.first_row, d.hiddens, d.tokens));
+  d = DeferredMtp{};
   return absl::OkStatus();
+}
+
+absl::Status SpecEngine::Flush(SpecSession* s) {
+  if (s->has_pending()) {
+    model::ForwardResult r;
+    SS_RETURN_IF_ERROR(CommitOne(s, *s->pending_tok, &r));
+    s->pending_tok.reset();
+    s->next_pred = r.argmax[0];
+  }
+  if (s->deferred_mtp().empty()) return absl::OkStatus();
+  return executor_->Exclusive([&] { return FlushMtpLocked(s); });
 }
 
 absl::Status SpecEngine::Rewind(SpecSession* s) {
@@ -185,6 +253,15 @@ absl::Status SpecEngine::Rewind(SpecSession* s) {
       [&] { return model_->RestoreCheckpoint(s->caches(), *c->trunk); }));
   s->committed.resize(c->pos);
   s->pending_tok.reset();
+  // Owed MTP rows past the checkpoint belong to the dropped tokens.
+  DeferredMtp& d = s->deferred_mtp();
+  const int keep = std::max(0, c->pos - 1 - d.first_row);
+  if (d.empty() || keep == 0) {
+    d = DeferredMtp{};
+  } else if (keep < static_cast<int>(d.tokens.size())) {
+    d.tokens.resize(keep);
+    d.hiddens.resize(static_cast<size_t>(keep) * model_->config().hidden_size);
+  }
   s->last_hidden() = c->last_hidden;
   s->last_logits() = c->last_logits;
   s->next_pred = static_cast<int32_t>(
@@ -224,13 +301,14 @@ absl::StatusOr<int32_t> SpecEngine::Choose(SpecSession* s, const BurstCtx& b,
 }
 
 absl::Status SpecEngine::PlainStep(SpecSession* s, const BurstCtx& b,
-                                   int32_t* next_token) {
+                                   int32_t* next_token,
+                                   std::vector<TokenLogprobs>* logprobs) {
   const BurstParams& p = b.params;
   model::ForwardResult r;
-  // No logits come back: greedy needs the device's argmax and finiteness
-  // flag, and a sampled step has its token drawn on the backend within the
-  // (batched) step.
-  r.want_logits = false;
+  // No logits come back unless logprobs are asked: greedy needs the
+  // device's argmax and finiteness flag, and a sampled step has its token
+  // drawn on the backend within the (batched) step.
+  r.want_logits = p.logprobs.has_value();
   auto step = [&]() -> absl::Status {
     SS_RETURN_IF_ERROR(CommitOne(s, *s->pending_tok, &r));
     if (b.Injects(1) || !r.AllFinite()) return NonFinite(s->id());
@@ -246,17 +324,24 @@ absl::Status SpecEngine::PlainStep(SpecSession* s, const BurstCtx& b,
     SS_RETURN_IF_ERROR(step());
     *next_token = r.drawn;
   }
+  if (p.logprobs) {
+    logprobs->push_back(LogprobsOf(p, r.logits.data(),
+                                   model_->config().vocab_size, *next_token));
+  }
   s->pending_tok = *next_token;
   return absl::OkStatus();
 }
 
 absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
-                                     std::vector<int32_t>* emitted) {
+                                     std::vector<int32_t>* emitted,
+                                     std::vector<TokenLogprobs>* logprobs) {
   const BurstParams& p = b.params;
   const int H = model_->config().hidden_size;
   const int32_t x = *s->pending_tok;
   const int L = s->committed_len();
   const bool greedy = p.sampling.greedy();
+  // The drafts attend over every MTP row before L−1.
+  SS_RETURN_IF_ERROR(FlushMtpLocked(s));
 
   // Draft k tokens: step 1 reads (h_{L−1}, x) at position L−1; step j+1 the
   // head's own output hidden and d_j.
@@ -285,10 +370,10 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
   // Verify [x, d_1..d_k] in one trunk pass.
   std::vector<int32_t> columns = {x};
   columns.insert(columns.end(), drafts.begin(), drafts.end());
-  // No logits come back: greedy needs the argmax only, and a sampled round
-  // fetches the columns its accept step reaches, one by one.
+  // No logits come back unless logprobs are asked: greedy needs the argmax
+  // only, and a sampled round draws its targets on the backend.
   model::ForwardResult v;
-  v.want_logits = false;
+  v.want_logits = p.logprobs.has_value();
   SS_RETURN_IF_ERROR(model_->Verify(s->caches(), columns, &v));
   ++trunk_passes_;
   if (b.Injects(k + 1) || !v.AllFinite()) {
@@ -338,12 +423,29 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
   s->telem.RecordRound(k, n);
   emitted->assign(drafts.begin(), drafts.begin() + n);
   emitted->push_back(out.bonus);
+  if (p.logprobs) {
+    // Emitted token j was chosen from column j, whose logits are those
+    // plain decode has at that position, bit for bit.
+    const int V = model_->config().vocab_size;
+    for (int j = 0; j <= n; ++j) {
+      logprobs->push_back(LogprobsOf(
+          p, v.logits.data() + static_cast<size_t>(j) * V, V, (*emitted)[j]));
+    }
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<BurstResult> SpecEngine::RunBurst(SpecSession* s,
                                                  const BurstParams& p,
                                                  const EmitFn& emit) {
+  return RunBurst(
+      s, p, [&](absl::Span<const int32_t> t, absl::Span<const TokenLogprobs>) {
+        return emit(t);
+      });
+}
+
+absl::StatusOr<BurstResult> SpecEngine::RunBurst(
+    SpecSession* s, const BurstParams& p, const EmitWithLogprobsFn& emit) {
   s->CheckInvariants();
   const SpecTelemetry before = s->telem;
   BurstCtx b{p};
@@ -360,8 +462,15 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(SpecSession* s,
           p.suffix.size(), " new tokens exceed the capacity of ", capacity,
           " rows"));
     }
+    PromptLogprobs prompt;
+    if (p.prompt_logprobs) {
+      prompt.top_n = *p.prompt_logprobs;
+      prompt.temperature = p.sampling.temperature;
+      prompt.out = &result.prompt_logprobs;
+    }
     SS_RETURN_IF_ERROR(executor_->Exclusive([&] {
-      SS_RETURN_IF_ERROR(AppendLocked(s, p.suffix));
+      SS_RETURN_IF_ERROR(
+          AppendLocked(s, p.suffix, p.prompt_logprobs ? &prompt : nullptr));
       return SaveCheckpointLocked(s);
     }));
   }
@@ -370,17 +479,24 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(SpecSession* s,
         absl::StrCat("session ", s->id(), " has no tokens to continue from"));
   }
 
-  auto finish = [&](BurstEnd end) {
+  auto finish = [&](BurstEnd end) -> absl::StatusOr<BurstResult> {
+    // A burst boundary owes no MTP rows (offload, forks and the next
+    // turn's prefill read them).
+    if (!s->deferred_mtp().empty()) {
+      SS_RETURN_IF_ERROR(
+          executor_->Exclusive([&] { return FlushMtpLocked(s); }));
+    }
     result.end = end;
     result.overshoot = std::max(0, result.produced - p.max_new);
     result.telemetry_delta = s->telem.DeltaSince(before);
     s->CheckInvariants();
     return result;
   };
-  auto deliver = [&](absl::Span<const int32_t> tokens) {
+  auto deliver = [&](absl::Span<const int32_t> tokens,
+                     absl::Span<const TokenLogprobs> logprobs) {
     result.produced += static_cast<int>(tokens.size());
     b.produced = result.produced;
-    bool keep_going = emit(tokens);
+    bool keep_going = emit(tokens, logprobs);
     bool stop = false;
     for (int32_t t : tokens) stop = stop || IsStop(p, t);
     return std::make_pair(keep_going, stop);
@@ -398,9 +514,19 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(SpecSession* s,
     } else {
       SS_ASSIGN_OR_RETURN(first, Choose(s, b, s->last_logits().data()));
     }
+    std::vector<TokenLogprobs> first_logprobs;
+    if (p.logprobs) {
+      // Nothing is pending, so the stored last logits are the row that
+      // chose `first` (its next_pred, or its draw).
+      const int V = model_->config().vocab_size;
+      CHECK_EQ(static_cast<int>(s->last_logits().size()), V)
+          << "session " << s->id() << ": no last logits";
+      first_logprobs.push_back(
+          LogprobsOf(p, s->last_logits().data(), V, first));
+    }
     s->next_pred.reset();
     s->pending_tok = first;
-    auto [go, stop] = deliver({first});
+    auto [go, stop] = deliver({first}, first_logprobs);
     if (stop) return finish(BurstEnd::kStopToken);
     if (!go) return finish(BurstEnd::kCancelled);
   }
@@ -415,11 +541,12 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(SpecSession* s,
             ? std::min({p.k, room, s->caches()->max_verify_columns() - 1})
             : 0;
     std::vector<int32_t> emitted;
+    std::vector<TokenLogprobs> logprobs;
     if (k > 0) {
       SS_RETURN_IF_ERROR(executor_->Exclusive([&] {
         // Timed with the model held: the round's own cost, not the wait.
         const absl::Time t0 = absl::Now();
-        SS_RETURN_IF_ERROR(RoundLocked(s, b, k, &emitted));
+        SS_RETURN_IF_ERROR(RoundLocked(s, b, k, &emitted, &logprobs));
         if (LiveStepCosts* costs = executor_->live_costs()) {
           costs->RecordRound(k + 1, absl::ToDoubleSeconds(absl::Now() - t0));
         }
@@ -427,10 +554,10 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(SpecSession* s,
       }));
     } else {
       int32_t next;
-      SS_RETURN_IF_ERROR(PlainStep(s, b, &next));
+      SS_RETURN_IF_ERROR(PlainStep(s, b, &next, &logprobs));
       emitted = {next};
     }
-    auto [go, stop] = deliver(emitted);
+    auto [go, stop] = deliver(emitted, logprobs);
     if (stop) return finish(BurstEnd::kStopToken);
     if (!go) return finish(BurstEnd::kCancelled);
   }

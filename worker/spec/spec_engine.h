@@ -26,6 +26,7 @@
 #include "absl/types/span.h"
 #include "kernels/sampling/sampling.h"
 #include "worker/model/model.h"
+#include "worker/spec/logprobs.h"
 #include "worker/spec/model_executor.h"
 #include "worker/spec/spec_session.h"
 
@@ -42,6 +43,13 @@ struct BurstParams {
   // Fault injection (docs/RELIABILITY.md row 8): the logits behind the n-th
   // produced token become NaN. 0 = off.
   int inject_nan_at = 0;
+  // Set: every emitted token carries its logprobs with this many top
+  // alternatives (0..kMaxTopLogprobs), from the logits that chose it.
+  std::optional<int> logprobs;
+  // Set: the suffix's tokens get their logprobs (BurstResult), each from
+  // the row before it; a suffix that starts the history has none for its
+  // first token.
+  std::optional<int> prompt_logprobs;
 };
 
 enum class BurstEnd { kMaxNew, kStopToken, kCapacity, kCancelled };
@@ -53,11 +61,18 @@ struct BurstResult {
   // Rows of the prompt served from the caches instead of prefilled.
   int cached_tokens = 0;
   SpecTelemetry telemetry_delta;
+  // With BurstParams::prompt_logprobs: suffix tokens 1.. (0.. when the
+  // session held history before the suffix), in order.
+  std::vector<TokenLogprobs> prompt_logprobs;
 };
 
 // Receives newly emitted tokens; returns false to cancel the burst (it then
 // ends at the next round boundary with kCancelled).
 using EmitFn = std::function<bool(absl::Span<const int32_t>)>;
+// The same, with each token's logprobs (one per token, in order) when
+// BurstParams::logprobs is set; empty otherwise.
+using EmitWithLogprobsFn = std::function<bool(absl::Span<const int32_t>,
+                                              absl::Span<const TokenLogprobs>)>;
 
 // The deepest round a speculative session is sized for (the scheduler's
 // speculation.k limit, request_validation.h Limits::max_k).
@@ -73,13 +88,17 @@ class SpecEngine {
   // end of the history). OUT_OF_RANGE when history does not fit or the
   // checkpoint lies past it.
   // A speculative session holds draft state for rounds of up to
-  // kMaxDraftDepth drafts; a plain one (speculative = false) none: no MTP
-  // work per token and a fraction of the memory, and it never drafts.
+  // `draft_depth` drafts (clamped to 1..kMaxDraftDepth; a round asking for
+  // more runs at this depth: the verify captures are sized for it); a plain
+  // one (speculative = false) none: a fraction of the memory, and it never
+  // drafts.
   absl::StatusOr<std::unique_ptr<SpecSession>> Admit(
       const std::string& id, int capacity, absl::Span<const int32_t> history,
       std::optional<int> checkpoint_pos = std::nullopt,
-      bool speculative = true);
+      bool speculative = true, int draft_depth = kMaxDraftDepth);
 
+  absl::StatusOr<BurstResult> RunBurst(SpecSession* s, const BurstParams& p,
+                                       const EmitWithLogprobsFn& emit);
   absl::StatusOr<BurstResult> RunBurst(SpecSession* s, const BurstParams& p,
                                        const EmitFn& emit);
 
@@ -109,8 +128,17 @@ class SpecEngine {
   };
 
   // Appends `tokens` to the caches (prefill), refreshing MTP rows and the
-  // last hidden/logits; sets next_pred. Requires the model lock.
-  absl::Status AppendLocked(SpecSession* s, absl::Span<const int32_t> tokens);
+  // last hidden/logits; sets next_pred. With `prompt_logprobs`, every
+  // token's logprobs (ComputeLogprobs, top_n, temperature) from the row
+  // before it are appended to it, the history's first token excepted.
+  // Requires the model lock.
+  struct PromptLogprobs {
+    int top_n = 0;
+    float temperature = 0.0f;
+    std::vector<TokenLogprobs>* out = nullptr;
+  };
+  absl::Status AppendLocked(SpecSession* s, absl::Span<const int32_t> tokens,
+                            const PromptLogprobs* prompt_logprobs = nullptr);
   // MTP rows [first_row, first_row + n) from true trunk hiddens. Requires
   // the model lock.
   absl::Status FillMtpLocked(SpecSession* s, int first_row,
@@ -123,14 +151,19 @@ class SpecEngine {
   // Picks the token after `logits` (greedy or sampled).
   absl::StatusOr<int32_t> Choose(SpecSession* s, const BurstCtx& b,
                                  const float* logits);
-  // One plain step: commits the pending token, picks the next.
-  absl::Status PlainStep(SpecSession* s, const BurstCtx& b,
-                         int32_t* next_token);
+  // One plain step: commits the pending token, picks the next (and its
+  // logprobs into `logprobs` when the burst asks for them).
+  absl::Status PlainStep(SpecSession* s, const BurstCtx& b, int32_t* next_token,
+                         std::vector<TokenLogprobs>* logprobs);
   // One speculative round with draft depth k: emits accepted drafts and the
-  // bonus into `emitted`. Requires the model lock.
+  // bonus into `emitted`, with their logprobs from the verify columns that
+  // chose them when the burst asks. Requires the model lock.
   absl::Status RoundLocked(SpecSession* s, const BurstCtx& b, int k,
-                           std::vector<int32_t>* emitted);
+                           std::vector<int32_t>* emitted,
+                           std::vector<TokenLogprobs>* logprobs);
   absl::Status SaveCheckpointLocked(SpecSession* s);
+  // Writes the MTP rows the session's plain steps owe (DeferredMtp).
+  absl::Status FlushMtpLocked(SpecSession* s);
 
   ModelExecutor* const executor_;
   model::Model* const model_;

@@ -239,6 +239,71 @@ TEST_P(SpecEngineTest, ContinuationRunsNoSoloPass) {
             static_cast<int64_t>(s->telem.rounds - rounds));
 }
 
+// Plain steps on a session that can draft owe their MTP rows and write them
+// in one pass at the burst's end: speculative rounds after plain bursts draft
+// exactly as on a session whose whole history was prefilled (same drafts,
+// same acceptance), and every token equals plain greedy.
+TEST_P(SpecEngineTest, PlainStepsDeferTheirMtpRowsExactly) {
+  constexpr int kCapacity = 512;
+  ModelExecutor executor(model_.get());
+  SpecEngine engine(&executor);
+  std::mt19937 rng(31);
+  const std::vector<int32_t> prompt = RandomTokens(&rng, 10, vocab_);
+  auto a = engine.Admit("a", kCapacity, prompt).value();
+  if (!a->can_draft()) GTEST_SKIP() << "no MTP head";
+  BurstParams plain;
+  plain.k = 0;
+  Collected before;
+  for (int n : {20, 1, 7}) {
+    plain.max_new = n;
+    ASSERT_TRUE(engine.RunBurst(a.get(), plain, before.fn()).ok());
+    EXPECT_TRUE(a->deferred_mtp().empty()) << "owed rows past the burst";
+  }
+  ASSERT_TRUE(engine.Flush(a.get()).ok());
+  auto b = engine.Admit("b", kCapacity, a->committed).value();
+  BurstParams spec;
+  spec.k = 3;
+  spec.max_new = 24;
+  Collected ga, gb;
+  ASSERT_TRUE(engine.RunBurst(a.get(), spec, ga.fn()).ok());
+  ASSERT_TRUE(engine.RunBurst(b.get(), spec, gb.fn()).ok());
+  EXPECT_EQ(ga.tokens, gb.tokens);
+  EXPECT_GT(a->telem.rounds, 0u);
+  EXPECT_EQ(a->telem.drafted, b->telem.drafted);
+  EXPECT_EQ(a->telem.accepted, b->telem.accepted);
+  EXPECT_EQ(a->telem.accepted_per_position, b->telem.accepted_per_position);
+  PlainReference ref(model_.get(), kCapacity);
+  ref.Reset(prompt);
+  std::vector<int32_t> got = before.tokens;
+  got.insert(got.end(), ga.tokens.begin(), ga.tokens.end());
+  EXPECT_EQ(got, ref.Generate(static_cast<int>(got.size())));
+}
+
+// Draft state sized for a depth: the verify captures hold depth + 1
+// columns, and a burst asking for more drafts runs rounds at that depth,
+// still equal to plain greedy.
+TEST_P(SpecEngineTest, DraftStateSizedForItsDepth) {
+  ModelExecutor executor(model_.get());
+  SpecEngine engine(&executor);
+  std::mt19937 rng(41);
+  const std::vector<int32_t> prompt = RandomTokens(&rng, 9, vocab_);
+  auto s = engine.Admit("d", 256, prompt, std::nullopt, true, 2).value();
+  if (!s->can_draft()) GTEST_SKIP() << "no MTP head";
+  EXPECT_EQ(s->caches()->max_verify_columns(), 3);
+  BurstParams p;
+  p.k = 5;
+  p.max_new = 30;
+  Collected got;
+  ASSERT_TRUE(engine.RunBurst(s.get(), p, got.fn()).ok());
+  ASSERT_GT(s->telem.rounds, 0u);
+  EXPECT_EQ(s->telem.drafted, 2 * s->telem.rounds);
+  PlainReference ref(model_.get(), 256);
+  ref.Reset(prompt);
+  EXPECT_EQ(got.tokens, ref.Generate(static_cast<int>(got.tokens.size())));
+  auto full = engine.Admit("f", 256, prompt).value();
+  EXPECT_EQ(full->caches()->max_verify_columns(), kMaxDraftDepth + 1);
+}
+
 TEST_P(SpecEngineTest, SampledSameSeedSameOutput) {
   ModelExecutor executor(model_.get());
   SpecEngine engine(&executor);

@@ -28,8 +28,9 @@ void SpecSession::MarkDemoted() {
   CHECK(demote_ready()) << "session " << id_
                         << ": demotion needs a flushed session with next_pred";
   // The prompt checkpoint is trunk state only (no draft state), so a demoted
-  // session can still REWIND to it.
+  // session can still REWIND to it. Owed MTP rows go with the draft state.
   mode_ = DecodeMode::kBatched;
+  deferred_mtp_ = DeferredMtp{};
 }
 
 bool SpecSession::reset_graph_fallback_on_resume() {
@@ -42,6 +43,12 @@ bool SpecSession::reset_graph_fallback_on_resume() {
 
 void SpecSession::CheckInvariants() const {
   CHECK(caches_ != nullptr) << "session " << id_ << " has no caches";
+  if (!deferred_mtp_.empty()) {
+    CHECK(can_draft()) << "session " << id_
+                       << ": deferred MTP rows without draft state";
+    CHECK_EQ(deferred_mtp_.end_row(), committed_len() - 1)
+        << "session " << id_ << ": deferred MTP rows are not the last ones";
+  }
   CHECK_EQ(committed_len(), caches_->length())
       << "session " << id_ << ": committed tokens != cache rows";
   CHECK_EQ(caches_->verified_columns(), 0)

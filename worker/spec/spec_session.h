@@ -9,7 +9,10 @@
 //  - pending_tok set  ⇒ next_pred absent, and the pending token is NOT in
 //    `committed` although the client has already been sent it;
 //  - the stored last hidden is the last committed row's (the chain seed);
-//  - no cache row at or past capacity was ever written.
+//  - no cache row at or past capacity was ever written;
+//  - the MTP rows of plain steps not yet written (deferred_mtp) are the
+//    rows just before committed_len − 1, contiguous; a flushed session
+//    (Flush, the end of a burst) has none.
 #ifndef SPECSERVE_WORKER_SPEC_SPEC_SESSION_H_
 #define SPECSERVE_WORKER_SPEC_SPEC_SESSION_H_
 
@@ -36,6 +39,18 @@ struct TurnCheckpoint {
 };
 
 enum class DecodeMode { kSpeculative, kBatched };
+
+// The MTP rows a session's plain steps owe its draft state: row first_row + i
+// pairs hiddens[i] ([H]) with tokens[i]. Written in one MTP pass when the
+// session next drafts, prefills or ends its burst, so a plain step never
+// runs a pass of its own outside the batched decode.
+struct DeferredMtp {
+  int first_row = 0;
+  std::vector<float> hiddens;
+  std::vector<int32_t> tokens;
+  bool empty() const { return tokens.empty(); }
+  int end_row() const { return first_row + static_cast<int>(tokens.size()); }
+};
 
 class SpecSession {
  public:
@@ -95,6 +110,9 @@ class SpecSession {
   std::vector<float>& last_hidden() { return last_hidden_; }
   std::vector<float>& last_logits() { return last_logits_; }
 
+  DeferredMtp& deferred_mtp() { return deferred_mtp_; }
+  const DeferredMtp& deferred_mtp() const { return deferred_mtp_; }
+
   TurnCheckpoint* checkpoint() { return checkpoint_.get(); }
   void set_checkpoint(std::unique_ptr<TurnCheckpoint> c) {
     checkpoint_ = std::move(c);
@@ -109,6 +127,7 @@ class SpecSession {
   const bool has_mtp_;
   std::vector<float> last_hidden_;
   std::vector<float> last_logits_;
+  DeferredMtp deferred_mtp_;
   std::unique_ptr<TurnCheckpoint> checkpoint_;
   DecodeMode mode_ = DecodeMode::kSpeculative;
   bool graph_fallback_ = false;

@@ -1,0 +1,201 @@
+#include "scheduler/prefix_reuse.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/worker.grpc.pb.h"
+#include "scheduler/placement.h"
+
+namespace specserve::scheduler {
+namespace {
+
+namespace v1 = specserve::v1;
+
+// Entries looked at per request (each a session-table lookup), and forks
+// tried (each a worker call).
+constexpr size_t kMaxHits = 32;
+constexpr int kMaxForks = 4;
+
+}  // namespace
+
+std::string OwnedTenant(const std::string& tenant) {
+  return absl::StrCat("#prefix-cache:", tenant);
+}
+
+PrefixReuse::PrefixReuse(PrefixCacheOptions options,
+                         telemetry::Registry* registry)
+    : cache_(options),
+      lookups_(registry->AddCounter(
+          "specserve_prefix_lookups_total",
+          "Prompts looked up for a reusable prefix (one-shot requests and "
+          "first turns of new sessions).")),
+      hits_(registry->AddCounter(
+          "specserve_prefix_hits_total",
+          "Lookups that resumed from a cached checkpoint.")),
+      queried_tokens_(
+          registry->AddCounter("specserve_prefix_queried_tokens_total",
+                               "Prompt tokens of the lookups.")),
+      hit_tokens_(registry->AddCounter(
+          "specserve_prefix_hit_tokens_total",
+          "Prompt tokens restored from cached checkpoints instead of "
+          "prefilled.")),
+      owned_sessions_(registry->AddGauge(
+          "specserve_prefix_cache_sessions",
+          "Finished one-shot requests kept parked for prefix reuse.")),
+      device_bytes_(registry->AddGauge(
+          "specserve_checkpoint_bytes",
+          "Bytes of session caches and checkpoints on the workers.",
+          {{"where", "device"}})),
+      host_bytes_(registry->AddGauge(
+          "specserve_checkpoint_bytes",
+          "Bytes of session caches and checkpoints on the workers.",
+          {{"where", "host"}})) {}
+
+bool PrefixReuse::StillValid(SchedulerContext* ctx, const PrefixHit& hit,
+                             bool speculative, bool* forget) const {
+  *forget = false;
+  absl::StatusOr<SessionSnapshot> snap =
+      ctx->sessions->Get(hit.source.session_id, hit.source.table_tenant);
+  if (!snap.ok()) {
+    *forget = true;  // closed or expired
+    return false;
+  }
+  if (snap->busy) return false;  // a turn is changing it: try the next hit
+  const bool parked =
+      snap->residency == v1::PARKED || snap->residency == v1::OFFLOADED;
+  const bool at_reusable_pos =
+      hit.pos == snap->committed_len ||
+      (snap->rewind_pos && *snap->rewind_pos == hit.pos);
+  if (!parked || snap->worker != hit.source.worker || !at_reusable_pos) {
+    // LOST, moved, or it took a turn whose Record has not replaced the
+    // entry yet: either way this state is gone.
+    *forget = true;
+    return false;
+  }
+  // A source without draft state cannot seed a speculative session.
+  return !speculative || snap->mode == v1::SPECULATIVE;
+}
+
+std::optional<PrefixFork> PrefixReuse::TryFork(
+    SchedulerContext* ctx, const std::string& tenant, SessionLease* lease,
+    absl::Span<const uint32_t> prompt, bool speculative, absl::Time until) {
+  lookups_->Increment();
+  queried_tokens_->Increment(prompt.size());
+  const std::vector<PrefixHit> hits = cache_.Lookup(tenant, prompt, kMaxHits);
+  const SessionSnapshot own = lease->Snapshot();
+  int forks = 0;
+  for (const PrefixHit& hit : hits) {
+    if (forks >= kMaxForks) break;
+    const int w = hit.source.worker;
+    if (w < 0 || w >= ctx->workers->size() || !ctx->workers->Available(w)) {
+      continue;
+    }
+    const specserve::worker::v1::WorkerInfo info = ctx->workers->Info(w);
+    if (!ctx->workers->Available(w)) continue;
+    bool forget = false;
+    if (!StillValid(ctx, hit, speculative && info.model().has_mtp(), &forget)) {
+      if (forget) {
+        PrefixSource gone = cache_.Forget(hit.source.session_id);
+        if (gone.owned) ReleaseOwned(ctx, gone);
+      }
+      continue;
+    }
+    {
+      // Room: a full worker (placement's rule) is passed over while another
+      // available worker has room, where placement would put the session;
+      // a full one that placement would pick anyway is better used with
+      // the checkpoint than without.
+      absl::MutexLock placing(&ctx->placement_mu);
+      bool full_here = false, room_elsewhere = false;
+      for (int i = 0; i < ctx->workers->size(); ++i) {
+        if (!ctx->workers->Available(i)) continue;
+        WorkerLoad load = WorkerLoad::FromInfo(true, ctx->workers->Info(i));
+        load.placed_sessions = ctx->sessions->CountPlacedOn(i);
+        const bool fits = FitsAnotherSession(load);
+        if (i == w) full_here = !fits;
+        if (i != w && fits) room_elsewhere = true;
+      }
+      if (full_here && room_elsewhere) continue;
+      lease->SetResidency(v1::ACTIVE, own.mode, w);
+    }
+    ++forks;
+    specserve::worker::v1::ForkSessionRequest req;
+    req.set_source_session_id(hit.source.session_id);
+    req.set_session_id(lease->id());
+    req.set_owner(ctx->workers->owner());
+    req.set_capacity(own.capacity);
+    req.mutable_prefix()->Add(prompt.begin(), prompt.begin() + hit.pos);
+    req.set_speculative(speculative);
+    grpc::ClientContext call;
+    call.set_deadline(absl::ToChronoTime(until));
+    specserve::worker::v1::SessionState state;
+    const grpc::Status s =
+        ctx->workers->stub(w)->ForkSession(&call, req, &state);
+    if (s.ok()) {
+      cache_.Touch(hit.source.session_id);
+      hits_->Increment();
+      hit_tokens_->Increment(hit.pos);
+      return PrefixFork{w, hit.pos, state.mode()};
+    }
+    lease->SetResidency(own.residency, own.mode, own.worker);
+    LOG(INFO) << "prefix reuse: fork of session " << hit.source.session_id
+              << " at " << hit.pos << " on worker " << ctx->workers->address(w)
+              << " refused (" << s.error_message()
+              << "); trying the next entry";
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND ||
+        s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      PrefixSource gone = cache_.Forget(hit.source.session_id);
+      if (gone.owned) ReleaseOwned(ctx, gone);
+    } else if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+               s.error_code() == grpc::StatusCode::CANCELLED) {
+      // The worker may have made the copy after all: free it there.
+      ctx->workers->ReleaseNowOrLater(w, lease->id());
+      if (absl::Now() >= until) break;
+    }
+  }
+  return std::nullopt;
+}
+
+void PrefixReuse::RecordParked(SchedulerContext* ctx, const std::string& tenant,
+                               const SessionLease& lease, bool owned) {
+  const SessionSnapshot snap = lease.Snapshot();
+  if (snap.worker < 0) return;
+  std::vector<uint32_t> positions = {snap.committed_len};
+  if (snap.rewind_pos) positions.push_back(*snap.rewind_pos);
+  const std::vector<uint32_t> history = lease.History();
+  PrefixSource source;
+  source.session_id = lease.id();
+  source.table_tenant = owned ? OwnedTenant(tenant) : tenant;
+  source.worker = snap.worker;
+  source.owned = owned;
+  for (const PrefixSource& evicted :
+       cache_.Record(tenant, source, history, positions)) {
+    ReleaseOwned(ctx, evicted);
+  }
+}
+
+void PrefixReuse::ReleaseOwned(SchedulerContext* ctx,
+                               const PrefixSource& source) {
+  absl::StatusOr<SessionTable::Closed> closed =
+      ctx->sessions->Close(source.session_id, source.table_tenant);
+  if (closed.ok() && closed->worker >= 0) {
+    ctx->workers->ReleaseNowOrLater(closed->worker, source.session_id);
+  }
+}
+
+void PrefixReuse::UpdateGauges(const WorkerPool& workers) {
+  uint64_t device = 0, host = 0;
+  for (int i = 0; i < workers.size(); ++i) {
+    const specserve::worker::v1::WorkerInfo info = workers.Info(i);
+    device += info.memory_used_bytes();
+    host += info.host_memory_used_bytes();
+  }
+  device_bytes_->Set(static_cast<double>(device));
+  host_bytes_->Set(static_cast<double>(host));
+  owned_sessions_->Set(static_cast<double>(cache_.owned()));
+}
+
+}  // namespace specserve::scheduler

@@ -1,0 +1,207 @@
+#include "scheduler/vllm_engine/request_translator.h"
+
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace specserve::scheduler::vllm_engine {
+namespace {
+
+namespace vproto = ::vllm::grpc::engine;
+
+absl::Status Refuse(absl::string_view field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+absl::Status Unimplemented(absl::string_view field, absl::string_view why) {
+  return absl::UnimplementedError(absl::StrCat(field, ": ", why));
+}
+
+absl::Status CheckUnsupported(const vproto::GenerateRequest& in) {
+  if (in.has_mm_inputs() || in.extra_mm_inputs_size() > 0) {
+    return Unimplemented(in.has_mm_inputs() ? "mm_inputs" : "extra_mm_inputs",
+                         "multimodal inputs are not supported: specserve "
+                         "serves text-only models; send text or token ids");
+  }
+  if (in.has_media_refs()) {
+    return Unimplemented("media_refs",
+                         "multimodal inputs are not supported: specserve "
+                         "serves text-only models; send text or token ids");
+  }
+  if (in.has_kv_transfer_params() || in.has_kv_transfer_params_json()) {
+    return Unimplemented(
+        in.has_kv_transfer_params() ? "kv_transfer_params"
+                                    : "kv_transfer_params_json",
+        "KV transfer (prefill/decode disaggregation) is not supported: send "
+        "the whole request to one specserve scheduler");
+  }
+  if (in.has_data_parallel_rank() && in.data_parallel_rank() != 0) {
+    return Refuse("data_parallel_rank",
+                  absl::StrCat("is ", in.data_parallel_rank(),
+                               "; this server has one rank (0): GetServerInfo "
+                               "reports data_parallel_size 1"));
+  }
+  const vproto::SamplingParams& p = in.sampling_params();
+  if (p.n() > 1) {
+    return Refuse("sampling_params.n",
+                  absl::StrCat("is ", p.n(),
+                               "; only n = 1 is supported: send n requests"));
+  }
+  if (p.min_tokens() > 0) {
+    return Refuse("sampling_params.min_tokens",
+                  absl::StrCat("is ", p.min_tokens(),
+                               "; min_tokens is not supported (only 0): "
+                               "use ignore_eos with max_tokens instead"));
+  }
+  if (!p.logit_bias().empty()) {
+    return Refuse("sampling_params.logit_bias",
+                  "logit_bias is not supported: leave it empty");
+  }
+  if (p.frequency_penalty() != 0.0f) {
+    return Refuse("sampling_params.frequency_penalty",
+                  absl::StrCat("is ", p.frequency_penalty(),
+                               "; penalties are not supported: only 0"));
+  }
+  if (p.presence_penalty() != 0.0f) {
+    return Refuse("sampling_params.presence_penalty",
+                  absl::StrCat("is ", p.presence_penalty(),
+                               "; penalties are not supported: only 0"));
+  }
+  // 0 is proto3's unset, which vLLM reads as 1 (no penalty).
+  if (p.repetition_penalty() != 0.0f && p.repetition_penalty() != 1.0f) {
+    return Refuse("sampling_params.repetition_penalty",
+                  absl::StrCat("is ", p.repetition_penalty(),
+                               "; penalties are not supported: only 1"));
+  }
+  const char* constraint = nullptr;
+  switch (p.constraint_case()) {
+    case vproto::SamplingParams::kJsonSchema:
+      constraint = "sampling_params.json_schema";
+      break;
+    case vproto::SamplingParams::kRegex:
+      constraint = "sampling_params.regex";
+      break;
+    case vproto::SamplingParams::kGrammar:
+      constraint = "sampling_params.grammar";
+      break;
+    case vproto::SamplingParams::kStructuralTag:
+      constraint = "sampling_params.structural_tag";
+      break;
+    case vproto::SamplingParams::kJsonObject:
+      constraint = "sampling_params.json_object";
+      break;
+    case vproto::SamplingParams::kChoice:
+      constraint = "sampling_params.choice";
+      break;
+    case vproto::SamplingParams::CONSTRAINT_NOT_SET:
+      break;
+  }
+  if (constraint != nullptr) {
+    return Unimplemented(constraint,
+                         "structured outputs (constrained decoding) are not "
+                         "supported: send the request without a constraint");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+uint64_t SpecserveSeed(int32_t vllm_seed) {
+  return (uint64_t{1} << 32) | static_cast<uint32_t>(vllm_seed);
+}
+
+absl::StatusOr<TranslatedRequest> TranslateGenerateRequest(
+    const vproto::GenerateRequest& in, const GatewayOptions& options,
+    const Limits& limits) {
+  if (absl::Status s = CheckUnsupported(in); !s.ok()) return s;
+  const vproto::SamplingParams& p = in.sampling_params();
+  // vLLM's -1 ("every token of the vocabulary") has no specserve.v1
+  // counterpart.
+  for (const auto& [field, set, n] :
+       {std::make_tuple("sampling_params.logprobs", p.has_logprobs(),
+                        p.logprobs()),
+        std::make_tuple("sampling_params.prompt_logprobs",
+                        p.has_prompt_logprobs(), p.prompt_logprobs())}) {
+    if (set && (n < 0 || static_cast<uint32_t>(n) > limits.max_logprobs)) {
+      return Refuse(field,
+                    absl::StrCat("is ", n, "; give 0..", limits.max_logprobs,
+                                 " top alternatives per token"));
+    }
+  }
+  TranslatedRequest out;
+  specserve::v1::GenerateRequest& r = out.request;
+  r.set_request_id(in.request_id());
+
+  switch (in.input_case()) {
+    case vproto::GenerateRequest::kTokenized: {
+      const auto& ids = in.tokenized().input_ids();
+      int begin = 0;
+      if (p.has_truncate_prompt_tokens()) {
+        const int32_t keep = p.truncate_prompt_tokens();
+        if (keep == 0 || keep < -1) {
+          return Refuse("sampling_params.truncate_prompt_tokens",
+                        absl::StrCat("is ", keep,
+                                     "; give N > 0 (keep the last N prompt "
+                                     "tokens) or -1 (the model context)"));
+        }
+        const int64_t n = keep == -1 ? limits.max_context : keep;
+        if (ids.size() > n) begin = static_cast<int>(ids.size() - n);
+      }
+      for (int i = begin; i < ids.size(); ++i) {
+        r.mutable_token_ids()->add_ids(ids[i]);
+      }
+      out.prompt_tokens = static_cast<uint32_t>(ids.size() - begin);
+      if (begin < ids.size()) out.first_prompt_id = ids[begin];
+      break;
+    }
+    case vproto::GenerateRequest::kText:
+      if (p.has_truncate_prompt_tokens()) {
+        return Refuse("sampling_params.truncate_prompt_tokens",
+                      "needs tokenized input: send input_ids");
+      }
+      r.set_text(in.text());
+      break;
+    case vproto::GenerateRequest::INPUT_NOT_SET:
+      return Refuse("input", "give tokenized.input_ids or text");
+  }
+
+  specserve::v1::SamplingParams* s = r.mutable_sampling();
+  s->set_temperature(p.has_temperature() ? p.temperature() : 1.0f);
+  s->set_top_p(p.top_p());
+  s->set_top_k(p.top_k());
+  s->set_min_p(p.min_p());
+  if (p.has_seed()) s->set_seed(SpecserveSeed(p.seed()));
+
+  specserve::v1::StoppingParams* stop = r.mutable_stopping();
+  if (p.has_max_tokens()) {
+    if (p.max_tokens() == 0) {
+      return Refuse("sampling_params.max_tokens",
+                    "is 0; give at least 1, or leave it unset for up to the "
+                    "model context");
+    }
+    stop->set_max_tokens(p.max_tokens());
+    out.max_tokens = p.max_tokens();
+  }
+  for (const std::string& str : p.stop()) stop->add_stop(str);
+  for (uint32_t id : p.stop_token_ids()) stop->add_stop_token_ids(id);
+  stop->set_ignore_eos(p.ignore_eos());
+
+  r.mutable_speculation()->set_enable(options.speculation);
+  r.mutable_speculation()->set_k(options.k);
+  r.mutable_response()->set_ids(true);
+  r.mutable_response()->set_text(false);
+  r.mutable_response()->set_spec_stats(true);
+  // Counts above the limit are refused by ValidateGenerateRequest, naming
+  // response.logprobs / response.prompt_logprobs.
+  if (p.has_logprobs()) r.mutable_response()->set_logprobs(p.logprobs());
+  if (p.has_prompt_logprobs()) {
+    r.mutable_response()->set_prompt_logprobs(p.prompt_logprobs());
+  }
+  out.stream = in.stream();
+  return out;
+}
+
+}  // namespace specserve::scheduler::vllm_engine

@@ -1,0 +1,123 @@
+// VllmEngine's request RPCs: Generate, Abort, HealthCheck, and the ones this
+// server does not provide. The information RPCs are in vllm_engine_info.cc.
+#include "scheduler/vllm_engine/vllm_engine_service.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "scheduler/generate_admission.h"
+#include "scheduler/generate_call.h"
+#include "scheduler/vllm_engine/response_adapter.h"
+#include "telemetry/grpc_reactors.h"
+#include "telemetry/server_lifecycle.h"
+
+namespace specserve::scheduler::vllm_engine {
+namespace {
+
+namespace vproto = ::vllm::grpc::engine;
+namespace common = ::smg::grpc::common;
+using telemetry::ToGrpc;
+
+grpc::Status Unimplemented(absl::string_view what) {
+  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, std::string(what));
+}
+
+}  // namespace
+
+VllmEngineService::VllmEngineService(SchedulerContext* ctx,
+                                     VllmEngineOptions options)
+    : ctx_(ctx), options_(std::move(options)), started_(absl::Now()) {}
+
+grpc::Status VllmEngineService::Generate(
+    grpc::ServerContext* context, const vproto::GenerateRequest* request,
+    grpc::ServerWriter<vproto::GenerateResponse>* writer) {
+  GenerateAdmission admission(ctx_, context);
+  absl::StatusOr<Caller> caller = ctx_->Authenticate(*context);
+  if (!caller.ok()) return ToGrpc(admission.Reject(caller.status()));
+  if (absl::Status s = admission.AwaitLimits(); !s.ok()) return ToGrpc(s);
+  absl::StatusOr<TranslatedRequest> translated =
+      TranslateGenerateRequest(*request, options_.gateway, admission.limits());
+  if (!translated.ok()) return ToGrpc(admission.Reject(translated.status()));
+  absl::StatusOr<AdmissionTicket> ticket = admission.Admit(translated->request);
+  if (!ticket.ok()) return ToGrpc(ticket.status());
+
+  telemetry::InFlightGuard in_flight;
+  ResponseAdapter adapter(writer, translated->stream, translated->max_tokens,
+                          translated->prompt_tokens,
+                          translated->first_prompt_id);
+  GenerateWriter out(context, &adapter);
+  return RunGenerateCall(ctx_, translated->request, caller->tenant,
+                         admission.deadline(), std::move(*ticket), &out);
+}
+
+grpc::Status VllmEngineService::Abort(grpc::ServerContext* context,
+                                      const vproto::AbortRequest* request,
+                                      vproto::AbortResponse*) {
+  absl::StatusOr<Caller> caller = ctx_->Authenticate(*context);
+  if (!caller.ok()) return ToGrpc(caller.status());
+  // As vLLM: ids that are not running (finished, never seen, another
+  // tenant's) are no error.
+  for (const std::string& id : request->request_ids()) {
+    ctx_->requests->AbortRequest(caller->tenant, id);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status VllmEngineService::HealthCheck(
+    grpc::ServerContext*, const vproto::HealthCheckRequest*,
+    vproto::HealthCheckResponse* response) {
+  if (telemetry::DrainRequested()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "server is draining: no new work accepted");
+  }
+  if (ctx_->workers->NumAvailable() == 0) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "no worker is available; see Admin.GetServerInfo");
+  }
+  response->set_healthy(true);
+  response->set_message(absl::StrCat(ctx_->workers->NumAvailable(), " of ",
+                                     ctx_->workers->size(),
+                                     " workers available"));
+  return grpc::Status::OK;
+}
+
+grpc::Status VllmEngineService::Embed(grpc::ServerContext*,
+                                      const vproto::EmbedRequest*,
+                                      vproto::EmbedResponse*) {
+  return Unimplemented(
+      "Embed: specserve serves generation only, not embeddings");
+}
+
+grpc::Status VllmEngineService::FlushCache(grpc::ServerContext*,
+                                           const common::FlushCacheRequest*,
+                                           common::FlushCacheResponse*) {
+  return Unimplemented(
+      "FlushCache: specserve keeps no shared prefix cache (caches belong to "
+      "sessions: close them with specserve.v1.Sessions/CloseSession)");
+}
+
+grpc::Status VllmEngineService::StartProfile(grpc::ServerContext*,
+                                             const common::StartProfileRequest*,
+                                             common::ProfileResponse*) {
+  return Unimplemented(
+      "StartProfile: specserve has no profiler RPC; use its metrics "
+      "(--metrics_port)");
+}
+
+grpc::Status VllmEngineService::StopProfile(grpc::ServerContext*,
+                                            const common::StopProfileRequest*,
+                                            common::ProfileResponse*) {
+  return Unimplemented(
+      "StopProfile: specserve has no profiler RPC; use its metrics "
+      "(--metrics_port)");
+}
+
+grpc::Status VllmEngineService::SubscribeKvEvents(
+    grpc::ServerContext*, const common::SubscribeKvEventsRequest*,
+    grpc::ServerWriter<common::KvEventBatch>*) {
+  return Unimplemented(
+      "SubscribeKvEvents: specserve publishes no KV cache events (its caches "
+      "belong to sessions, not to a shared prefix cache); poll GetLoads");
+}
+
+}  // namespace specserve::scheduler::vllm_engine
