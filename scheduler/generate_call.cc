@@ -285,9 +285,8 @@ absl::Status Call::OpenSession() {
                      : std::min<uint64_t>(limits_.max_context,
                                           input_.size() + max_tokens_ + k_room);
     }
-    table_tenant_ = one_shot_ && ctx_->prefix != nullptr
-                        ? OwnedTenant(tenant_)
-                        : tenant_;
+    table_tenant_ =
+        one_shot_ && ctx_->prefix != nullptr ? OwnedTenant(tenant_) : tenant_;
     SS_ASSIGN_OR_RETURN(
         lease_, ctx_->sessions->OpenAndAcquire(capacity, table_tenant_));
   } else {
@@ -397,9 +396,9 @@ bool Call::ForkFromPrefix() {
   const absl::Time until =
       std::min(deadline_, absl::Now() + ctx_->options.worker_call_timeout);
   // Draft state where Admit would give it (AdmitOn).
-  const std::optional<PrefixFork> fork = ctx_->prefix->TryFork(
-      ctx_, tenant_, &lease_, input_,
-      req_.speculation().enable() || !one_shot_, until);
+  const std::optional<PrefixFork> fork =
+      ctx_->prefix->TryFork(ctx_, tenant_, &lease_, input_,
+                            req_.speculation().enable() || !one_shot_, until);
   if (!fork) return false;
   worker_ = fork->worker;
   base_.assign(input_.begin(), input_.begin() + fork->pos);

@@ -1,15 +1,14 @@
 #include "scheduler/public_services.h"
 
-#include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "scheduler/generate_admission.h"
 #include "scheduler/generate_call.h"
 #include "scheduler/request_parsing.h"
 #include "scheduler/request_validation.h"
-#include "scheduler/worker_wait.h"
 #include "telemetry/grpc_reactors.h"
 #include "telemetry/server_lifecycle.h"
 
@@ -51,33 +50,10 @@ grpc::Status GenerationService::HandleGenerate(
   };
   absl::StatusOr<Caller> caller = ctx_->Authenticate(*ctx);
   if (!caller.ok()) return refuse(caller.status());
-  if (telemetry::DrainRequested()) return Draining();
-  // Cheap checks first: nothing is tokenized or queued for a bad request.
-  // The limits come from a worker's model: with no worker available the
-  // request waits for one (scheduler/worker_wait.h), holding an admission
-  // ticket so that waiting requests are bounded like queued ones.
-  Limits limits;
-  std::optional<AdmissionTicket> waited_ticket;
-  if (!ctx_->CurrentLimits(&limits)) {
-    auto ticket = ctx_->admission->TryAdmit();
-    if (!ticket.ok()) return refuse(ticket.status());
-    waited_ticket = std::move(*ticket);
-    absl::Status s = AwaitWorker(
-        *ctx_, absl::FromChrono(ctx->deadline()), [ctx]() -> absl::Status {
-          if (ctx->IsCancelled()) {
-            return absl::CancelledError("cancelled while waiting for a worker");
-          }
-          if (telemetry::DrainRequested()) {
-            return absl::UnavailableError(
-                "server is draining: no new work accepted");
-          }
-          return absl::OkStatus();
-        });
-    if (s.ok() && !ctx_->CurrentLimits(&limits)) {
-      s = NoWorkerError(*ctx_->workers, absl::ZeroDuration());
-    }
-    if (!s.ok()) return refuse(s);
-  }
+  // Cheap checks first: nothing is tokenized or queued for a bad request
+  // (the steps and their order: scheduler/generate_admission.h).
+  GenerateAdmission admission(ctx_, ctx);
+  if (absl::Status s = admission.AwaitLimits(); !s.ok()) return ToGrpc(s);
   // A server-streaming call carries exactly one request message; none means
   // the client half-closed without one (or went away).
   grpc::ByteBuffer raw;
@@ -85,13 +61,10 @@ grpc::Status GenerationService::HandleGenerate(
     return refuse(
         absl::InvalidArgumentError("Generate got no request message"));
   }
-  specserve::v1::GenerateRequest parsed;
-  if (absl::Status s = ParseRequest(&raw, &parsed); !s.ok()) {
+  specserve::v1::GenerateRequest request;
+  if (absl::Status s = ParseRequest(&raw, &request); !s.ok()) {
     return refuse(s);
   }
-  const specserve::v1::GenerateRequest* const request = &parsed;
-  absl::Status valid = ValidateGenerateRequest(*request, limits);
-  if (!valid.ok()) return refuse(valid);
   uint32_t inject_nan_at = 0;
   if (ctx_->options.enable_fault_injection) {
     // Tests only (docs/RELIABILITY.md row 8); see kInjectNanAtMetadata.
@@ -105,16 +78,13 @@ grpc::Status GenerationService::HandleGenerate(
           absl::StrCat(kInjectNanAtMetadata, " must be a token index")));
     }
   }
-  auto ticket = waited_ticket
-                    ? absl::StatusOr<AdmissionTicket>(std::move(*waited_ticket))
-                    : ctx_->admission->TryAdmit();
-  if (!ticket.ok()) return refuse(ticket.status());
+  absl::StatusOr<AdmissionTicket> ticket = admission.Admit(request);
+  if (!ticket.ok()) return ToGrpc(ticket.status());
 
   telemetry::InFlightGuard in_flight;
   GenerateWriter writer(ctx, stream);
-  return RunGenerateCall(ctx_, *request, caller->tenant,
-                         absl::FromChrono(ctx->deadline()), std::move(*ticket),
-                         &writer, inject_nan_at);
+  return RunGenerateCall(ctx_, request, caller->tenant, admission.deadline(),
+                         std::move(*ticket), &writer, inject_nan_at);
 }
 
 SessionsService::SessionsService(SchedulerContext* ctx) : ctx_(ctx) {

@@ -94,7 +94,7 @@ ABSL_FLAG(int, gateway_k, 0,
           "Draft depth of gateway requests (1..8); 0 = --default_k.");
 ABSL_FLAG(int, default_session_capacity, 1024,
           "Rows of a session opened without a capacity.");
-ABSL_FLAG(int, prefix_cache_sessions, 0,
+ABSL_FLAG(int, prefix_cache_sessions, 16,
           "Automatic prefix reuse (docs/DESIGN.md \"Prefix reuse\"): how "
           "many finished one-shot requests stay parked on their workers as "
           "checkpoints (least recently used released first); their prefixes "
@@ -297,9 +297,9 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_prefix_cache_sessions) > 0) {
     sched::PrefixCacheOptions prefix_options;
     prefix_options.max_owned = absl::GetFlag(FLAGS_prefix_cache_sessions);
-    prefix_options.max_sessions =
-        std::max<size_t>(prefix_options.max_owned,
-                         std::max(0, absl::GetFlag(FLAGS_prefix_cache_entries)));
+    prefix_options.max_sessions = std::max<size_t>(
+        prefix_options.max_owned,
+        std::max(0, absl::GetFlag(FLAGS_prefix_cache_entries)));
     prefix_reuse = std::make_unique<sched::PrefixReuse>(prefix_options,
                                                         &metrics.registry());
     context.prefix = prefix_reuse.get();

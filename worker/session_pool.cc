@@ -129,8 +129,7 @@ absl::Status SessionPool::RestoreLocked(Entry* e) {
 }
 
 absl::Status SessionPool::WithIdle(const std::string& id,
-                                   absl::string_view owner,
-                                   const IdleFn& fn) {
+                                   absl::string_view owner, const IdleFn& fn) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it == entries_.end() ||
@@ -139,8 +138,8 @@ absl::Status SessionPool::WithIdle(const std::string& id,
   }
   Entry& e = it->second;
   if (e.busy) {
-    return absl::AbortedError(absl::StrCat(
-        "session ", id, " is running a request on this worker"));
+    return absl::AbortedError(
+        absl::StrCat("session ", id, " is running a request on this worker"));
   }
   SS_RETURN_IF_ERROR(RestoreLocked(&e));
   absl::Status s = fn(*e.session);

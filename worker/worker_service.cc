@@ -85,15 +85,16 @@ WorkerService::WorkerService(WorkerOptions options, model::Model* model)
       model_info_(DescribeModel(model->checkpoint())),
       instance_((uint64_t{std::random_device{}()} << 32) |
                 std::random_device{}()),
-      live_costs_(options_.live_costs
-                      ? std::make_unique<spec::LiveStepCosts>(
-                            std::vector<double>(
-                                options_.costs.decode_seconds_by_batch().begin(),
-                                options_.costs.decode_seconds_by_batch().end()),
-                            std::vector<double>(
-                                options_.costs.verify_seconds_by_columns().begin(),
-                                options_.costs.verify_seconds_by_columns().end()))
-                      : nullptr),
+      live_costs_(
+          options_.live_costs
+              ? std::make_unique<spec::LiveStepCosts>(
+                    std::vector<double>(
+                        options_.costs.decode_seconds_by_batch().begin(),
+                        options_.costs.decode_seconds_by_batch().end()),
+                    std::vector<double>(
+                        options_.costs.verify_seconds_by_columns().begin(),
+                        options_.costs.verify_seconds_by_columns().end()))
+              : nullptr),
       executor_(model),
       engine_(&executor_),
       pool_(options_.pool, &executor_),

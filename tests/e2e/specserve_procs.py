@@ -78,9 +78,15 @@ def start_worker(model=DEFAULT_MODEL, port=0, extra=()):
 
 
 def start_scheduler(worker_addresses, model=DEFAULT_MODEL, extra=()):
+    extra = list(extra)
+    # Prefix reuse keeps finished one-shot requests parked on their workers;
+    # tests that count a worker's sessions run without it unless they ask
+    # (tests/e2e/test_prefix_reuse.py does).
+    if not any(a.startswith("--prefix_cache_sessions") for a in extra):
+        extra.append("--prefix_cache_sessions=0")
     p = Proc([os.path.join(BIN_DIR, "scheduler", "specserve_scheduler"),
               "--listen=127.0.0.1:0", "--workers=" + ",".join(worker_addresses),
-              "--model=" + model, "--worker_poll_ms=200"] + list(extra),
+              "--model=" + model, "--worker_poll_ms=200"] + extra,
              "scheduler")
     p.wait_port()
     return p

@@ -94,8 +94,8 @@ class SpecEngine {
   // drafts.
   absl::StatusOr<std::unique_ptr<SpecSession>> Admit(
       const std::string& id, int capacity, absl::Span<const int32_t> history,
-      std::optional<int> checkpoint_pos = std::nullopt,
-      bool speculative = true, int draft_depth = kMaxDraftDepth);
+      std::optional<int> checkpoint_pos = std::nullopt, bool speculative = true,
+      int draft_depth = kMaxDraftDepth);
 
   absl::StatusOr<BurstResult> RunBurst(SpecSession* s, const BurstParams& p,
                                        const EmitWithLogprobsFn& emit);
