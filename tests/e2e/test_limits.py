@@ -65,11 +65,13 @@ def test_overload_is_refused_fast_and_admitted_requests_complete(cluster):
     for r in results:
         assert r.code == grpc.StatusCode.RESOURCE_EXHAUSTED, r
         assert "retry after" in r.details, r.details
-        assert r.ended_at - r.started < 2.0  # refused at once
     # Refused before tokenizing: the tokenizer never saw them.
     assert u.metric(proc, "vllm:prompt_tokens_total") == tokenized
     # The admitted requests run to completion, exactly.
     h = holder.join()
+    # Refused at once, not queued behind the running request: every refusal
+    # came back while the holder was still generating.
+    assert all(r.ended_at < h.ended_at for r in results)
     assert h.ok and u.finish_name(h) == "LENGTH" and len(h.ids) == 2500, h
     assert h.ids[:64] == u.specgen(P1, 64, ignore_eos=True)
     q = queued.join()
