@@ -79,6 +79,14 @@ class Call {
   // Admits the session on `worker` with `history`, its checkpoint at the
   // table's rewind position.
   absl::Status AdmitOn(int worker, const std::vector<uint32_t>& history);
+  // The gate's inputs for this session on the worker `info` describes (the
+  // cost tables are kept in gate_*_costs_, which the inputs point into).
+  SpecGateInputs GateInputs(const specserve::worker::v1::WorkerInfo& info,
+                            const SessionSnapshot& snap);
+  // A session admitted without draft state (BATCHED, never demoted) whose
+  // turn asks for speculation, where the gate would let it speculate: its
+  // copy is released so that EnsureResident rebuilds it with draft state.
+  void PromoteIfAsked();
   // The spec gate for the next burst: returns the draft depth (0 = plain).
   uint32_t Gate();
   absl::Status RunBursts();
@@ -158,6 +166,8 @@ class Call {
   bool suffix_recorded_ = false;
   FinishReason finish_ = specserve::v1::FINISH_REASON_UNSPECIFIED;
   bool demoted_ = false;  // this request demoted the session
+  std::vector<double> gate_decode_costs_;
+  std::vector<double> gate_verify_costs_;
   telemetry::SpecTelemetry spec_totals_;
   // This turn's prompt logprobs (from the burst that appended the suffix),
   // when the request asked for them.
@@ -347,12 +357,12 @@ absl::Status Call::AdmitOn(int worker, const std::vector<uint32_t>& history) {
   if (rewind_pos && *rewind_pos <= history.size()) {
     admit.set_checkpoint_pos(*rewind_pos);
   }
-  // Draft state only where a round may run: a plain one-shot request runs
-  // batched decode with no MTP work per token and a fraction of the memory;
-  // a session keeps it for later turns that ask for speculation (building
-  // it afterwards would take a prefill of the whole history); a demoted one
-  // stays demoted (one-way) when rebuilt.
-  admit.set_speculative((req_.speculation().enable() || !one_shot_) &&
+  // Draft state only where a round may run: a turn that asks for no
+  // speculation runs batched decode with a fraction of the memory (no MTP
+  // KV, no verify captures); a later turn that asks for it promotes the
+  // session (PromoteIfAsked); a demoted one stays demoted (one-way) when
+  // rebuilt.
+  admit.set_speculative(req_.speculation().enable() &&
                         lease_.Snapshot().mode != specserve::v1::BATCHED);
   // A one-shot request's verify captures are sized for its own depth (its
   // only turn; the gate never picks deeper); a session's for the deepest,
@@ -396,9 +406,8 @@ bool Call::ForkFromPrefix() {
   const absl::Time until =
       std::min(deadline_, absl::Now() + ctx_->options.worker_call_timeout);
   // Draft state where Admit would give it (AdmitOn).
-  const std::optional<PrefixFork> fork =
-      ctx_->prefix->TryFork(ctx_, tenant_, &lease_, input_,
-                            req_.speculation().enable() || !one_shot_, until);
+  const std::optional<PrefixFork> fork = ctx_->prefix->TryFork(
+      ctx_, tenant_, &lease_, input_, req_.speculation().enable(), until);
   if (!fork) return false;
   worker_ = fork->worker;
   base_.assign(input_.begin(), input_.begin() + fork->pos);
@@ -415,8 +424,37 @@ bool Call::ForkFromPrefix() {
   return true;
 }
 
+void Call::PromoteIfAsked() {
+  const SessionSnapshot snap = lease_.Snapshot();
+  if (!req_.speculation().enable() || snap.demoted ||
+      snap.mode != specserve::v1::BATCHED || snap.worker < 0 ||
+      suffix_recorded_) {
+    return;
+  }
+  const specserve::worker::v1::WorkerInfo info =
+      ctx_->workers->Info(snap.worker);
+  if (!info.model().has_mtp()) return;
+  // Only where the gate would let it speculate now (a first decision):
+  // under load it stays plain and keeps its copy.
+  SpecGateInputs in = GateInputs(info, snap);
+  in.current_mode = specserve::v1::DECODE_MODE_UNSPECIFIED;
+  if (DecideSpec(in, ctx_->options.gate).mode != specserve::v1::SPECULATIVE) {
+    return;
+  }
+  // The draft state needs every row's MTP entry, which needs every row's
+  // hidden state: the copy is rebuilt from the history, with draft state
+  // (AdmitOn), as a lost one would be.
+  LOG(INFO) << "session " << lease_.id()
+            << ": promoted to speculative decoding; rebuilding it with draft "
+               "state from its history";
+  ctx_->workers->ReleaseNowOrLater(snap.worker, lease_.id());
+  lease_.SetResidency(specserve::v1::LOST,
+                      specserve::v1::DECODE_MODE_UNSPECIFIED, -1);
+}
+
 absl::Status Call::EnsureResident() {
   if (ForkFromPrefix()) return absl::OkStatus();
+  PromoteIfAsked();
   const SessionSnapshot snap = lease_.Snapshot();
   const bool has_copy =
       snap.worker >= 0 && (snap.residency == specserve::v1::PARKED ||
@@ -501,9 +539,8 @@ absl::Status Call::EnsureResident() {
   return absl::OkStatus();
 }
 
-uint32_t Call::Gate() {
-  const SessionSnapshot snap = lease_.Snapshot();
-  const specserve::worker::v1::WorkerInfo info = ctx_->workers->Info(worker_);
+SpecGateInputs Call::GateInputs(const specserve::worker::v1::WorkerInfo& info,
+                                const SessionSnapshot& snap) {
   SpecGateInputs in;
   in.speculation_requested = req_.speculation().enable();
   in.draft_available = info.model().has_mtp();
@@ -511,16 +548,23 @@ uint32_t Call::Gate() {
   in.accepted = snap.telemetry.accepted;
   in.k = req_.speculation().k() > 0 ? req_.speculation().k()
                                     : ctx_->options.default_k;
-  std::vector<double> decode(info.costs().decode_seconds_by_batch().begin(),
-                             info.costs().decode_seconds_by_batch().end());
-  std::vector<double> verify(info.costs().verify_seconds_by_columns().begin(),
-                             info.costs().verify_seconds_by_columns().end());
-  in.decode_seconds_by_batch = decode;
-  in.verify_seconds_by_columns = verify;
+  gate_decode_costs_.assign(info.costs().decode_seconds_by_batch().begin(),
+                            info.costs().decode_seconds_by_batch().end());
+  gate_verify_costs_.assign(info.costs().verify_seconds_by_columns().begin(),
+                            info.costs().verify_seconds_by_columns().end());
+  in.decode_seconds_by_batch = gate_decode_costs_;
+  in.verify_seconds_by_columns = gate_verify_costs_;
   in.batch_size = std::max(
-      1, ctx_->sessions->CountOnWorker(worker_, specserve::v1::ACTIVE));
+      1, ctx_->sessions->CountOnWorker(snap.worker, specserve::v1::ACTIVE));
   in.current_mode = snap.mode;
   in.state = snap.gate_state;
+  return in;
+}
+
+uint32_t Call::Gate() {
+  const SessionSnapshot snap = lease_.Snapshot();
+  const specserve::worker::v1::WorkerInfo info = ctx_->workers->Info(worker_);
+  SpecGateInputs in = GateInputs(info, snap);
   const SpecGateDecision d = DecideSpec(in, ctx_->options.gate);
   lease_.SetGateDecision(d);
   ctx_->metrics->gate_decisions(d.mode)->Increment();
@@ -535,6 +579,7 @@ uint32_t Call::Gate() {
             .ok()) {
       lease_.SetResidency(specserve::v1::ACTIVE, specserve::v1::BATCHED,
                           worker_);
+      lease_.MarkDemoted();
       demoted_ = true;
     }
   }

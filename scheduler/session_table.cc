@@ -194,6 +194,12 @@ void SessionLease::SetGateDecision(const SpecGateDecision& decision) {
   record_->meta.gate_state = decision.next_state;
 }
 
+void SessionLease::MarkDemoted() {
+  CHECK(valid());
+  absl::MutexLock lock(&table_->mu_);
+  record_->meta.demoted = true;
+}
+
 // ---------------------------------------------------------------------------
 // SessionTable
 

@@ -63,6 +63,11 @@ struct SessionSnapshot {
   telemetry::SpecTelemetry telemetry;
   specserve::v1::GateDecision last_gate_decision;
   SpecGateState gate_state;
+  // The gate demoted the session (one-way: it never speculates again). A
+  // BATCHED session not demoted was admitted without draft state (its turns
+  // so far asked for no speculation) and is promoted by the first turn that
+  // asks for it and that the gate lets speculate.
+  bool demoted = false;
   absl::Time created;
   absl::Time last_used;
   // When `residency` (or `worker`) was last set: what a worker reported
@@ -117,6 +122,8 @@ class SessionLease {
   absl::Status SetRewindPos(std::optional<uint32_t> pos);
   void AddTelemetry(const specserve::v1::SessionTelemetry& delta);
   void SetGateDecision(const SpecGateDecision& decision);
+  // The gate demoted the session (SessionSnapshot::demoted).
+  void MarkDemoted();
   // Releases the lease now (the destructor does the same).
   void Release();
 

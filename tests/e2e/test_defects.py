@@ -15,6 +15,8 @@ the default model, which has a tokenizer, and one scheduler with metrics):
 import os
 import signal
 
+import types
+
 import grpc
 import pytest
 
@@ -307,20 +309,25 @@ def test_session_options(cluster):
     assert by_ids.text == "" and by_ids.ids == cut.ids
 
     # mode is what the caches can run; last_gate_decision what the latest
-    # burst ran. A request that does not ask for speculation runs plain
-    # decode and leaves the draft state (mode SPECULATIVE) ...
+    # burst ran. A session whose turns ask for no speculation holds no draft
+    # state (mode BATCHED, a fraction of the memory) ...
     sid = _open(c)
-    _turn(c, sid, ids=u.prompt_ids(93, 6), spec=False)
+    prompt = u.prompt_ids(93, 6)
+    first = _turn(c, sid, ids=prompt, spec=False)
     info = c.call(GET_SESSION, session_id=sid)
-    assert u.enum_name(info, "mode") == "SPECULATIVE", info
+    assert u.enum_name(info, "mode") == "BATCHED", info
     assert u.enum_name(info.last_gate_decision, "mode") == "BATCHED"
     assert info.last_gate_decision.reason == "speculation not requested"
-    # ... so a later request that asks for it speculates.
+    # ... and a later request that asks for it promotes the session (its
+    # copy rebuilt with draft state) and speculates, exactly.
     r = u.generate_ok(c, {"session": {"session_id": sid},
                           "stopping": {"max_tokens": 12, "ignore_eos": True},
                           "speculation": {"enable": True, "k": 2},
-                          "response": {"spec_stats": True}})
+                          "response": {"spec_stats": True, "ids": True}})
     assert r.final.spec_stats.rounds > 0, r
+    u.assert_matches_reference(
+        prompt, types.SimpleNamespace(ids=list(first.ids) + list(r.ids)),
+        len(first.ids) + 12, ignore_eos=True)
     info = c.call(GET_SESSION, session_id=sid)
     assert u.enum_name(info, "mode") == "SPECULATIVE"
     assert u.enum_name(info.last_gate_decision, "mode") == "SPECULATIVE"

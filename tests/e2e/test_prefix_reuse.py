@@ -47,7 +47,9 @@ class Histories:
         self.sources = {}  # key -> (list of token tuples, draft)
 
     def needs_draft(self, spec, session):
-        return self.has_mtp and (spec or session)
+        # Draft state only for turns that ask for speculation (a session's
+        # later turn that does is promoted: rebuilt, not resumed).
+        return self.has_mtp and spec
 
     def predict(self, prompt, need_draft):
         best = 0
