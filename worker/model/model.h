@@ -355,6 +355,19 @@ class Model {
   // bit-identical to decoding tokens[0..j] one by one.
   absl::Status Verify(ModelState* state, absl::Span<const int32_t> tokens,
                       ForwardResult* out);
+  // Verify of columns[i] on states[i] for several distinct sessions in one
+  // trunk pass (at most kMaxRows columns in all; each session's count within
+  // its max_verify_columns): the matmuls and the lm_head run once over all
+  // columns, attention / conv / the delta rule per session on its own
+  // caches and captures. out[i] and session i's pending verify are
+  // bit-identical to Verify(states[i], columns[i]) alone (row invariance);
+  // each is then committed or discarded on its own. CopyLogitsRow and
+  // SampleRows address the pass's rows in order: session i's column j is
+  // row (columns of sessions before i) + j. All-or-nothing checks before
+  // anything runs, with Verify's and DecodeBatch's codes.
+  absl::Status VerifyBatch(absl::Span<ModelState* const> states,
+                           absl::Span<const std::vector<int32_t>> columns,
+                           absl::Span<ForwardResult* const> out);
   // Keeps columns 0..column of the pending Verify: the recurrent and conv
   // states become column `column`'s, length += column+1 (the KV rows past
   // that are dropped). Ends the pending Verify.

@@ -1,0 +1,170 @@
+// VerifyBatch (several sessions' verify columns in one trunk pass) against
+// Verify of each session alone, on every tiny model in tests/models and the
+// default model, on the backend the target links (verify_batch_test on the
+// CPU, verify_batch_cuda_test on CUDA device 0): logits, hidden, argmax and
+// every column's captured linear states byte for byte; after committing a
+// column per session the sessions continue identically; bad batches are
+// refused before anything runs.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/model/model.h"
+#include "worker/model/model_test_fixture.h"
+#include "worker/model/test_data.h"
+
+namespace specserve::model {
+namespace {
+
+using testing::SameBytes;
+
+std::vector<std::string> ModelParams() {
+  std::vector<std::string> p = testing::TestModelDirs();
+  p.push_back("models/specserve-tiny-py");
+  return p;
+}
+
+class VerifyBatchTest : public testing::ModelTest {
+ protected:
+  VerifyBatchTest()
+      : ModelTest({.seed = 20261202, .capacity = 96, .verify_columns = 9}) {}
+
+  void Prefill(ModelState* s, const std::vector<int32_t>& prompt) {
+    if (prompt.empty()) return;
+    ForwardResult r;
+    ASSERT_TRUE(model_->Prefill(s, prompt, {}, &r).ok());
+  }
+};
+
+TEST_P(VerifyBatchTest, EqualsVerifyOfEachSessionAlone) {
+  for (int n = 1; n <= 7; ++n) {
+    SCOPED_TRACE("sessions " + std::to_string(n));
+    std::vector<std::unique_ptr<ModelState>> batched, alone;
+    std::vector<ModelState*> all;
+    std::vector<std::vector<int32_t>> columns;
+    for (int i = 0; i < n; ++i) {
+      // Mixed lengths and column counts (k + 1 = 1..9, a different k per
+      // session), including an empty session now and then.
+      const int len = (i == 2 ? 0 : 1 + static_cast<int>(rng_() % 40));
+      const std::vector<int32_t> prompt = RandomTokens(len);
+      batched.push_back(NewState());
+      alone.push_back(NewState());
+      Prefill(batched.back().get(), prompt);
+      Prefill(alone.back().get(), prompt);
+      all.push_back(batched.back().get());
+      columns.push_back(RandomTokens(1 + static_cast<int>(rng_() % 9)));
+    }
+    std::vector<ForwardResult> got(n);
+    std::vector<ForwardResult*> outs;
+    for (ForwardResult& r : got) outs.push_back(&r);
+    ASSERT_TRUE(model_->VerifyBatch(all, columns, outs).ok());
+    for (int i = 0; i < n; ++i) {
+      SCOPED_TRACE("session " + std::to_string(i));
+      ForwardResult want;
+      ASSERT_TRUE(model_->Verify(alone[i].get(), columns[i], &want).ok());
+      EXPECT_EQ(got[i].rows, want.rows);
+      EXPECT_EQ(got[i].argmax, want.argmax);
+      EXPECT_EQ(got[i].finite, want.finite);
+      EXPECT_TRUE(SameBytes(got[i].logits, want.logits)) << "logits";
+      EXPECT_TRUE(SameBytes(got[i].hidden, want.hidden)) << "hidden";
+      for (int c = 0; c < static_cast<int>(columns[i].size()); ++c) {
+        EXPECT_TRUE(
+            SameBytes(LinearStates(*batched[i], c), LinearStates(*alone[i], c)))
+            << "captured states of column " << c;
+      }
+    }
+    // Each session commits (or discards) on its own and continues as the
+    // one verified alone does.
+    for (int i = 0; i < n; ++i) {
+      const int keep = static_cast<int>(rng_() % (columns[i].size() + 1)) - 1;
+      if (keep < 0) {
+        model_->DiscardVerified(batched[i].get());
+        model_->DiscardVerified(alone[i].get());
+      } else {
+        ASSERT_TRUE(model_->CommitVerified(batched[i].get(), keep).ok());
+        ASSERT_TRUE(model_->CommitVerified(alone[i].get(), keep).ok());
+      }
+      EXPECT_EQ(batched[i]->length(), alone[i]->length());
+      EXPECT_TRUE(
+          SameBytes(LinearStates(*batched[i]), LinearStates(*alone[i])));
+      for (int32_t t : RandomTokens(3)) {
+        ForwardResult a, b;
+        ASSERT_TRUE(model_->Decode(batched[i].get(), t, &a).ok());
+        ASSERT_TRUE(model_->Decode(alone[i].get(), t, &b).ok());
+        EXPECT_TRUE(SameBytes(a.logits, b.logits)) << "continuation";
+      }
+    }
+  }
+}
+
+TEST_P(VerifyBatchTest, CopyLogitsRowAddressesTheWholePass) {
+  auto a = NewState(), b = NewState();
+  Prefill(a.get(), RandomTokens(5));
+  Prefill(b.get(), RandomTokens(7));
+  const std::vector<std::vector<int32_t>> columns = {RandomTokens(2),
+                                                     RandomTokens(3)};
+  ForwardResult ra, rb;
+  ra.want_logits = rb.want_logits = true;
+  std::vector<ModelState*> states = {a.get(), b.get()};
+  std::vector<ForwardResult*> outs = {&ra, &rb};
+  ASSERT_TRUE(model_->VerifyBatch(states, columns, outs).ok());
+  // Session b's column 1 is the pass's row 2 + 1.
+  std::vector<float> row;
+  ASSERT_TRUE(model_->CopyLogitsRow(3, &row).ok());
+  EXPECT_TRUE(SameBytes(row, rb.logits.data() + V_, V_));
+  EXPECT_FALSE(model_->CopyLogitsRow(5, &row).ok());
+  model_->DiscardVerified(a.get());
+  model_->DiscardVerified(b.get());
+}
+
+TEST_P(VerifyBatchTest, BadBatchesAreRefusedBeforeAnythingRuns) {
+  auto a = NewState(), b = NewState();
+  Prefill(a.get(), RandomTokens(4));
+  Prefill(b.get(), RandomTokens(4));
+  const std::vector<float> before = LinearStates(*a);
+  ForwardResult ra, rb;
+  std::vector<ForwardResult*> outs = {&ra, &rb};
+  auto run = [&](std::vector<ModelState*> states,
+                 std::vector<std::vector<int32_t>> columns) {
+    return model_->VerifyBatch(states, columns, outs).code();
+  };
+  EXPECT_EQ(run({a.get(), a.get()}, {{1}, {2}}),
+            absl::StatusCode::kInvalidArgument);  // twice
+  EXPECT_EQ(run({a.get(), b.get()}, {{1}, {}}),
+            absl::StatusCode::kInvalidArgument);  // no columns
+  EXPECT_EQ(run({a.get(), b.get()}, {{1}, RandomTokens(10)}),
+            absl::StatusCode::kInvalidArgument);  // past max_verify_columns
+  EXPECT_EQ(run({a.get(), b.get()}, {{1}, {V_}}),
+            absl::StatusCode::kInvalidArgument);  // id outside the vocabulary
+  ForwardResult pending;
+  ASSERT_TRUE(model_->Verify(b.get(), {3}, &pending).ok());
+  EXPECT_EQ(run({a.get(), b.get()}, {{1}, {2}}),
+            absl::StatusCode::kFailedPrecondition);
+  model_->DiscardVerified(b.get());
+  // Nothing ran on a: no pending verify, its states untouched.
+  EXPECT_EQ(a->verified_columns(), 0);
+  EXPECT_TRUE(SameBytes(LinearStates(*a), before));
+  // More columns in all than one pass holds.
+  std::vector<std::unique_ptr<ModelState>> many;
+  std::vector<ModelState*> states;
+  std::vector<std::vector<int32_t>> columns;
+  std::vector<ForwardResult> results(Model::kMaxRows / 9 + 1);
+  std::vector<ForwardResult*> many_outs;
+  for (ForwardResult& r : results) {
+    many.push_back(NewState());
+    Prefill(many.back().get(), RandomTokens(2));
+    states.push_back(many.back().get());
+    columns.push_back(RandomTokens(9));
+    many_outs.push_back(&r);
+  }
+  EXPECT_EQ(model_->VerifyBatch(states, columns, many_outs).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, VerifyBatchTest,
+                         ::testing::ValuesIn(ModelParams()),
+                         testing::PathParamName);
+
+}  // namespace
+}  // namespace specserve::model
