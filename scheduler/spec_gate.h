@@ -20,10 +20,10 @@
 //   per-position acceptance, is used only to extrapolate to another k
 //   (ChooseK), with `a` fitted so the model reproduces r at the measured k.
 //   Cost. With b sessions on the worker, plain decode gives every session one
-//   token per batched step of D(b) seconds. Speculative sessions' verifies run
-//   one after another (conservative: the worker may batch them, which only
-//   makes speculation cheaper), so each session gets E tokens per b·V(k+1)
-//   seconds, V(c) = a verify of c columns at batch 1 (WorkerInfo reports no
+//   token per batched step of D(b) seconds. Speculative sessions' rounds are
+//   charged as if they ran one after another (conservative: the worker
+//   batches their verifies, which only makes speculation cheaper), so each
+//   session gets E tokens per b·V(k+1) seconds, V(c) = a verify of c columns at batch 1 (WorkerInfo reports no
 //   separate draft cost: its V is a whole round, k draft steps + the verify +
 //   the MTP fill, measured while serving: worker/spec/live_step_costs.h).
 //   Hence

@@ -133,6 +133,89 @@ absl::Status ModelExecutor::DrawRows(const std::vector<Step*>& steps,
   return absl::OkStatus();
 }
 
+absl::Status ModelExecutor::Verify(
+    model::ModelState* state, const std::vector<int32_t>& columns,
+    model::ForwardResult* out,
+    const std::function<absl::Status(int row0)>& while_held) {
+  VerifyStep mine{state, &columns, out, while_held ? &while_held : nullptr};
+  absl::MutexLock lock(&queue_mu_);
+  verify_queue_.push_back(&mine);
+  while (!mine.done) {
+    if (verify_leader_active_) {
+      auto cond = [this, &mine]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
+        return mine.done || !verify_leader_active_;
+      };
+      queue_mu_.Await(absl::Condition(&cond));
+      continue;
+    }
+    // Lead one pass. The batch is taken once the model is held: verifies
+    // queued while the leader waited for it (other sessions drafting)
+    // join, in order, while their columns fit.
+    verify_leader_active_ = true;
+    queue_mu_.Unlock();
+    std::vector<VerifyStep*> batch;
+    {
+      absl::MutexLock model_lock(&model_mu_);
+      {
+        absl::MutexLock q(&queue_mu_);
+        int rows = 0;
+        while (!verify_queue_.empty()) {
+          const int n =
+              static_cast<int>(verify_queue_.front()->columns->size());
+          if (!batch.empty() && rows + n > model::Model::kMaxRows) break;
+          batch.push_back(verify_queue_.front());
+          verify_queue_.pop_front();
+          rows += n;
+        }
+      }
+      RunVerifies(batch);
+    }
+    queue_mu_.Lock();
+    for (VerifyStep* v : batch) v->done = true;
+    ++stats_.verify_passes;
+    stats_.verifies += batch.size();
+    verify_leader_active_ = false;
+  }
+  return mine.status;
+}
+
+void ModelExecutor::RunVerifies(const std::vector<VerifyStep*>& batch) {
+  absl::Status status;
+  if (batch.size() == 1) {
+    // Alone: Verify, which replays a recorded step where the backend can.
+    status = model_->Verify(batch[0]->state, *batch[0]->columns, batch[0]->out);
+  } else {
+    std::vector<model::ModelState*> states;
+    std::vector<std::vector<int32_t>> columns;
+    std::vector<model::ForwardResult*> outs;
+    for (VerifyStep* v : batch) {
+      states.push_back(v->state);
+      columns.push_back(*v->columns);
+      outs.push_back(v->out);
+    }
+    status = model_->VerifyBatch(states, columns, outs);
+    if (!status.ok()) {
+      // One bad verify must not fail its batch-mates: VerifyBatch checks
+      // everything before running anything, so each runs alone now.
+      for (VerifyStep* v : batch) {
+        v->status = model_->Verify(v->state, *v->columns, v->out);
+        if (v->status.ok() && v->while_held != nullptr) {
+          v->status = (*v->while_held)(0);
+        }
+      }
+      return;
+    }
+  }
+  int row0 = 0;
+  for (VerifyStep* v : batch) {
+    v->status = status;
+    if (status.ok() && v->while_held != nullptr) {
+      v->status = (*v->while_held)(row0);
+    }
+    row0 += static_cast<int>(v->columns->size());
+  }
+}
+
 ModelExecutor::Stats ModelExecutor::stats() const {
   absl::MutexLock lock(&queue_mu_);
   return stats_;

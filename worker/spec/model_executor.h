@@ -1,6 +1,7 @@
 // Serializes a worker's use of its one Model (forward calls share the model's
 // workspace and backend) and batches concurrent plain-decode steps of
-// different sessions into one DecodeBatch pass.
+// different sessions into one DecodeBatch pass, and concurrent verifies of
+// different sessions' speculative rounds into one VerifyBatch pass.
 //
 // Batching is by combining: a caller of Decode() queues its step; whoever
 // finds no batch running becomes the leader, takes the model, and runs every
@@ -44,9 +45,22 @@ class ModelExecutor {
   absl::Status Decode(model::ModelState* state, int32_t token,
                       model::ForwardResult* out);
 
+  // The verify of one speculative round on `state` (Model::Verify),
+  // batched with concurrent callers' verifies by the same combining; its
+  // pending verify is the caller's to commit or discard. `while_held`
+  // (optional) runs right after the pass with the model still held, given
+  // the row of the pass's first column of this verify (for Model::SampleRows
+  // over the pass's logits); its error is this call's.
+  absl::Status Verify(model::ModelState* state,
+                      const std::vector<int32_t>& columns,
+                      model::ForwardResult* out,
+                      const std::function<absl::Status(int row0)>& while_held);
+
   struct Stats {
-    uint64_t batches = 0;  // DecodeBatch passes run
-    uint64_t steps = 0;    // decode steps they carried
+    uint64_t batches = 0;        // DecodeBatch passes run
+    uint64_t steps = 0;          // decode steps they carried
+    uint64_t verify_passes = 0;  // Verify / VerifyBatch passes run
+    uint64_t verifies = 0;       // verifies they carried
     uint64_t exclusive = 0;
   };
   Stats stats() const;
@@ -67,6 +81,19 @@ class ModelExecutor {
                         const std::vector<int32_t>& rows)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(model_mu_);
 
+  struct VerifyStep {
+    model::ModelState* state;
+    const std::vector<int32_t>* columns;
+    model::ForwardResult* out;
+    const std::function<absl::Status(int)>* while_held;
+    absl::Status status;
+    bool done = false;
+  };
+  // Runs `batch` (total columns <= Model::kMaxRows) as one pass and its
+  // while_held calls; sets each step's status.
+  void RunVerifies(const std::vector<VerifyStep*>& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(model_mu_);
+
   model::Model* const model_;
   LiveStepCosts* live_costs_ = nullptr;
   // Held for every forward call.
@@ -75,6 +102,8 @@ class ModelExecutor {
   mutable absl::Mutex queue_mu_;
   std::deque<Step*> queue_ ABSL_GUARDED_BY(queue_mu_);
   bool leader_active_ ABSL_GUARDED_BY(queue_mu_) = false;
+  std::deque<VerifyStep*> verify_queue_ ABSL_GUARDED_BY(queue_mu_);
+  bool verify_leader_active_ ABSL_GUARDED_BY(queue_mu_) = false;
   Stats stats_ ABSL_GUARDED_BY(queue_mu_);
 };
 

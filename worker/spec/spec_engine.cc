@@ -332,22 +332,17 @@ absl::Status SpecEngine::PlainStep(SpecSession* s, const BurstCtx& b,
   return absl::OkStatus();
 }
 
-absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
-                                     std::vector<int32_t>* emitted,
-                                     std::vector<TokenLogprobs>* logprobs) {
+absl::Status SpecEngine::DraftLocked(SpecSession* s, const BurstCtx& b, int k,
+                                     std::vector<int32_t>* drafts) {
   const BurstParams& p = b.params;
-  const int H = model_->config().hidden_size;
   const int32_t x = *s->pending_tok;
   const int L = s->committed_len();
-  const bool greedy = p.sampling.greedy();
   // The drafts attend over every MTP row before L−1.
   SS_RETURN_IF_ERROR(FlushMtpLocked(s));
-
   // Draft k tokens: step 1 reads (h_{L−1}, x) at position L−1; step j+1 the
   // head's own output hidden and d_j.
   // Sampled: draft d_{i+1}, the token at index L+1+i, is drawn from the
   // head's distribution at that position's uniform (spec_accept.h).
-  std::vector<int32_t> drafts;
   std::vector<float> h = s->last_hidden();
   int32_t tok = x;
   for (int i = 0; i < k; ++i) {
@@ -355,7 +350,7 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
     d.want_logits = false;
     SS_RETURN_IF_ERROR(model_->MtpDraft(s->caches(), h, tok, L - 1 + i, &d));
     if (!d.AllFinite()) return NonFinite(s->id());
-    if (greedy) {
+    if (p.sampling.greedy()) {
       tok = d.argmax[0];
     } else {
       std::vector<int32_t> drawn;
@@ -363,44 +358,75 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
           {0}, {p.sampling}, {PositionUniform(p.seed, L + 1 + i)}, &drawn));
       tok = drawn[0];
     }
-    drafts.push_back(tok);
+    drafts->push_back(tok);
     h = std::move(d.hidden);
   }
+  return absl::OkStatus();
+}
 
-  // Verify [x, d_1..d_k] in one trunk pass.
-  std::vector<int32_t> columns = {x};
+absl::Status SpecEngine::Round(SpecSession* s, const BurstCtx& b, int k,
+                               std::vector<int32_t>* emitted,
+                               std::vector<TokenLogprobs>* logprobs) {
+  const BurstParams& p = b.params;
+  const int L = s->committed_len();
+  const bool greedy = p.sampling.greedy();
+  std::vector<int32_t> drafts;
+  SS_RETURN_IF_ERROR(
+      executor_->Exclusive([&] { return DraftLocked(s, b, k, &drafts); }));
+
+  // Verify [x, d_1..d_k] in one trunk pass, with other sessions' verifies.
+  std::vector<int32_t> columns = {*s->pending_tok};
   columns.insert(columns.end(), drafts.begin(), drafts.end());
   // No logits come back unless logprobs are asked: greedy needs the argmax
-  // only, and a sampled round draws its targets on the backend.
+  // only, and a sampled round draws its targets on the backend, from the
+  // pass's logits while they are still in the workspace: column j's draw
+  // is the token at index L+1+j, all k+1 in one call (row-invariant).
   model::ForwardResult v;
   v.want_logits = p.logprobs.has_value();
-  SS_RETURN_IF_ERROR(model_->Verify(s->caches(), columns, &v));
+  std::vector<int32_t> target;
+  std::function<absl::Status(int)> draw;
+  if (!greedy) {
+    draw = [&](int row0) -> absl::Status {
+      std::vector<int32_t> rows(k + 1);
+      std::vector<float> uniforms(k + 1);
+      for (int j = 0; j <= k; ++j) {
+        rows[j] = row0 + j;
+        uniforms[j] = PositionUniform(p.seed, L + 1 + j);
+      }
+      const std::vector<sampling::SamplingConfig> configs(k + 1, p.sampling);
+      return model_->SampleRows(rows, configs, uniforms, &target);
+    };
+  }
+  absl::Status verified = executor_->Verify(s->caches(), columns, &v, draw);
+  if (s->caches()->verified_columns() == 0) return verified;  // never ran
   ++trunk_passes_;
-  if (b.Injects(k + 1) || !v.AllFinite()) {
-    model_->DiscardVerified(s->caches());
-    return NonFinite(s->id());
+  if (verified.ok() && (b.Injects(k + 1) || !v.AllFinite())) {
+    verified = NonFinite(s->id());
   }
+  if (!verified.ok()) {
+    executor_
+        ->Exclusive([&] {
+          model_->DiscardVerified(s->caches());
+          return absl::OkStatus();
+        })
+        .IgnoreError();
+    return verified;
+  }
+  const RoundOutcome out = AcceptRound(drafts, greedy ? v.argmax : target);
+  return executor_->Exclusive(
+      [&] { return AcceptLocked(s, b, columns, v, out, emitted, logprobs); });
+}
 
-  RoundOutcome out;
-  if (greedy) {
-    out = AcceptRound(drafts, v.argmax);
-  } else {
-    // The verify's logits are still in the model's workspace: column j's
-    // draw is the token at index L+1+j, all k+1 in one call (row-invariant).
-    std::vector<int32_t> rows(k + 1), target;
-    std::vector<float> uniforms(k + 1);
-    for (int j = 0; j <= k; ++j) {
-      rows[j] = j;
-      uniforms[j] = PositionUniform(p.seed, L + 1 + j);
-    }
-    const std::vector<sampling::SamplingConfig> configs(k + 1, p.sampling);
-    absl::Status st = model_->SampleRows(rows, configs, uniforms, &target);
-    if (!st.ok()) {
-      model_->DiscardVerified(s->caches());
-      return st;
-    }
-    out = AcceptRound(drafts, target);
-  }
+absl::Status SpecEngine::AcceptLocked(SpecSession* s, const BurstCtx& b,
+                                      const std::vector<int32_t>& columns,
+                                      const model::ForwardResult& v,
+                                      const RoundOutcome& out,
+                                      std::vector<int32_t>* emitted,
+                                      std::vector<TokenLogprobs>* logprobs) {
+  const BurstParams& p = b.params;
+  const int H = model_->config().hidden_size;
+  const int L = s->committed_len();
+  const int k = static_cast<int>(columns.size()) - 1;
   const int n = out.accepted;
   SS_RETURN_IF_ERROR(model_->CommitVerified(s->caches(), n));
 
@@ -408,7 +434,7 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
   // refresh them from the verify's true hiddens (row L−1 was already true).
   std::vector<float> true_h(v.hidden.begin(),
                             v.hidden.begin() + static_cast<size_t>(n) * H);
-  std::vector<int32_t> next(drafts.begin(), drafts.begin() + n);
+  std::vector<int32_t> next(columns.begin() + 1, columns.begin() + 1 + n);
   SS_RETURN_IF_ERROR(model_->TruncateMtp(s->caches(), L));
   SS_RETURN_IF_ERROR(FillMtpLocked(s, L, true_h, next));
 
@@ -421,7 +447,7 @@ absl::Status SpecEngine::RoundLocked(SpecSession* s, const BurstCtx& b, int k,
   s->last_logits().clear();
   s->pending_tok = out.bonus;
   s->telem.RecordRound(k, n);
-  emitted->assign(drafts.begin(), drafts.begin() + n);
+  emitted->assign(columns.begin() + 1, columns.begin() + 1 + n);
   emitted->push_back(out.bonus);
   if (p.logprobs) {
     // Emitted token j was chosen from column j, whose logits are those
@@ -543,15 +569,14 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(
     std::vector<int32_t> emitted;
     std::vector<TokenLogprobs> logprobs;
     if (k > 0) {
-      SS_RETURN_IF_ERROR(executor_->Exclusive([&] {
-        // Timed with the model held: the round's own cost, not the wait.
-        const absl::Time t0 = absl::Now();
-        SS_RETURN_IF_ERROR(RoundLocked(s, b, k, &emitted, &logprobs));
-        if (LiveStepCosts* costs = executor_->live_costs()) {
-          costs->RecordRound(k + 1, absl::ToDoubleSeconds(absl::Now() - t0));
-        }
-        return absl::OkStatus();
-      }));
+      // Timed as a whole, waits for the model included (rounds batched
+      // with others share their verify pass): what a round costs this
+      // session as served.
+      const absl::Time t0 = absl::Now();
+      SS_RETURN_IF_ERROR(Round(s, b, k, &emitted, &logprobs));
+      if (LiveStepCosts* costs = executor_->live_costs()) {
+        costs->RecordRound(k + 1, absl::ToDoubleSeconds(absl::Now() - t0));
+      }
     } else {
       int32_t next;
       SS_RETURN_IF_ERROR(PlainStep(s, b, &next, &logprobs));

@@ -157,10 +157,21 @@ class SpecEngine {
                          std::vector<TokenLogprobs>* logprobs);
   // One speculative round with draft depth k: emits accepted drafts and the
   // bonus into `emitted`, with their logprobs from the verify columns that
-  // chose them when the burst asks. Requires the model lock.
-  absl::Status RoundLocked(SpecSession* s, const BurstCtx& b, int k,
-                           std::vector<int32_t>* emitted,
-                           std::vector<TokenLogprobs>* logprobs);
+  // chose them when the burst asks. Three steps, each with the model held
+  // only for itself: the drafts; the verify, batched with other sessions'
+  // rounds (ModelExecutor::Verify); the accept, commit and MTP refresh.
+  absl::Status Round(SpecSession* s, const BurstCtx& b, int k,
+                     std::vector<int32_t>* emitted,
+                     std::vector<TokenLogprobs>* logprobs);
+  // The round's steps (the model held).
+  absl::Status DraftLocked(SpecSession* s, const BurstCtx& b, int k,
+                           std::vector<int32_t>* drafts);
+  absl::Status AcceptLocked(SpecSession* s, const BurstCtx& b,
+                            const std::vector<int32_t>& columns,
+                            const model::ForwardResult& v,
+                            const RoundOutcome& out,
+                            std::vector<int32_t>* emitted,
+                            std::vector<TokenLogprobs>* logprobs);
   absl::Status SaveCheckpointLocked(SpecSession* s);
   // Writes the MTP rows the session's plain steps owe (DeferredMtp).
   absl::Status FlushMtpLocked(SpecSession* s);

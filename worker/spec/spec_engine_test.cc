@@ -8,6 +8,7 @@
 // spec_engine_cuda_test on CUDA device 0 (the same properties on the GPU).
 #include "worker/spec/spec_engine.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -546,6 +547,112 @@ TEST_P(SpecEngineTest, ExecutorBatchesStepsWithAndWithoutLogits) {
       EXPECT_TRUE(got[i].logits.empty()) << "session " << i;
     }
   }
+}
+
+// Speculative sessions on one engine at once (greedy and sampled, a
+// different k each, several bursts): their rounds' verifies are batched into
+// shared passes, and every session's tokens equal the same session run
+// alone on a fresh engine.
+TEST_P(SpecEngineTest, ConcurrentRoundsShareVerifyPassesExactly) {
+  constexpr int kSessions = 5;
+  constexpr int kCapacity = 256;
+  std::mt19937 rng(57);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<BurstParams> params;
+  for (int i = 0; i < kSessions; ++i) {
+    prompts.push_back(RandomTokens(&rng, 4 + i, vocab_));
+    BurstParams p;
+    p.k = 1 + i % 4;
+    p.max_new = 9;
+    if (i % 2 == 1) {
+      p.sampling.temperature = 0.8f;
+      p.seed = 100 + i;
+    }
+    params.push_back(p);
+  }
+  auto run = [&](SpecEngine* engine, int i, std::vector<int32_t>* out) {
+    auto s = engine->Admit("s" + std::to_string(i), kCapacity, prompts[i]);
+    ASSERT_TRUE(s.ok()) << s.status();
+    if (!(*s)->can_draft()) return;
+    for (int burst = 0; burst < 4; ++burst) {
+      Collected got;
+      auto r = engine->RunBurst(s->get(), params[i], got.fn());
+      ASSERT_TRUE(r.ok()) << r.status();
+      out->insert(out->end(), got.tokens.begin(), got.tokens.end());
+    }
+  };
+  ModelExecutor shared_executor(model_.get());
+  SpecEngine shared(&shared_executor);
+  std::vector<std::vector<int32_t>> together(kSessions);
+  {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kSessions; ++i) {
+      threads.emplace_back([&, i] { run(&shared, i, &together[i]); });
+    }
+    for (auto& t : threads) t.join();
+  }
+  if (together[0].empty()) GTEST_SKIP() << "no MTP head";
+  for (int i = 0; i < kSessions; ++i) {
+    ModelExecutor executor(model_.get());
+    SpecEngine alone(&executor);
+    std::vector<int32_t> want;
+    run(&alone, i, &want);
+    EXPECT_EQ(together[i], want) << "session " << i;
+  }
+  EXPECT_GT(shared_executor.stats().verifies, 0u);
+}
+
+// Verifies queued while the model is busy run as one pass (the batch is
+// taken once the leader holds the model), each bit-identical to its
+// session's verify alone.
+TEST_P(SpecEngineTest, ExecutorBatchesQueuedVerifies) {
+  if (!model_->has_mtp()) GTEST_SKIP() << "no MTP head";
+  ModelExecutor executor(model_.get());
+  constexpr int kSessions = 5;
+  std::mt19937 rng(19);
+  std::vector<std::unique_ptr<model::ModelState>> batched, alone;
+  std::vector<std::vector<int32_t>> columns;
+  for (int i = 0; i < kSessions; ++i) {
+    const std::vector<int32_t> prompt = RandomTokens(&rng, 3 + i, vocab_);
+    for (auto* v : {&batched, &alone}) {
+      v->push_back(
+          model_->NewState({.capacity = 64, .max_verify_columns = 9}).value());
+      model::ForwardResult r;
+      ASSERT_TRUE(model_->Prefill(v->back().get(), prompt, {}, &r).ok());
+    }
+    columns.push_back(RandomTokens(&rng, 1 + i, vocab_));
+  }
+  std::vector<model::ForwardResult> got(kSessions);
+  std::vector<absl::Status> status(kSessions);
+  std::vector<std::thread> threads;
+  // The model is held while every session queues its verify: the first
+  // caller leads and waits for the model, the others queue behind it.
+  ASSERT_TRUE(executor
+                  .Exclusive([&] {
+                    for (int i = 0; i < kSessions; ++i) {
+                      got[i].want_logits = true;
+                      threads.emplace_back([&, i] {
+                        status[i] = executor.Verify(
+                            batched[i].get(), columns[i], &got[i], nullptr);
+                      });
+                    }
+                    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kSessions; ++i) {
+    ASSERT_TRUE(status[i].ok()) << status[i];
+    model::ForwardResult want;
+    want.want_logits = true;
+    ASSERT_TRUE(model_->Verify(alone[i].get(), columns[i], &want).ok());
+    EXPECT_EQ(got[i].argmax, want.argmax) << "session " << i;
+    EXPECT_EQ(got[i].hidden, want.hidden) << "session " << i;
+    EXPECT_EQ(got[i].logits, want.logits) << "session " << i;
+  }
+  const ModelExecutor::Stats stats = executor.stats();
+  EXPECT_EQ(stats.verifies, static_cast<uint64_t>(kSessions));
+  EXPECT_LT(stats.verify_passes, stats.verifies) << "no verify was batched";
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, SpecEngineTest,
