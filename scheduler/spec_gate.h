@@ -23,10 +23,10 @@
 //   token per batched step of D(b) seconds. Speculative sessions' rounds are
 //   charged as if they ran one after another (conservative: the worker
 //   batches their verifies, which only makes speculation cheaper), so each
-//   session gets E tokens per b·V(k+1) seconds, V(c) = a verify of c columns at batch 1 (WorkerInfo reports no
-//   separate draft cost: its V is a whole round, k draft steps + the verify +
-//   the MTP fill, measured while serving: worker/spec/live_step_costs.h).
-//   Hence
+//   session gets E tokens per b·V(k+1) seconds, V(c) = a verify of c columns at
+//   batch 1 (WorkerInfo reports no separate draft cost: its V is a whole round,
+//   k draft steps + the verify + the MTP fill, measured while serving:
+//   worker/spec/live_step_costs.h). Hence
 //     verify_cost_ratio = b·V(k+1) / D(b)   (a round's cost in plain steps)
 //     speculation pays  ⇔  E > verify_cost_ratio  ⇔  gain = E / ratio > 1.
 //   Costs past the end of a worker's table are extrapolated linearly from its
