@@ -467,6 +467,17 @@ class Model {
   // out->hidden, the drafted token and position + 1.
   absl::Status MtpDraft(ModelState* state, absl::Span<const float> hidden,
                         int32_t token, int position, ForwardResult* out);
+  // One draft step of each of several distinct sessions in one MTP pass:
+  // session i reads hiddens[i] ([H]) and tokens[i] at positions[i], as
+  // MtpDraft(states[i], hiddens[i], tokens[i], positions[i]) would, bit for
+  // bit (row invariance), the fc, the layer's matmuls and the lm_head run
+  // once over all rows; out[i] gets row i (CopyLogitsRow / SampleRows: row i
+  // of the pass). All-or-nothing checks, with MtpForward's codes.
+  absl::Status MtpDraftBatch(absl::Span<ModelState* const> states,
+                             absl::Span<const std::vector<float>> hiddens,
+                             absl::Span<const int32_t> tokens,
+                             absl::Span<const int> positions,
+                             absl::Span<ForwardResult* const> out);
   // Drops MTP rows >= rows (mtp_length = min(mtp_length, rows)), e.g. the
   // chain's draft rows before refilling them from true trunk hiddens.
   absl::Status TruncateMtp(ModelState* state, int rows) const;

@@ -1,10 +1,13 @@
-// VerifyBatch (several sessions' verify columns in one trunk pass) against
-// Verify of each session alone, on every tiny model in tests/models and the
-// default model, on the backend the target links (verify_batch_test on the
-// CPU, verify_batch_cuda_test on CUDA device 0): logits, hidden, argmax and
-// every column's captured linear states byte for byte; after committing a
-// column per session the sessions continue identically; bad batches are
-// refused before anything runs.
+// The batched passes of speculative rounds against the same pass of each
+// session alone, on every tiny model in tests/models and the default model,
+// on the backend the target links (verify_batch_test on the CPU,
+// verify_batch_cuda_test on CUDA device 0):
+//  - VerifyBatch (several sessions' verify columns in one trunk pass):
+//    logits, hidden, argmax and every column's captured linear states byte
+//    for byte; after committing a column per session the sessions continue
+//    identically; bad batches are refused before anything runs;
+//  - MtpDraftBatch (one draft step of several sessions in one MTP pass):
+//    chained draft steps equal MtpDraft alone, byte for byte.
 #include <memory>
 #include <string>
 #include <vector>
@@ -159,6 +162,85 @@ TEST_P(VerifyBatchTest, BadBatchesAreRefusedBeforeAnythingRuns) {
     many_outs.push_back(&r);
   }
   EXPECT_EQ(model_->VerifyBatch(states, columns, many_outs).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(VerifyBatchTest, MtpDraftBatchEqualsMtpDraftAlone) {
+  if (!model_->has_mtp()) GTEST_SKIP() << "no MTP head";
+  constexpr int kSessions = 6;
+  std::vector<std::unique_ptr<ModelState>> batched, alone;
+  std::vector<std::vector<float>> h_batched, h_alone;
+  std::vector<int32_t> tok_batched, tok_alone;
+  std::vector<int> pos;
+  for (int i = 0; i < kSessions; ++i) {
+    const std::vector<int32_t> prompt = RandomTokens(2 + 5 * i);
+    for (auto* v : {&batched, &alone}) {
+      v->push_back(NewState());
+      ForwardResult r;
+      ASSERT_TRUE(
+          model_->Prefill(v->back().get(), prompt, {.all_rows = true}, &r)
+              .ok());
+      const int n = static_cast<int>(prompt.size()) - 1;
+      ASSERT_TRUE(model_
+                      ->MtpForward(v->back().get(),
+                                   absl::MakeConstSpan(r.hidden.data(), n * H_),
+                                   absl::MakeConstSpan(prompt.data() + 1, n), 0,
+                                   nullptr)
+                      .ok());
+      if (v == &batched) {
+        h_batched.emplace_back(r.hidden.end() - H_, r.hidden.end());
+        h_alone.emplace_back(r.hidden.end() - H_, r.hidden.end());
+      }
+    }
+    const int32_t t = RandomTokens(1)[0];
+    tok_batched.push_back(t);
+    tok_alone.push_back(t);
+    pos.push_back(static_cast<int>(prompt.size()) - 1);
+  }
+  std::vector<ModelState*> states;
+  for (auto& s : batched) states.push_back(s.get());
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE("draft step " + std::to_string(step));
+    std::vector<ForwardResult> got(kSessions);
+    std::vector<ForwardResult*> outs;
+    for (ForwardResult& r : got) {
+      r.want_logits = true;
+      outs.push_back(&r);
+    }
+    ASSERT_TRUE(
+        model_->MtpDraftBatch(states, h_batched, tok_batched, pos, outs).ok());
+    for (int i = 0; i < kSessions; ++i) {
+      ForwardResult want;
+      want.want_logits = true;
+      ASSERT_TRUE(model_
+                      ->MtpDraft(alone[i].get(), h_alone[i], tok_alone[i],
+                                 pos[i], &want)
+                      .ok());
+      EXPECT_EQ(got[i].argmax, want.argmax) << "session " << i;
+      EXPECT_TRUE(SameBytes(got[i].logits, want.logits)) << "session " << i;
+      EXPECT_TRUE(SameBytes(got[i].hidden, want.hidden)) << "session " << i;
+      // Chain: the head's own hidden and drafted token, one row on.
+      h_batched[i] = got[i].hidden;
+      h_alone[i] = want.hidden;
+      tok_batched[i] = got[i].argmax[0];
+      tok_alone[i] = want.argmax[0];
+      ++pos[i];
+    }
+  }
+  // Refusals: a session twice, a position leaving a gap.
+  std::vector<ForwardResult> r(2);
+  std::vector<ForwardResult*> two = {&r[0], &r[1]};
+  std::vector<ModelState*> dup = {states[0], states[0]};
+  EXPECT_EQ(model_
+                ->MtpDraftBatch(dup, {h_batched[0], h_batched[0]}, {1, 2},
+                                {pos[0], pos[0]}, two)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<ModelState*> pair = {states[0], states[1]};
+  EXPECT_EQ(model_
+                ->MtpDraftBatch(pair, {h_batched[0], h_batched[1]}, {1, 2},
+                                {pos[0], pos[1] + 5}, two)
+                .code(),
             absl::StatusCode::kInvalidArgument);
 }
 

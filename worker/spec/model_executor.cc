@@ -133,50 +133,107 @@ absl::Status ModelExecutor::DrawRows(const std::vector<Step*>& steps,
   return absl::OkStatus();
 }
 
-absl::Status ModelExecutor::Verify(
-    model::ModelState* state, const std::vector<int32_t>& columns,
-    model::ForwardResult* out,
-    const std::function<absl::Status(int row0)>& while_held) {
-  VerifyStep mine{state, &columns, out, while_held ? &while_held : nullptr};
+template <typename S, typename RowsOf, typename Run>
+void ModelExecutor::Combine(Combiner<S>* c, S* mine, RowsOf rows_of, Run run,
+                            uint64_t* passes, uint64_t* carried) {
   absl::MutexLock lock(&queue_mu_);
-  verify_queue_.push_back(&mine);
-  while (!mine.done) {
-    if (verify_leader_active_) {
-      auto cond = [this, &mine]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
-        return mine.done || !verify_leader_active_;
-      };
+  c->queue.push_back(mine);
+  while (!mine->done) {
+    if (c->leader_active) {
+      auto cond = [c, mine]() { return mine->done || !c->leader_active; };
       queue_mu_.Await(absl::Condition(&cond));
       continue;
     }
-    // Lead one pass. The batch is taken once the model is held: verifies
-    // queued while the leader waited for it (other sessions drafting)
-    // join, in order, while their columns fit.
-    verify_leader_active_ = true;
+    c->leader_active = true;
     queue_mu_.Unlock();
-    std::vector<VerifyStep*> batch;
+    std::vector<S*> batch;
     {
       absl::MutexLock model_lock(&model_mu_);
       {
         absl::MutexLock q(&queue_mu_);
         int rows = 0;
-        while (!verify_queue_.empty()) {
-          const int n =
-              static_cast<int>(verify_queue_.front()->columns->size());
+        while (!c->queue.empty()) {
+          const int n = rows_of(*c->queue.front());
           if (!batch.empty() && rows + n > model::Model::kMaxRows) break;
-          batch.push_back(verify_queue_.front());
-          verify_queue_.pop_front();
+          batch.push_back(c->queue.front());
+          c->queue.pop_front();
           rows += n;
         }
       }
-      RunVerifies(batch);
+      (this->*run)(batch);
     }
     queue_mu_.Lock();
-    for (VerifyStep* v : batch) v->done = true;
-    ++stats_.verify_passes;
-    stats_.verifies += batch.size();
-    verify_leader_active_ = false;
+    for (S* step : batch) step->done = true;
+    ++*passes;
+    *carried += batch.size();
+    c->leader_active = false;
   }
+}
+
+absl::Status ModelExecutor::Verify(
+    model::ModelState* state, const std::vector<int32_t>& columns,
+    model::ForwardResult* out,
+    const std::function<absl::Status(int row0)>& while_held) {
+  VerifyStep mine{state, &columns, out, while_held ? &while_held : nullptr};
+  Combine(
+      &verifies_, &mine,
+      [](const VerifyStep& v) { return static_cast<int>(v.columns->size()); },
+      &ModelExecutor::RunVerifies, &stats_.verify_passes, &stats_.verifies);
   return mine.status;
+}
+
+absl::Status ModelExecutor::Draft(
+    model::ModelState* state, const std::vector<float>& hidden, int32_t token,
+    int position, model::ForwardResult* out,
+    const std::function<absl::Status(int row)>& while_held) {
+  DraftStep mine{state,    &hidden, token,
+                 position, out,     while_held ? &while_held : nullptr};
+  Combine(
+      &drafts_, &mine, [](const DraftStep&) { return 1; },
+      &ModelExecutor::RunDrafts, &stats_.draft_passes, &stats_.drafts);
+  return mine.status;
+}
+
+void ModelExecutor::RunDrafts(const std::vector<DraftStep*>& batch) {
+  absl::Status status;
+  if (batch.size() == 1) {
+    // Alone: MtpDraft, which replays a recorded step where the backend can.
+    DraftStep* d = batch[0];
+    status =
+        model_->MtpDraft(d->state, *d->hidden, d->token, d->position, d->out);
+  } else {
+    std::vector<model::ModelState*> states;
+    std::vector<std::vector<float>> hiddens;
+    std::vector<int32_t> tokens;
+    std::vector<int> positions;
+    std::vector<model::ForwardResult*> outs;
+    for (DraftStep* d : batch) {
+      states.push_back(d->state);
+      hiddens.push_back(*d->hidden);
+      tokens.push_back(d->token);
+      positions.push_back(d->position);
+      outs.push_back(d->out);
+    }
+    status = model_->MtpDraftBatch(states, hiddens, tokens, positions, outs);
+    if (!status.ok()) {
+      // Checked before anything ran: each alone, with its own status.
+      for (DraftStep* d : batch) {
+        d->status = model_->MtpDraft(d->state, *d->hidden, d->token,
+                                     d->position, d->out);
+        if (d->status.ok() && d->while_held != nullptr) {
+          d->status = (*d->while_held)(0);
+        }
+      }
+      return;
+    }
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    DraftStep* d = batch[i];
+    d->status = status;
+    if (status.ok() && d->while_held != nullptr) {
+      d->status = (*d->while_held)(static_cast<int>(i));
+    }
+  }
 }
 
 void ModelExecutor::RunVerifies(const std::vector<VerifyStep*>& batch) {

@@ -56,11 +56,20 @@ class ModelExecutor {
                       model::ForwardResult* out,
                       const std::function<absl::Status(int row0)>& while_held);
 
+  // One MTP draft step of a speculative round on `state` (Model::MtpDraft),
+  // batched with concurrent callers' draft steps into one MtpDraftBatch
+  // pass. `while_held` as for Verify (given this step's row of the pass).
+  absl::Status Draft(model::ModelState* state, const std::vector<float>& hidden,
+                     int32_t token, int position, model::ForwardResult* out,
+                     const std::function<absl::Status(int row)>& while_held);
+
   struct Stats {
     uint64_t batches = 0;        // DecodeBatch passes run
     uint64_t steps = 0;          // decode steps they carried
     uint64_t verify_passes = 0;  // Verify / VerifyBatch passes run
     uint64_t verifies = 0;       // verifies they carried
+    uint64_t draft_passes = 0;   // MtpDraft / MtpDraftBatch passes run
+    uint64_t drafts = 0;         // draft steps they carried
     uint64_t exclusive = 0;
   };
   Stats stats() const;
@@ -93,6 +102,32 @@ class ModelExecutor {
   // while_held calls; sets each step's status.
   void RunVerifies(const std::vector<VerifyStep*>& batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(model_mu_);
+  struct DraftStep {
+    model::ModelState* state;
+    const std::vector<float>* hidden;
+    int32_t token;
+    int position;
+    model::ForwardResult* out;
+    const std::function<absl::Status(int)>* while_held;
+    absl::Status status;
+    bool done = false;
+  };
+  void RunDrafts(const std::vector<DraftStep*>& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(model_mu_);
+
+  // Combining (the scheme of Decode): a caller queues its step; one that
+  // finds no pass being led leads one. The leader takes the queue once the
+  // model is held, so steps queued while it waited for the model (other
+  // sessions drafting or decoding) join: in order, while their rows fit in
+  // Model::kMaxRows. Returns once a pass carried `mine`.
+  template <typename S>
+  struct Combiner {
+    std::deque<S*> queue;
+    bool leader_active = false;
+  };
+  template <typename S, typename RowsOf, typename Run>
+  void Combine(Combiner<S>* c, S* mine, RowsOf rows_of, Run run,
+               uint64_t* passes, uint64_t* carried);
 
   model::Model* const model_;
   LiveStepCosts* live_costs_ = nullptr;
@@ -102,8 +137,8 @@ class ModelExecutor {
   mutable absl::Mutex queue_mu_;
   std::deque<Step*> queue_ ABSL_GUARDED_BY(queue_mu_);
   bool leader_active_ ABSL_GUARDED_BY(queue_mu_) = false;
-  std::deque<VerifyStep*> verify_queue_ ABSL_GUARDED_BY(queue_mu_);
-  bool verify_leader_active_ ABSL_GUARDED_BY(queue_mu_) = false;
+  Combiner<VerifyStep> verifies_ ABSL_GUARDED_BY(queue_mu_);
+  Combiner<DraftStep> drafts_ ABSL_GUARDED_BY(queue_mu_);
   Stats stats_ ABSL_GUARDED_BY(queue_mu_);
 };
 

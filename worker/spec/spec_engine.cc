@@ -332,32 +332,38 @@ absl::Status SpecEngine::PlainStep(SpecSession* s, const BurstCtx& b,
   return absl::OkStatus();
 }
 
-absl::Status SpecEngine::DraftLocked(SpecSession* s, const BurstCtx& b, int k,
-                                     std::vector<int32_t>* drafts) {
+absl::Status SpecEngine::Drafts(SpecSession* s, const BurstCtx& b, int k,
+                                std::vector<int32_t>* drafts) {
   const BurstParams& p = b.params;
   const int32_t x = *s->pending_tok;
   const int L = s->committed_len();
   // The drafts attend over every MTP row before L−1.
-  SS_RETURN_IF_ERROR(FlushMtpLocked(s));
+  if (!s->deferred_mtp().empty()) {
+    SS_RETURN_IF_ERROR(executor_->Exclusive([&] { return FlushMtpLocked(s); }));
+  }
   // Draft k tokens: step 1 reads (h_{L−1}, x) at position L−1; step j+1 the
-  // head's own output hidden and d_j.
+  // head's own output hidden and d_j; each step batched with other
+  // sessions' draft steps (ModelExecutor::Draft).
   // Sampled: draft d_{i+1}, the token at index L+1+i, is drawn from the
-  // head's distribution at that position's uniform (spec_accept.h).
+  // head's distribution at that position's uniform (spec_accept.h), from
+  // the pass's logits while they are in the workspace.
   std::vector<float> h = s->last_hidden();
   int32_t tok = x;
   for (int i = 0; i < k; ++i) {
     model::ForwardResult d;
     d.want_logits = false;
-    SS_RETURN_IF_ERROR(model_->MtpDraft(s->caches(), h, tok, L - 1 + i, &d));
-    if (!d.AllFinite()) return NonFinite(s->id());
-    if (p.sampling.greedy()) {
-      tok = d.argmax[0];
-    } else {
-      std::vector<int32_t> drawn;
-      SS_RETURN_IF_ERROR(model_->SampleRows(
-          {0}, {p.sampling}, {PositionUniform(p.seed, L + 1 + i)}, &drawn));
-      tok = drawn[0];
+    std::vector<int32_t> drawn;
+    std::function<absl::Status(int)> draw;
+    if (!p.sampling.greedy()) {
+      draw = [&](int row) {
+        return model_->SampleRows({row}, {p.sampling},
+                                  {PositionUniform(p.seed, L + 1 + i)}, &drawn);
+      };
     }
+    SS_RETURN_IF_ERROR(
+        executor_->Draft(s->caches(), h, tok, L - 1 + i, &d, draw));
+    if (!d.AllFinite()) return NonFinite(s->id());
+    tok = p.sampling.greedy() ? d.argmax[0] : drawn[0];
     drafts->push_back(tok);
     h = std::move(d.hidden);
   }
@@ -371,8 +377,7 @@ absl::Status SpecEngine::Round(SpecSession* s, const BurstCtx& b, int k,
   const int L = s->committed_len();
   const bool greedy = p.sampling.greedy();
   std::vector<int32_t> drafts;
-  SS_RETURN_IF_ERROR(
-      executor_->Exclusive([&] { return DraftLocked(s, b, k, &drafts); }));
+  SS_RETURN_IF_ERROR(Drafts(s, b, k, &drafts));
 
   // Verify [x, d_1..d_k] in one trunk pass, with other sessions' verifies.
   std::vector<int32_t> columns = {*s->pending_tok};

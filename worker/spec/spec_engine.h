@@ -157,15 +157,18 @@ class SpecEngine {
                          std::vector<TokenLogprobs>* logprobs);
   // One speculative round with draft depth k: emits accepted drafts and the
   // bonus into `emitted`, with their logprobs from the verify columns that
-  // chose them when the burst asks. Three steps, each with the model held
-  // only for itself: the drafts; the verify, batched with other sessions'
-  // rounds (ModelExecutor::Verify); the accept, commit and MTP refresh.
+  // chose them when the burst asks. Steps, each with the model held only for
+  // itself: the k draft steps and the verify, each batched with other
+  // sessions' (ModelExecutor::Draft, ::Verify); the accept, commit and MTP
+  // refresh.
   absl::Status Round(SpecSession* s, const BurstCtx& b, int k,
                      std::vector<int32_t>* emitted,
                      std::vector<TokenLogprobs>* logprobs);
-  // The round's steps (the model held).
-  absl::Status DraftLocked(SpecSession* s, const BurstCtx& b, int k,
-                           std::vector<int32_t>* drafts);
+  // The round's draft steps, each batched with other sessions' (no model
+  // lock held by the caller).
+  absl::Status Drafts(SpecSession* s, const BurstCtx& b, int k,
+                      std::vector<int32_t>* drafts);
+  // The round's accept step (the model held).
   absl::Status AcceptLocked(SpecSession* s, const BurstCtx& b,
                             const std::vector<int32_t>& columns,
                             const model::ForwardResult& v,

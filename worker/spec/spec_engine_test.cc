@@ -655,6 +655,74 @@ TEST_P(SpecEngineTest, ExecutorBatchesQueuedVerifies) {
   EXPECT_LT(stats.verify_passes, stats.verifies) << "no verify was batched";
 }
 
+// Draft steps queued while the model is busy run as one MTP pass, each
+// bit-identical to its session's draft step alone.
+TEST_P(SpecEngineTest, ExecutorBatchesQueuedDrafts) {
+  if (!model_->has_mtp()) GTEST_SKIP() << "no MTP head";
+  ModelExecutor executor(model_.get());
+  constexpr int kSessions = 5;
+  std::mt19937 rng(23);
+  std::vector<std::unique_ptr<model::ModelState>> batched, alone;
+  std::vector<std::vector<float>> hiddens;
+  std::vector<int32_t> tokens;
+  std::vector<int> positions;
+  for (int i = 0; i < kSessions; ++i) {
+    const std::vector<int32_t> prompt = RandomTokens(&rng, 3 + 2 * i, vocab_);
+    for (auto* v : {&batched, &alone}) {
+      v->push_back(model_->NewState({.capacity = 64}).value());
+      model::ForwardResult r;
+      ASSERT_TRUE(
+          model_->Prefill(v->back().get(), prompt, {.all_rows = true}, &r)
+              .ok());
+      const int n = static_cast<int>(prompt.size()) - 1;
+      const int H = model_->config().hidden_size;
+      ASSERT_TRUE(model_
+                      ->MtpForward(v->back().get(),
+                                   absl::MakeConstSpan(r.hidden.data(), n * H),
+                                   absl::MakeConstSpan(prompt.data() + 1, n), 0,
+                                   nullptr)
+                      .ok());
+      if (v == &batched)
+        hiddens.emplace_back(r.hidden.end() - H, r.hidden.end());
+    }
+    tokens.push_back(RandomTokens(&rng, 1, vocab_)[0]);
+    positions.push_back(static_cast<int>(prompt.size()) - 1);
+  }
+  std::vector<model::ForwardResult> got(kSessions);
+  std::vector<absl::Status> status(kSessions);
+  std::vector<std::thread> threads;
+  ASSERT_TRUE(executor
+                  .Exclusive([&] {
+                    for (int i = 0; i < kSessions; ++i) {
+                      got[i].want_logits = true;
+                      threads.emplace_back([&, i] {
+                        status[i] = executor.Draft(batched[i].get(), hiddens[i],
+                                                   tokens[i], positions[i],
+                                                   &got[i], nullptr);
+                      });
+                    }
+                    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kSessions; ++i) {
+    ASSERT_TRUE(status[i].ok()) << status[i];
+    model::ForwardResult want;
+    want.want_logits = true;
+    ASSERT_TRUE(model_
+                    ->MtpDraft(alone[i].get(), hiddens[i], tokens[i],
+                               positions[i], &want)
+                    .ok());
+    EXPECT_EQ(got[i].argmax, want.argmax) << "session " << i;
+    EXPECT_EQ(got[i].hidden, want.hidden) << "session " << i;
+    EXPECT_EQ(got[i].logits, want.logits) << "session " << i;
+  }
+  const ModelExecutor::Stats stats = executor.stats();
+  EXPECT_EQ(stats.drafts, static_cast<uint64_t>(kSessions));
+  EXPECT_LT(stats.draft_passes, stats.drafts) << "no draft step was batched";
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, SpecEngineTest,
                          ::testing::ValuesIn(ModelDirs()),
                          model::testing::PathParamName);
