@@ -24,20 +24,8 @@ absl::Status Model::DecodeBatch(absl::Span<ModelState* const> states,
   }
   SS_RETURN_IF_ERROR(CheckTokens(tokens));
   for (int i = 0; i < n; ++i) {
+    SS_RETURN_IF_ERROR(CheckBatchMember(states, i, "decode batch", false));
     const ModelState* s = states[i];
-    if (s == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("decode batch: session ", i, " is null"));
-    }
-    if (std::find(states.begin(), states.begin() + i, s) !=
-        states.begin() + i) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("decode batch: session ", i, " appears twice"));
-    }
-    if (s->offloaded_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "decode batch: session ", i, ": session caches are offloaded"));
-    }
     if (s->verified_columns_ != 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("decode batch: session ", i,
@@ -51,6 +39,28 @@ absl::Status Model::DecodeBatch(absl::Span<ModelState* const> states,
   }
   out->Clear(/*position=*/-1);
   return DecodeStep(states, tokens, out);
+}
+
+absl::Status Model::CheckBatchMember(absl::Span<ModelState* const> states,
+                                     int i, const char* what, bool drafts) {
+  const ModelState* s = states[i];
+  if (s == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": session ", i, " is null"));
+  }
+  if (std::find(states.begin(), states.begin() + i, s) != states.begin() + i) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": session ", i, " appears twice"));
+  }
+  if (s->offloaded_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": session ", i, ": session caches are offloaded"));
+  }
+  if (drafts && s->draft_freed_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": session ", i, ": the draft state was freed (FreeDraftState)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace specserve::model

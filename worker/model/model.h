@@ -544,6 +544,11 @@ class Model {
   absl::Status CheckTokens(absl::Span<const int32_t> tokens) const;
   // FAILED_PRECONDITION when `state`'s caches are offloaded.
   static absl::Status CheckResident(const ModelState& state);
+  // The checks every batched pass makes of its session i ("`what`: session
+  // i ..."): INVALID_ARGUMENT when null or listed before, FAILED_PRECONDITION
+  // when offloaded or (with `drafts`) its draft state was freed.
+  static absl::Status CheckBatchMember(absl::Span<ModelState* const> states,
+                                       int i, const char* what, bool drafts);
   // Allocates every cache buffer of an empty `state` (per its capacity,
   // max_verify_columns and draft_freed_); zero-filled.
   absl::Status AllocateCaches(ModelState* state) const;

@@ -32,22 +32,13 @@ absl::Status Model::MtpDraftBatch(absl::Span<ModelState* const> states,
   }
   SS_RETURN_IF_ERROR(CheckTokens(tokens));
   for (int i = 0; i < B; ++i) {
+    SS_RETURN_IF_ERROR(CheckBatchMember(states, i, "mtp draft batch", true));
     const ModelState* s = states[i];
     const auto where = [&] {
       return absl::StrCat("mtp draft batch: session ", i);
     };
-    if (s == nullptr || out[i] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(where(), " is null"));
-    }
-    if (std::find(states.begin(), states.begin() + i, s) !=
-        states.begin() + i) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where(), " appears twice"));
-    }
-    SS_RETURN_IF_ERROR(CheckResident(*s));
-    if (s->draft_freed_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where(), ": the draft state was freed (FreeDraftState)"));
+    if (out[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(where(), ": no output"));
     }
     if (static_cast<int64_t>(hiddens[i].size()) != H) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -3,7 +3,7 @@
 // session, so the weights are read once for every session's columns, while
 // the cache ops run per session in verify mode (blocks.cc: each session's
 // recurrent and conv states captured per column in its own buffers).
-#include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "telemetry/status_macros.h"
@@ -23,25 +23,13 @@ absl::Status Model::VerifyBatch(absl::Span<ModelState* const> states,
   }
   int total = 0;
   for (int i = 0; i < B; ++i) {
+    SS_RETURN_IF_ERROR(CheckBatchMember(states, i, "verify batch", true));
     const ModelState* s = states[i];
     const auto where = [&] {
       return absl::StrCat("verify batch: session ", i);
     };
-    if (s == nullptr || out[i] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(where(), " is null"));
-    }
-    if (std::find(states.begin(), states.begin() + i, s) !=
-        states.begin() + i) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where(), " appears twice"));
-    }
-    if (s->offloaded_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(where(), ": session caches are offloaded"));
-    }
-    if (s->draft_freed_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where(), ": the draft state was freed (FreeDraftState)"));
+    if (out[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(where(), ": no output"));
     }
     if (s->verified_columns_ != 0) {
       return absl::FailedPreconditionError(
