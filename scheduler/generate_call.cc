@@ -216,7 +216,14 @@ grpc::Status Call::Run(AdmissionTicket ticket) {
       lease_.Release();
       ctx_->sessions->Close(id, table_tenant_).IgnoreError();
     }
-    if (lease_.valid()) lease_.Release();
+    if (lease_.valid()) {
+      // Closed while Park ran: the close left the copy to this request.
+      const std::string id = lease_.id();
+      const int worker = worker_;
+      if (lease_.ReleaseSeeingClose() && worker >= 0) {
+        ctx_->workers->ReleaseNowOrLater(worker, id);
+      }
+    }
   }
   // The id is reusable at once too.
   ctx_->requests->Unregister(tenant_, request_id_);

@@ -94,15 +94,20 @@ SessionLease& SessionLease::operator=(SessionLease&& other) noexcept {
 
 SessionLease::~SessionLease() { Release(); }
 
-void SessionLease::Release() {
-  if (table_ == nullptr) return;
+void SessionLease::Release() { ReleaseSeeingClose(); }
+
+bool SessionLease::ReleaseSeeingClose() {
+  if (table_ == nullptr) return false;
+  bool closed;
   {
     absl::MutexLock lock(&table_->mu_);
     record_->meta.busy = false;
     record_->meta.last_used = table_->options_.now();
+    closed = record_->closed;
   }
   table_ = nullptr;
   record_.reset();
+  return closed;
 }
 
 const std::string& SessionLease::id() const {

@@ -126,6 +126,11 @@ class SessionLease {
   void MarkDemoted();
   // Releases the lease now (the destructor does the same).
   void Release();
+  // Release, returning whether the session had been closed by then. Both
+  // happen under the table's lock, as Close reads `busy`: a close either
+  // sees the session busy (and leaves its worker copy to the lease holder,
+  // who then sees true here) or idle (and frees the copy itself).
+  bool ReleaseSeeingClose();
 
  private:
   friend class SessionTable;

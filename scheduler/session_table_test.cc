@@ -68,6 +68,31 @@ TEST_F(SessionTableTest, OpenGetList) {
   EXPECT_EQ(table.size(), 2u);
 }
 
+// Whoever sees the session last frees its worker copy: a close while a
+// request holds the lease reports was_busy (the request frees it) and the
+// lease's release then reports the close; a close after the release finds
+// it idle (the close frees it) and the release reported nothing.
+TEST_F(SessionTableTest, ReleaseSeesACloseThatCameWhileBusy) {
+  SessionTable table(Options());
+  auto a = table.Open(0, "");
+  ASSERT_TRUE(a.ok());
+  auto lease = table.Acquire(a->id, "");
+  ASSERT_TRUE(lease.ok());
+  auto closed = table.Close(a->id, "");
+  ASSERT_TRUE(closed.ok());
+  EXPECT_TRUE(closed->was_busy);
+  EXPECT_TRUE(lease->ReleaseSeeingClose());
+
+  auto b = table.Open(0, "");
+  ASSERT_TRUE(b.ok());
+  auto second = table.Acquire(b->id, "");
+  ASSERT_TRUE(second.ok());
+  EXPECT_FALSE(second->ReleaseSeeingClose());
+  closed = table.Close(b->id, "");
+  ASSERT_TRUE(closed.ok());
+  EXPECT_FALSE(closed->was_busy);
+}
+
 TEST_F(SessionTableTest, CapacityBoundsAndSessionCap) {
   SessionTable table(Options());
   auto big = table.Open(1001, "");

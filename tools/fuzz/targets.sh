@@ -81,8 +81,10 @@ FUZZ_SRCS_burst_request=(
   worker/model/decode_step.cc
   worker/model/model.cc
   worker/model/mtp.cc
+  worker/model/mtp_batch.cc
   worker/model/pool.cc
   worker/model/state.cc
+  worker/model/verify_batch.cc
   worker/model/weights.cc
   "${FUZZ_MODEL_FILES[@]}"
   telemetry/constant_time.cc
