@@ -41,11 +41,6 @@ class BurstWriter final : public telemetry::StreamReactor<BurstEvent> {
 
 namespace {
 
-grpc::Status Draining() {
-  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                      "worker is draining: no new work accepted");
-}
-
 // Errors after which a session's caches cannot be trusted: it is dropped,
 // not parked (docs/RELIABILITY.md row 8). Validation errors leave it untouched.
 bool LeavesSessionInconsistent(const absl::Status& s) {
@@ -166,24 +161,33 @@ grpc::ServerUnaryReactor* WorkerService::GetWorkerInfo(
   return FinishUnary(ctx, grpc::Status::OK);
 }
 
+absl::StatusOr<int> WorkerService::NewSessionCapacity(
+    uint32_t requested) const {
+  const int capacity =
+      requested > 0 ? static_cast<int>(requested) : options_.default_capacity;
+  const int max_context = model_->config().max_position_embeddings;
+  if (capacity > max_context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "capacity ", capacity, " exceeds the model context of ", max_context));
+  }
+  return capacity;
+}
+
+grpc::Status WorkerService::Draining() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "worker is draining: no new work accepted");
+}
+
 grpc::ServerUnaryReactor* WorkerService::Admit(
     grpc::CallbackServerContext* ctx,
     const specserve::worker::v1::AdmitRequest* request,
     SessionState* response) {
   lease_.Renew();
   if (telemetry::DrainRequested()) return FinishUnary(ctx, Draining());
-  const int capacity =
-      request->capacity() > 0 ? request->capacity() : options_.default_capacity;
-  const int max_context = model_->config().max_position_embeddings;
-  if (capacity > max_context) {
-    return FinishUnary(
-        ctx, grpc::Status(
-                 grpc::StatusCode::INVALID_ARGUMENT,
-                 absl::StrCat("capacity ", capacity,
-                              " exceeds the model context of ", max_context)));
-  }
+  const absl::StatusOr<int> capacity = NewSessionCapacity(request->capacity());
+  if (!capacity.ok()) return FinishUnary(ctx, ToGrpc(capacity.status()));
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  std::thread([this, ctx, reactor, request, response, capacity] {
+  std::thread([this, ctx, reactor, request, response, capacity = *capacity] {
     std::vector<int32_t> history(request->history().begin(),
                                  request->history().end());
     auto session = engine_.Admit(

@@ -116,6 +116,11 @@ class WorkerService final
       specserve::worker::v1::LoadModelResponse* response) override;
 
  private:
+  // Rows of a new session (Admit, ForkSession): `requested`, or the default
+  // for 0; INVALID_ARGUMENT past the model's context.
+  absl::StatusOr<int> NewSessionCapacity(uint32_t requested) const;
+  // What a draining worker answers new work with.
+  static grpc::Status Draining();
   using SessionOp = std::function<absl::Status(spec::SpecSession*)>;
   // Runs `op` on a leased session on its own thread, then answers with the
   // session's state. `idle_residency`: answer with where the session is

@@ -19,25 +19,14 @@ grpc::ServerUnaryReactor* WorkerService::ForkSession(
     specserve::worker::v1::SessionState* response) {
   using telemetry::FinishUnary;
   lease_.Renew();
-  if (telemetry::DrainRequested()) {
-    return FinishUnary(
-        ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "worker is draining: no new work accepted"));
-  }
-  const int capacity =
-      request->capacity() > 0 ? request->capacity() : options_.default_capacity;
-  const int max_context = model_->config().max_position_embeddings;
-  if (capacity > max_context) {
-    return FinishUnary(
-        ctx, grpc::Status(
-                 grpc::StatusCode::INVALID_ARGUMENT,
-                 absl::StrCat("capacity ", capacity,
-                              " exceeds the model context of ", max_context)));
-  }
+  if (telemetry::DrainRequested()) return FinishUnary(ctx, Draining());
+  const absl::StatusOr<int> capacity = NewSessionCapacity(request->capacity());
+  if (!capacity.ok())
+    return FinishUnary(ctx, telemetry::ToGrpc(capacity.status()));
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   // On a thread of its own: the copy takes the pool and the model (see
   // Burst in worker_service.cc).
-  std::thread([this, ctx, reactor, request, response, capacity] {
+  std::thread([this, ctx, reactor, request, response, capacity = *capacity] {
     const std::vector<uint32_t> prefix(request->prefix().begin(),
                                        request->prefix().end());
     std::unique_ptr<spec::SpecSession> fork;

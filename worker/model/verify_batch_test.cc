@@ -22,12 +22,6 @@ namespace {
 
 using testing::SameBytes;
 
-std::vector<std::string> ModelParams() {
-  std::vector<std::string> p = testing::TestModelDirs();
-  p.push_back("models/specserve-tiny-py");
-  return p;
-}
-
 class VerifyBatchTest : public testing::ModelTest {
  protected:
   VerifyBatchTest()
@@ -245,7 +239,7 @@ TEST_P(VerifyBatchTest, MtpDraftBatchEqualsMtpDraftAlone) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, VerifyBatchTest,
-                         ::testing::ValuesIn(ModelParams()),
+                         ::testing::ValuesIn(testing::DefaultAndTestModels()),
                          testing::PathParamName);
 
 }  // namespace

@@ -28,7 +28,7 @@ class AdmitWhileRecordingTest : public ::testing::TestWithParam<std::string> {
     backend_ = model::testing::MakeTestBackend(&why);
     if (backend_ == nullptr) GTEST_SKIP() << why;
     if (!backend_->CanRecord()) GTEST_SKIP() << "backend does not record";
-    auto loaded = model::Model::Load(model::testing::RepoPath(GetParam()),
+    auto loaded = model::Model::Load(model::testing::ModelDirOf(GetParam()),
                                      backend_.get());
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     model_ = std::move(*loaded);
@@ -94,7 +94,7 @@ TEST_P(AdmitWhileRecordingTest, AdmissionsNeverCollideWithARecording) {
 
 INSTANTIATE_TEST_SUITE_P(Models, AdmitWhileRecordingTest,
                          ::testing::Values("tests/models/tiny_a",
-                                           "models/specserve-tiny-py"),
+                                           "models/default"),
                          model::testing::PathParamName);
 
 }  // namespace

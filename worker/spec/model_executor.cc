@@ -16,123 +16,6 @@ absl::Status ModelExecutor::Exclusive(const std::function<absl::Status()>& fn) {
   return fn();
 }
 
-absl::Status ModelExecutor::Decode(model::ModelState* state, int32_t token,
-                                   model::ForwardResult* out) {
-  Step mine{state, token, out};
-  absl::MutexLock lock(&queue_mu_);
-  queue_.push_back(&mine);
-  while (!mine.done) {
-    if (leader_active_) {
-      // Wait for the running batch to finish: it may carry this step, or the
-      // next leader will.
-      auto cond = [this, &mine]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
-        return mine.done || !leader_active_;
-      };
-      queue_mu_.Await(absl::Condition(&cond));
-      continue;
-    }
-    // Lead one batch: everything queued so far, up to kMaxBatch.
-    leader_active_ = true;
-    std::vector<Step*> batch;
-    while (!queue_.empty() && static_cast<int>(batch.size()) < kMaxBatch) {
-      batch.push_back(queue_.front());
-      queue_.pop_front();
-    }
-    queue_mu_.Unlock();
-    {
-      absl::MutexLock model_lock(&model_mu_);
-      std::vector<model::ModelState*> states;
-      std::vector<int32_t> tokens;
-      for (Step* s : batch) {
-        states.push_back(s->state);
-        tokens.push_back(s->token);
-      }
-      // Logits stay in the workspace: the rows asked for are copied out
-      // one by one below, not the whole [B][V] block.
-      model::ForwardResult all;
-      all.want_logits = false;
-      const absl::Time t0 = absl::Now();
-      absl::Status status = model_->DecodeBatch(states, tokens, &all);
-      if (status.ok() && live_costs_ != nullptr) {
-        live_costs_->RecordDecode(static_cast<int>(batch.size()),
-                                  absl::ToDoubleSeconds(absl::Now() - t0));
-      }
-      if (!status.ok() && batch.size() > 1) {
-        // One bad step (e.g. a full cache) must not fail its batch-mates:
-        // run each alone and give every caller its own status. DecodeBatch
-        // validates before touching any state, so nothing ran yet.
-        for (Step* s : batch) {
-          s->status = model_->Decode(s->state, s->token, s->out);
-          if (s->status.ok()) s->status = DrawRows({s}, *s->out, {0});
-        }
-      }
-      const int H = model_->config().hidden_size;
-      for (size_t i = 0; i < batch.size(); ++i) {
-        Step* s = batch[i];
-        if (!status.ok()) {
-          if (batch.size() == 1) s->status = status;
-          continue;
-        }
-        s->status = status;
-        {
-          s->out->rows = 1;
-          s->out->first_position = s->state->length() - 1;
-          s->out->logits.clear();
-          if (s->out->want_logits) {
-            s->status =
-                model_->CopyLogitsRow(static_cast<int>(i), &s->out->logits);
-          }
-          s->out->hidden.assign(all.hidden.begin() + i * H,
-                                all.hidden.begin() + (i + 1) * H);
-          s->out->argmax = {all.argmax[i]};
-          s->out->finite = {all.finite[i]};
-        }
-      }
-      if (status.ok()) {
-        std::vector<int32_t> rows(batch.size());
-        for (size_t i = 0; i < batch.size(); ++i)
-          rows[i] = static_cast<int32_t>(i);
-        const absl::Status drawn = DrawRows(batch, all, rows);
-        if (!drawn.ok()) {
-          for (Step* s : batch) {
-            if (s->out->draw.has_value()) s->status = drawn;
-          }
-        }
-      }
-    }
-    queue_mu_.Lock();
-    for (Step* s : batch) s->done = true;
-    ++stats_.batches;
-    stats_.steps += batch.size();
-    leader_active_ = false;
-  }
-  return mine.status;
-}
-
-absl::Status ModelExecutor::DrawRows(const std::vector<Step*>& steps,
-                                     const model::ForwardResult& pass,
-                                     const std::vector<int32_t>& rows) {
-  std::vector<int32_t> which;
-  std::vector<sampling::SamplingConfig> configs;
-  std::vector<float> uniforms;
-  std::vector<Step*> asked;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    Step* s = steps[i];
-    s->out->drawn = -1;
-    // A non-finite row gets no token: its caller reports it.
-    if (!s->out->draw.has_value() || pass.finite[rows[i]] == 0) continue;
-    which.push_back(rows[i]);
-    configs.push_back(s->out->draw->config);
-    uniforms.push_back(s->out->draw->uniform);
-    asked.push_back(s);
-  }
-  if (asked.empty()) return absl::OkStatus();
-  std::vector<int32_t> tokens;
-  SS_RETURN_IF_ERROR(model_->SampleRows(which, configs, uniforms, &tokens));
-  for (size_t j = 0; j < asked.size(); ++j) asked[j]->out->drawn = tokens[j];
-  return absl::OkStatus();
-}
-
 template <typename S, typename RowsOf, typename Run>
 void ModelExecutor::Combine(Combiner<S>* c, S* mine, RowsOf rows_of, Run run,
                             uint64_t* passes, uint64_t* carried) {
@@ -168,6 +51,98 @@ void ModelExecutor::Combine(Combiner<S>* c, S* mine, RowsOf rows_of, Run run,
     *carried += batch.size();
     c->leader_active = false;
   }
+}
+
+absl::Status ModelExecutor::Decode(model::ModelState* state, int32_t token,
+                                   model::ForwardResult* out) {
+  Step mine{state, token, out};
+  Combine(
+      &decodes_, &mine, [](const Step&) { return 1; },
+      &ModelExecutor::RunDecodes, &stats_.batches, &stats_.steps);
+  return mine.status;
+}
+
+void ModelExecutor::RunDecodes(const std::vector<Step*>& batch) {
+  std::vector<model::ModelState*> states;
+  std::vector<int32_t> tokens;
+  for (Step* s : batch) {
+    states.push_back(s->state);
+    tokens.push_back(s->token);
+  }
+  // Logits stay in the workspace: the rows asked for are copied out
+  // one by one below, not the whole [B][V] block.
+  model::ForwardResult all;
+  all.want_logits = false;
+  const absl::Time t0 = absl::Now();
+  absl::Status status = model_->DecodeBatch(states, tokens, &all);
+  if (status.ok() && live_costs_ != nullptr) {
+    live_costs_->RecordDecode(static_cast<int>(batch.size()),
+                              absl::ToDoubleSeconds(absl::Now() - t0));
+  }
+  if (!status.ok() && batch.size() > 1) {
+    // One bad step (e.g. a full cache) must not fail its batch-mates:
+    // run each alone and give every caller its own status. DecodeBatch
+    // validates before touching any state, so nothing ran yet.
+    for (Step* s : batch) {
+      s->status = model_->Decode(s->state, s->token, s->out);
+      if (s->status.ok()) s->status = DrawRows({s}, *s->out, {0});
+    }
+  }
+  const int H = model_->config().hidden_size;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Step* s = batch[i];
+    if (!status.ok()) {
+      if (batch.size() == 1) s->status = status;
+      continue;
+    }
+    s->status = status;
+    {
+      s->out->rows = 1;
+      s->out->first_position = s->state->length() - 1;
+      s->out->logits.clear();
+      if (s->out->want_logits) {
+        s->status = model_->CopyLogitsRow(static_cast<int>(i), &s->out->logits);
+      }
+      s->out->hidden.assign(all.hidden.begin() + i * H,
+                            all.hidden.begin() + (i + 1) * H);
+      s->out->argmax = {all.argmax[i]};
+      s->out->finite = {all.finite[i]};
+    }
+  }
+  if (status.ok()) {
+    std::vector<int32_t> rows(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) rows[i] = static_cast<int32_t>(i);
+    const absl::Status drawn = DrawRows(batch, all, rows);
+    if (!drawn.ok()) {
+      for (Step* s : batch) {
+        if (s->out->draw.has_value()) s->status = drawn;
+      }
+    }
+  }
+}
+
+absl::Status ModelExecutor::DrawRows(const std::vector<Step*>& steps,
+                                     const model::ForwardResult& pass,
+                                     const std::vector<int32_t>& rows) {
+  std::vector<int32_t> which;
+  std::vector<sampling::SamplingConfig> configs;
+  std::vector<float> uniforms;
+  std::vector<Step*> asked;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    Step* s = steps[i];
+    s->out->drawn = -1;
+    // A non-finite row gets no token: its caller reports it.
+    if (!s->out->draw.has_value() || pass.finite[rows[i]] == 0) continue;
+    which.push_back(rows[i]);
+    configs.push_back(s->out->draw->config);
+    uniforms.push_back(s->out->draw->uniform);
+    asked.push_back(s);
+  }
+  if (asked.empty()) return absl::OkStatus();
+  std::vector<int32_t> tokens;
+  SS_RETURN_IF_ERROR(model_->SampleRows(which, configs, uniforms, &tokens));
+  for (size_t j = 0; j < asked.size(); ++j) asked[j]->out->drawn = tokens[j];
+  return absl::OkStatus();
 }
 
 absl::Status ModelExecutor::Verify(

@@ -1,12 +1,13 @@
 // Serializes a worker's use of its one Model (forward calls share the model's
-// workspace and backend) and batches concurrent plain-decode steps of
-// different sessions into one DecodeBatch pass, and concurrent verifies of
-// different sessions' speculative rounds into one VerifyBatch pass.
+// workspace and backend) and batches concurrent work of different sessions:
+// plain-decode steps into one DecodeBatch pass, speculative rounds' draft
+// steps into one MtpDraftBatch pass, their verifies into one VerifyBatch.
 //
-// Batching is by combining: a caller of Decode() queues its step; whoever
-// finds no batch running becomes the leader, takes the model, and runs every
-// queued step (up to kMaxBatch) as one pass, then hands each caller its
-// result. DecodeBatch is bit-identical to Decode per session (row-invariant
+// Batching is by combining (Combine): a caller queues its step; whoever
+// finds no pass of its kind being led becomes the leader, takes the model,
+// then the queue (so steps queued while it waited join, up to kMaxBatch
+// rows), runs it as one pass and hands each caller its result. The batched
+// passes are bit-identical per session to the pass alone (row-invariant
 // kernels), so a session's output never depends on who it was batched with.
 #ifndef SPECSERVE_WORKER_SPEC_MODEL_EXECUTOR_H_
 #define SPECSERVE_WORKER_SPEC_MODEL_EXECUTOR_H_
@@ -83,6 +84,10 @@ class ModelExecutor {
     bool done = false;
   };
 
+  // Runs `batch` (at most kMaxBatch steps) as one DecodeBatch pass, each
+  // step's draw and logits row; sets each step's status.
+  void RunDecodes(const std::vector<Step*>& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(model_mu_);
   // The draws the steps ask for, over rows[i] of the pass just run (whose
   // outputs `pass` holds).
   absl::Status DrawRows(const std::vector<Step*>& steps,
@@ -135,8 +140,7 @@ class ModelExecutor {
   absl::Mutex model_mu_;
 
   mutable absl::Mutex queue_mu_;
-  std::deque<Step*> queue_ ABSL_GUARDED_BY(queue_mu_);
-  bool leader_active_ ABSL_GUARDED_BY(queue_mu_) = false;
+  Combiner<Step> decodes_ ABSL_GUARDED_BY(queue_mu_);
   Combiner<VerifyStep> verifies_ ABSL_GUARDED_BY(queue_mu_);
   Combiner<DraftStep> drafts_ ABSL_GUARDED_BY(queue_mu_);
   Stats stats_ ABSL_GUARDED_BY(queue_mu_);

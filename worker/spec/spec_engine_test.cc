@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -602,6 +603,28 @@ TEST_P(SpecEngineTest, ConcurrentRoundsShareVerifyPassesExactly) {
   EXPECT_GT(shared_executor.stats().verifies, 0u);
 }
 
+// Runs call(0..n-1), each on its own thread, while the model is held: the
+// first caller to reach the executor leads and waits for the model, the
+// others queue behind it, so one pass carries them all. The sleep only
+// gives the threads time to queue; the tests assert on what ran.
+std::vector<absl::Status> CallWhileModelHeld(
+    ModelExecutor* executor, int n,
+    const std::function<absl::Status(int)>& call) {
+  std::vector<absl::Status> status(n);
+  std::vector<std::thread> threads;
+  EXPECT_TRUE(executor
+                  ->Exclusive([&] {
+                    for (int i = 0; i < n; ++i) {
+                      threads.emplace_back([&, i] { status[i] = call(i); });
+                    }
+                    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  for (auto& t : threads) t.join();
+  return status;
+}
+
 // Verifies queued while the model is busy run as one pass (the batch is
 // taken once the leader holds the model), each bit-identical to its
 // session's verify alone.
@@ -623,24 +646,11 @@ TEST_P(SpecEngineTest, ExecutorBatchesQueuedVerifies) {
     columns.push_back(RandomTokens(&rng, 1 + i, vocab_));
   }
   std::vector<model::ForwardResult> got(kSessions);
-  std::vector<absl::Status> status(kSessions);
-  std::vector<std::thread> threads;
-  // The model is held while every session queues its verify: the first
-  // caller leads and waits for the model, the others queue behind it.
-  ASSERT_TRUE(executor
-                  .Exclusive([&] {
-                    for (int i = 0; i < kSessions; ++i) {
-                      got[i].want_logits = true;
-                      threads.emplace_back([&, i] {
-                        status[i] = executor.Verify(
-                            batched[i].get(), columns[i], &got[i], nullptr);
-                      });
-                    }
-                    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-                    return absl::OkStatus();
-                  })
-                  .ok());
-  for (auto& t : threads) t.join();
+  const std::vector<absl::Status> status =
+      CallWhileModelHeld(&executor, kSessions, [&](int i) {
+        got[i].want_logits = true;
+        return executor.Verify(batched[i].get(), columns[i], &got[i], nullptr);
+      });
   for (int i = 0; i < kSessions; ++i) {
     ASSERT_TRUE(status[i].ok()) << status[i];
     model::ForwardResult want;
@@ -689,23 +699,12 @@ TEST_P(SpecEngineTest, ExecutorBatchesQueuedDrafts) {
     positions.push_back(static_cast<int>(prompt.size()) - 1);
   }
   std::vector<model::ForwardResult> got(kSessions);
-  std::vector<absl::Status> status(kSessions);
-  std::vector<std::thread> threads;
-  ASSERT_TRUE(executor
-                  .Exclusive([&] {
-                    for (int i = 0; i < kSessions; ++i) {
-                      got[i].want_logits = true;
-                      threads.emplace_back([&, i] {
-                        status[i] = executor.Draft(batched[i].get(), hiddens[i],
-                                                   tokens[i], positions[i],
-                                                   &got[i], nullptr);
-                      });
-                    }
-                    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-                    return absl::OkStatus();
-                  })
-                  .ok());
-  for (auto& t : threads) t.join();
+  const std::vector<absl::Status> status =
+      CallWhileModelHeld(&executor, kSessions, [&](int i) {
+        got[i].want_logits = true;
+        return executor.Draft(batched[i].get(), hiddens[i], tokens[i],
+                              positions[i], &got[i], nullptr);
+      });
   for (int i = 0; i < kSessions; ++i) {
     ASSERT_TRUE(status[i].ok()) << status[i];
     model::ForwardResult want;
