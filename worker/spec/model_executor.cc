@@ -1,25 +1,77 @@
 #include "worker/spec/model_executor.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/time/clock.h"
 #include "telemetry/status_macros.h"
 
 namespace specserve::spec {
+namespace {
+
+// The executor whose LoopMember the current thread holds (at most one).
+thread_local const ModelExecutor* member_of = nullptr;
+
+}  // namespace
+
+ModelExecutor::LoopMember::LoopMember(ModelExecutor* executor)
+    : executor_(executor) {
+  if (member_of != nullptr) return;
+  member_of = executor_;
+  counted_ = true;
+  absl::MutexLock q(&executor_->queue_mu_);
+  ++executor_->members_;
+}
+
+ModelExecutor::LoopMember::~LoopMember() {
+  if (!counted_) return;
+  member_of = nullptr;
+  absl::MutexLock q(&executor_->queue_mu_);
+  --executor_->members_;
+}
+
+bool ModelExecutor::CallerIsMember() const { return member_of == this; }
 
 absl::Status ModelExecutor::Exclusive(const std::function<absl::Status()>& fn) {
+  const bool member = CallerIsMember();
+  if (member) {
+    absl::MutexLock q(&queue_mu_);
+    ++blocked_members_;
+  }
   absl::MutexLock lock(&model_mu_);
   {
     absl::MutexLock q(&queue_mu_);
     ++stats_.exclusive;
+    if (member) --blocked_members_;
   }
   return fn();
+}
+
+template <typename S, typename RowsOf>
+void ModelExecutor::GatherLocked(const Combiner<S>& c, RowsOf rows_of) {
+  auto ready = [this, &c, &rows_of]() {
+    if (blocked_members_ >= members_) return true;
+    int rows = 0;
+    for (const S* s : c.queue) rows += rows_of(*s);
+    return rows >= model::Model::kMaxRows;
+  };
+  if (ready()) return;
+  // Before any pass has been timed, the bound alone.
+  const absl::Duration wait =
+      last_pass_ == absl::ZeroDuration()
+          ? gather_.max_wait
+          : std::min(gather_.max_wait, last_pass_ * gather_.fraction_of_pass);
+  if (!queue_mu_.AwaitWithTimeout(absl::Condition(&ready), wait)) {
+    ++stats_.gather_timeouts;
+  }
 }
 
 template <typename S, typename RowsOf, typename Run>
 void ModelExecutor::Combine(Combiner<S>* c, S* mine, RowsOf rows_of, Run run,
                             uint64_t* passes, uint64_t* carried) {
   absl::MutexLock lock(&queue_mu_);
+  mine->member = CallerIsMember();
+  if (mine->member) ++blocked_members_;
   c->queue.push_back(mine);
   while (!mine->done) {
     if (c->leader_active) {
@@ -30,10 +82,12 @@ void ModelExecutor::Combine(Combiner<S>* c, S* mine, RowsOf rows_of, Run run,
     c->leader_active = true;
     queue_mu_.Unlock();
     std::vector<S*> batch;
+    absl::Duration pass;
     {
       absl::MutexLock model_lock(&model_mu_);
       {
         absl::MutexLock q(&queue_mu_);
+        GatherLocked(*c, rows_of);
         int rows = 0;
         while (!c->queue.empty()) {
           const int n = rows_of(*c->queue.front());
@@ -43,10 +97,16 @@ void ModelExecutor::Combine(Combiner<S>* c, S* mine, RowsOf rows_of, Run run,
           rows += n;
         }
       }
+      const absl::Time t0 = absl::Now();
       (this->*run)(batch);
+      pass = absl::Now() - t0;
     }
     queue_mu_.Lock();
-    for (S* step : batch) step->done = true;
+    for (S* step : batch) {
+      step->done = true;
+      if (step->member) --blocked_members_;
+    }
+    last_pass_ = pass;
     ++*passes;
     *carried += batch.size();
     c->leader_active = false;

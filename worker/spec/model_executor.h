@@ -9,6 +9,13 @@
 // rows), runs it as one pass and hands each caller its result. The batched
 // passes are bit-identical per session to the pass alone (row-invariant
 // kernels), so a session's output never depends on who it was batched with.
+//
+// Gathering: a session streaming a burst registers as a LoopMember. A leader
+// that holds the model waits, briefly, until every member is blocked on the
+// executor (queued for a pass, or waiting for the model) before it takes the
+// queue. Without it, sessions that stream together split into alternating
+// partial batches: the members released by one pass are still emitting
+// their tokens when the next pass starts without them.
 #ifndef SPECSERVE_WORKER_SPEC_MODEL_EXECUTOR_H_
 #define SPECSERVE_WORKER_SPEC_MODEL_EXECUTOR_H_
 
@@ -19,16 +26,26 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "worker/model/model.h"
 #include "worker/spec/live_step_costs.h"
 
 namespace specserve::spec {
 
+// How long a ModelExecutor's leader waits for members still emitting (see
+// Gathering): `fraction_of_pass` of the last pass, at most `max_wait`. A
+// straggler costs the batch at most that; a member left out loses a pass.
+struct GatherOptions {
+  absl::Duration max_wait = absl::Milliseconds(2);
+  double fraction_of_pass = 0.25;
+};
+
 class ModelExecutor {
  public:
   static constexpr int kMaxBatch = model::Model::kMaxRows;
 
-  explicit ModelExecutor(model::Model* model) : model_(model) {}
+  explicit ModelExecutor(model::Model* model, GatherOptions gather = {})
+      : model_(model), gather_(gather) {}
 
   model::Model* model() const { return model_; }
 
@@ -39,6 +56,22 @@ class ModelExecutor {
 
   // Runs `fn` with exclusive use of the model.
   absl::Status Exclusive(const std::function<absl::Status()>& fn);
+
+  // Marks the calling thread's session as streaming (see Gathering above)
+  // for the member's lifetime. Construct it on the thread that runs the
+  // session's burst: that thread's executor calls count the member as
+  // blocked. Not nestable per executor (a nested one counts nothing).
+  class LoopMember {
+   public:
+    explicit LoopMember(ModelExecutor* executor);
+    ~LoopMember();
+    LoopMember(const LoopMember&) = delete;
+    LoopMember& operator=(const LoopMember&) = delete;
+
+   private:
+    ModelExecutor* const executor_;
+    bool counted_ = false;
+  };
 
   // One plain decode step of `state`, batched with concurrent callers. With
   // out->draw set, the step's token is also drawn on the backend, in one
@@ -72,6 +105,7 @@ class ModelExecutor {
     uint64_t draft_passes = 0;   // MtpDraft / MtpDraftBatch passes run
     uint64_t drafts = 0;         // draft steps they carried
     uint64_t exclusive = 0;
+    uint64_t gather_timeouts = 0;  // passes that started without a member
   };
   Stats stats() const;
 
@@ -82,6 +116,7 @@ class ModelExecutor {
     model::ForwardResult* out;
     absl::Status status;
     bool done = false;
+    bool member = false;  // queued by a LoopMember's thread
   };
 
   // Runs `batch` (at most kMaxBatch steps) as one DecodeBatch pass, each
@@ -102,6 +137,7 @@ class ModelExecutor {
     const std::function<absl::Status(int)>* while_held;
     absl::Status status;
     bool done = false;
+    bool member = false;
   };
   // Runs `batch` (total columns <= Model::kMaxRows) as one pass and its
   // while_held calls; sets each step's status.
@@ -116,6 +152,7 @@ class ModelExecutor {
     const std::function<absl::Status(int)>* while_held;
     absl::Status status;
     bool done = false;
+    bool member = false;
   };
   void RunDrafts(const std::vector<DraftStep*>& batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(model_mu_);
@@ -134,7 +171,16 @@ class ModelExecutor {
   void Combine(Combiner<S>* c, S* mine, RowsOf rows_of, Run run,
                uint64_t* passes, uint64_t* carried);
 
+  // Whether the calling thread holds a LoopMember of this executor.
+  bool CallerIsMember() const;
+  // Waits (queue_mu_ held) until every member is blocked on the executor,
+  // `c`'s queue holds a full pass, or the gather bound has passed.
+  template <typename S, typename RowsOf>
+  void GatherLocked(const Combiner<S>& c, RowsOf rows_of)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_);
+
   model::Model* const model_;
+  const GatherOptions gather_;
   LiveStepCosts* live_costs_ = nullptr;
   // Held for every forward call.
   absl::Mutex model_mu_;
@@ -144,6 +190,12 @@ class ModelExecutor {
   Combiner<VerifyStep> verifies_ ABSL_GUARDED_BY(queue_mu_);
   Combiner<DraftStep> drafts_ ABSL_GUARDED_BY(queue_mu_);
   Stats stats_ ABSL_GUARDED_BY(queue_mu_);
+  // LoopMembers alive, and how many of them are blocked on the executor:
+  // queued in a combiner with their step not yet run, or waiting for the
+  // model in Exclusive.
+  int members_ ABSL_GUARDED_BY(queue_mu_) = 0;
+  int blocked_members_ ABSL_GUARDED_BY(queue_mu_) = 0;
+  absl::Duration last_pass_ ABSL_GUARDED_BY(queue_mu_);
 };
 
 }  // namespace specserve::spec

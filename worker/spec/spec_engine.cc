@@ -510,6 +510,9 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(
         absl::StrCat("session ", s->id(), " has no tokens to continue from"));
   }
 
+  // From here the burst streams: passes wait for it between its steps.
+  ModelExecutor::LoopMember streaming(executor_);
+
   auto finish = [&](BurstEnd end) -> absl::StatusOr<BurstResult> {
     // A burst boundary owes no MTP rows (offload, forks and the next
     // turn's prefill read them).
