@@ -17,6 +17,9 @@
 #          model test (verify == decode bit-exact, CUDA vs CPU), specgen
 #          cuda:0 vs cpu greedy ids, the CPU property tests built for CUDA
 #          (batch_cuda_test: batched == alone, offload exact;
+#          verify_batch_cuda_test, prefill_batch_cuda_test: batched passes
+#          == each session alone; model_executor_cuda_test,
+#          interleaved_prefill_cuda_test: gathering and chunked prefill;
 #          recorded_steps_cuda_test: CUDA-graph steps == op by op, fallback;
 #          spec_engine_cuda_test: spec == plain greedy, sampled
 #          reproducible per seed and distributed as plain; CUDA_BENCH_CHI=0
@@ -249,6 +252,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --fo
 # the engine's chi-square test (thousands of bursts) runs last, on its own.
 # CUDA_BENCH_CHI=0 skips the chi-square step (about 100 s).
 steps=("sample_rows_test 90 *" "exactness_cuda_test 90 *" "batch_cuda_test 90 *" "recorded_steps_cuda_test 90 *"
+       "verify_batch_cuda_test 90 *" "prefill_batch_cuda_test 90 *"
+       "model_executor_cuda_test 90 *" "interleaved_prefill_cuda_test 90 *"
        "spec_engine_cuda_test 120 -*SampledDistribution*")
 [ "${CUDA_BENCH_CHI:-1}" != 0 ] &&
   steps+=("spec_engine_cuda_test ${CUDA_BENCH_CHI_TIMEOUT:-240} *SampledDistribution*")

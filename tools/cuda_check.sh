@@ -5,8 +5,9 @@
 #   tools/cuda_check.sh prepare   (on the build machine, with Bazel)
 #       Builds //kernels/cuda:cuda_backend_test, //tools/cuda_bench:matmul_bench,
 #       //worker/model:cuda_model_test, :exactness_cuda_test, :batch_cuda_test,
-#       :recorded_steps_cuda_test,
-#       //worker/spec:spec_engine_cuda_test, //tools/specgen and
+#       :recorded_steps_cuda_test, :verify_batch_cuda_test,
+#       :prefill_batch_cuda_test, //worker/spec:spec_engine_cuda_test,
+#       :model_executor_cuda_test, :interleaved_prefill_cuda_test, //tools/specgen and
 #       //worker:specserve_worker with --config=cuda
 #       --config=static (only glibc, libm, libgcc_s and the NVIDIA driver
 #       needed at run time; cudart is linked statically) and copies them to
@@ -36,7 +37,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
 carry=.carry/cuda
-bins="cuda_backend_test sample_rows_test matmul_bench cuda_model_test exactness_cuda_test batch_cuda_test recorded_steps_cuda_test spec_engine_cuda_test specgen specserve_worker"
+bins="cuda_backend_test sample_rows_test matmul_bench cuda_model_test exactness_cuda_test batch_cuda_test recorded_steps_cuda_test verify_batch_cuda_test prefill_batch_cuda_test spec_engine_cuda_test model_executor_cuda_test interleaved_prefill_cuda_test specgen specserve_worker"
 
 if [ "$mode" = prepare ]; then
   ob="${CUDA_CHECK_OUTPUT_BASE:-$HOME/.cache/bazel_cuda/ob}"
@@ -46,7 +47,9 @@ if [ "$mode" = prepare ]; then
       //tools/cuda_bench:matmul_bench \
       //worker/model:cuda_model_test //worker/model:exactness_cuda_test \
       //worker/model:batch_cuda_test //worker/model:recorded_steps_cuda_test \
-      //worker/spec:spec_engine_cuda_test //tools/specgen \
+      //worker/model:verify_batch_cuda_test //worker/model:prefill_batch_cuda_test \
+      //worker/spec:spec_engine_cuda_test //worker/spec:model_executor_cuda_test \
+      //worker/spec:interleaved_prefill_cuda_test //tools/specgen \
       //worker:specserve_worker || exit 1
   bin="$(bazel --output_base="$ob" info "${flags[@]}" bazel-bin 2>/dev/null)" || exit 1
   mkdir -p "$carry"
@@ -54,9 +57,11 @@ if [ "$mode" = prepare ]; then
     case $b in
       cuda_backend_test|sample_rows_test) src="$bin/kernels/cuda/$b" ;;
       matmul_bench) src="$bin/tools/cuda_bench/$b" ;;
-      cuda_model_test|exactness_cuda_test|batch_cuda_test|recorded_steps_cuda_test)
+      cuda_model_test|exactness_cuda_test|batch_cuda_test|recorded_steps_cuda_test|\
+      verify_batch_cuda_test|prefill_batch_cuda_test)
         src="$bin/worker/model/$b" ;;
-      spec_engine_cuda_test) src="$bin/worker/spec/$b" ;;
+      spec_engine_cuda_test|model_executor_cuda_test|interleaved_prefill_cuda_test)
+        src="$bin/worker/spec/$b" ;;
       specgen) src="$bin/tools/specgen/$b" ;;
       specserve_worker) src="$bin/worker/$b" ;;
       *) echo "cuda_check: no build path for $b" >&2; exit 1 ;;

@@ -83,6 +83,7 @@ FUZZ_SRCS_burst_request=(
   worker/model/mtp.cc
   worker/model/mtp_batch.cc
   worker/model/pool.cc
+  worker/model/prefill_batch.cc
   worker/model/state.cc
   worker/model/verify_batch.cc
   worker/model/weights.cc

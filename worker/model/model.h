@@ -368,6 +368,18 @@ class Model {
   absl::Status VerifyBatch(absl::Span<ModelState* const> states,
                            absl::Span<const std::vector<int32_t>> columns,
                            absl::Span<ForwardResult* const> out);
+  // Prefill of tokens[i] on states[i] for every session in one trunk pass,
+  // at most kMaxRows rows in all: the matmuls and the lm_head run once over
+  // all rows, the cache ops per session. out[i] gets session i's last row
+  // (logits when want_logits, hidden, argmax) and all_hidden[i], when given
+  // (the span may be empty, an entry null), every row's final-norm hidden:
+  // both bit-identical to Prefill(states[i], tokens[i]) alone (row
+  // invariance). SampleRows and CopyLogitsRow address the pass's rows in
+  // order. All-or-nothing checks before anything runs, with Prefill's codes.
+  absl::Status PrefillBatch(absl::Span<ModelState* const> states,
+                            absl::Span<const absl::Span<const int32_t>> tokens,
+                            absl::Span<std::vector<float>* const> all_hidden,
+                            absl::Span<ForwardResult* const> out);
   // Keeps columns 0..column of the pending Verify: the recurrent and conv
   // states become column `column`'s, length += column+1 (the KV rows past
   // that are dropped). Ends the pending Verify.

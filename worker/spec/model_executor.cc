@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "telemetry/status_macros.h"
 
@@ -33,27 +34,22 @@ ModelExecutor::LoopMember::~LoopMember() {
 bool ModelExecutor::CallerIsMember() const { return member_of == this; }
 
 absl::Status ModelExecutor::Exclusive(const std::function<absl::Status()>& fn) {
-  const bool member = CallerIsMember();
-  if (member) {
-    absl::MutexLock q(&queue_mu_);
-    ++blocked_members_;
-  }
-  absl::MutexLock lock(&model_mu_);
-  {
-    absl::MutexLock q(&queue_mu_);
-    ++stats_.exclusive;
-    if (member) --blocked_members_;
-  }
-  return fn();
+  ExclusiveStep mine{&fn};
+  Combine(
+      &exclusives_, &mine, [](const ExclusiveStep&) { return 0; },
+      &ModelExecutor::RunExclusives, &stats_.exclusive_holds,
+      &stats_.exclusive);
+  return mine.status;
 }
 
-template <typename S, typename RowsOf>
-void ModelExecutor::GatherLocked(const Combiner<S>& c, RowsOf rows_of) {
-  auto ready = [this, &c, &rows_of]() {
-    if (blocked_members_ >= members_) return true;
-    int rows = 0;
-    for (const S* s : c.queue) rows += rows_of(*s);
-    return rows >= model::Model::kMaxRows;
+void ModelExecutor::RunExclusives(const std::vector<ExclusiveStep*>& batch) {
+  for (ExclusiveStep* e : batch) e->status = (*e->fn)();
+}
+
+template <typename Full>
+void ModelExecutor::AwaitMembersLocked(Full full) {
+  auto ready = [this, &full]() {
+    return blocked_members_ >= members_ || full();
   };
   if (ready()) return;
   // Before any pass has been timed, the bound alone.
@@ -64,6 +60,80 @@ void ModelExecutor::GatherLocked(const Combiner<S>& c, RowsOf rows_of) {
   if (!queue_mu_.AwaitWithTimeout(absl::Condition(&ready), wait)) {
     ++stats_.gather_timeouts;
   }
+}
+
+void ModelExecutor::YieldToStreamingLocked() {
+  AwaitMembersLocked([] { return false; });
+  const uint64_t decodes = stats_.batches;
+  const uint64_t verifies = stats_.verify_passes;
+  const uint64_t drafts = stats_.draft_passes;
+  auto served = [&]() {
+    return (decodes_.queue.empty() || stats_.batches > decodes) &&
+           (verifies_.queue.empty() || stats_.verify_passes > verifies) &&
+           (drafts_.queue.empty() || stats_.draft_passes > drafts);
+  };
+  queue_mu_.Await(absl::Condition(&served));
+}
+
+absl::Status ModelExecutor::Interleaved(
+    const std::function<absl::Status()>& fn) {
+  {
+    absl::MutexLock q(&queue_mu_);
+    YieldToStreamingLocked();
+  }
+  return Exclusive(fn);
+}
+
+absl::Status ModelExecutor::Prefill(model::ModelState* state,
+                                    absl::Span<const int32_t> tokens,
+                                    std::vector<float>* all_hidden,
+                                    model::ForwardResult* out) {
+  if (tokens.size() > static_cast<size_t>(model::Model::kMaxRows)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill chunk of ", tokens.size(), " tokens (at most ",
+                     model::Model::kMaxRows, ")"));
+  }
+  {
+    absl::MutexLock q(&queue_mu_);
+    YieldToStreamingLocked();
+  }
+  PrefillStep mine{state, tokens, all_hidden, out};
+  Combine(
+      &prefills_, &mine,
+      [](const PrefillStep& p) { return static_cast<int>(p.tokens.size()); },
+      &ModelExecutor::RunPrefills, &stats_.prefill_passes,
+      &stats_.prefill_chunks);
+  return mine.status;
+}
+
+void ModelExecutor::RunPrefills(const std::vector<PrefillStep*>& batch) {
+  auto alone = [this](PrefillStep* p) {
+    model::PrefillOptions options;
+    options.all_hidden = p->all_hidden;
+    p->status = model_->Prefill(p->state, p->tokens, options, p->out);
+  };
+  if (batch.size() == 1) {
+    alone(batch[0]);
+    return;
+  }
+  std::vector<model::ModelState*> states;
+  std::vector<absl::Span<const int32_t>> tokens;
+  std::vector<std::vector<float>*> hiddens;
+  std::vector<model::ForwardResult*> outs;
+  for (PrefillStep* p : batch) {
+    states.push_back(p->state);
+    tokens.push_back(p->tokens);
+    hiddens.push_back(p->all_hidden);
+    outs.push_back(p->out);
+  }
+  const absl::Status status =
+      model_->PrefillBatch(states, tokens, hiddens, outs);
+  if (!status.ok()) {
+    // Checked before anything ran: each alone, with its own status.
+    for (PrefillStep* p : batch) alone(p);
+    return;
+  }
+  for (PrefillStep* p : batch) p->status = status;
 }
 
 template <typename S, typename RowsOf, typename Run>
@@ -87,7 +157,13 @@ void ModelExecutor::Combine(Combiner<S>* c, S* mine, RowsOf rows_of, Run run,
       absl::MutexLock model_lock(&model_mu_);
       {
         absl::MutexLock q(&queue_mu_);
-        GatherLocked(*c, rows_of);
+        if (c->gathers) {
+          AwaitMembersLocked([c, &rows_of]() {
+            int rows = 0;
+            for (const S* s : c->queue) rows += rows_of(*s);
+            return rows >= model::Model::kMaxRows;
+          });
+        }
         int rows = 0;
         while (!c->queue.empty()) {
           const int n = rows_of(*c->queue.front());
@@ -106,7 +182,7 @@ void ModelExecutor::Combine(Combiner<S>* c, S* mine, RowsOf rows_of, Run run,
       step->done = true;
       if (step->member) --blocked_members_;
     }
-    last_pass_ = pass;
+    if (c->gathers) last_pass_ = pass;
     ++*passes;
     *carried += batch.size();
     c->leader_active = false;

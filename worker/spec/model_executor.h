@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "worker/model/model.h"
 #include "worker/spec/live_step_costs.h"
 
@@ -54,8 +55,19 @@ class ModelExecutor {
   void set_live_costs(LiveStepCosts* costs) { live_costs_ = costs; }
   LiveStepCosts* live_costs() const { return live_costs_; }
 
-  // Runs `fn` with exclusive use of the model.
+  // Runs `fn` with exclusive use of the model. Combined like the passes:
+  // the functions queued while the model was busy (admissions, checkpoints,
+  // accept steps) run back to back under one hold, on the leader's thread,
+  // so `fn` must not rely on running on the caller's thread (it may use
+  // what the caller's locks guard: the caller waits, holding them). No
+  // gathering: these do not wait for streaming members.
   absl::Status Exclusive(const std::function<absl::Status()>& fn);
+
+  // Exclusive, but first every streaming member gets its next pass: waits
+  // (at most the gather bound) for the members to block, then until the
+  // passes queued by then have run. A long prefill runs as a series of
+  // these, so sessions streaming meanwhile step between its chunks.
+  absl::Status Interleaved(const std::function<absl::Status()>& fn);
 
   // Marks the calling thread's session as streaming (see Gathering above)
   // for the member's lifetime. Construct it on the thread that runs the
@@ -97,14 +109,27 @@ class ModelExecutor {
                      int32_t token, int position, model::ForwardResult* out,
                      const std::function<absl::Status(int row)>& while_held);
 
+  // One prompt chunk of `state` (at most Model::kMaxRows tokens; Prefill
+  // without all_rows), batched with concurrent callers' chunks into one
+  // PrefillBatch pass, once every streaming member has had its next pass
+  // (as Interleaved). `out` gets the last row, `all_hidden` (optional)
+  // every row's final-norm hidden.
+  absl::Status Prefill(model::ModelState* state,
+                       absl::Span<const int32_t> tokens,
+                       std::vector<float>* all_hidden,
+                       model::ForwardResult* out);
+
   struct Stats {
-    uint64_t batches = 0;        // DecodeBatch passes run
-    uint64_t steps = 0;          // decode steps they carried
-    uint64_t verify_passes = 0;  // Verify / VerifyBatch passes run
-    uint64_t verifies = 0;       // verifies they carried
-    uint64_t draft_passes = 0;   // MtpDraft / MtpDraftBatch passes run
-    uint64_t drafts = 0;         // draft steps they carried
-    uint64_t exclusive = 0;
+    uint64_t batches = 0;          // DecodeBatch passes run
+    uint64_t steps = 0;            // decode steps they carried
+    uint64_t verify_passes = 0;    // Verify / VerifyBatch passes run
+    uint64_t verifies = 0;         // verifies they carried
+    uint64_t draft_passes = 0;     // MtpDraft / MtpDraftBatch passes run
+    uint64_t drafts = 0;           // draft steps they carried
+    uint64_t prefill_passes = 0;   // Prefill / PrefillBatch passes run
+    uint64_t prefill_chunks = 0;   // prompt chunks they carried
+    uint64_t exclusive = 0;        // Exclusive functions run
+    uint64_t exclusive_holds = 0;  // model holds they ran in
     uint64_t gather_timeouts = 0;  // passes that started without a member
   };
   Stats stats() const;
@@ -157,6 +182,26 @@ class ModelExecutor {
   void RunDrafts(const std::vector<DraftStep*>& batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(model_mu_);
 
+  struct PrefillStep {
+    model::ModelState* state;
+    absl::Span<const int32_t> tokens;
+    std::vector<float>* all_hidden;
+    model::ForwardResult* out;
+    absl::Status status;
+    bool done = false;
+    bool member = false;
+  };
+  void RunPrefills(const std::vector<PrefillStep*>& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(model_mu_);
+  struct ExclusiveStep {
+    const std::function<absl::Status()>* fn;
+    absl::Status status;
+    bool done = false;
+    bool member = false;
+  };
+  void RunExclusives(const std::vector<ExclusiveStep*>& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(model_mu_);
+
   // Combining (the scheme of Decode): a caller queues its step; one that
   // finds no pass being led leads one. The leader takes the queue once the
   // model is held, so steps queued while it waited for the model (other
@@ -164,6 +209,10 @@ class ModelExecutor {
   // Model::kMaxRows. Returns once a pass carried `mine`.
   template <typename S>
   struct Combiner {
+    explicit Combiner(bool gathers = true) : gathers(gathers) {}
+    // Whether a leader waits for streaming members (AwaitMembersLocked)
+    // and its pass sets the gather bound.
+    const bool gathers;
     std::deque<S*> queue;
     bool leader_active = false;
   };
@@ -173,11 +222,13 @@ class ModelExecutor {
 
   // Whether the calling thread holds a LoopMember of this executor.
   bool CallerIsMember() const;
-  // Waits (queue_mu_ held) until every member is blocked on the executor,
-  // `c`'s queue holds a full pass, or the gather bound has passed.
-  template <typename S, typename RowsOf>
-  void GatherLocked(const Combiner<S>& c, RowsOf rows_of)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_);
+  // Waits (queue_mu_ held) until every member is blocked on the executor or
+  // `full()` holds (the pass can grow no more), at most the gather bound.
+  template <typename Full>
+  void AwaitMembersLocked(Full full) ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_);
+  // Waits (queue_mu_ held) for every streaming member to block (at most the
+  // gather bound), then until the passes queued by then have run.
+  void YieldToStreamingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_);
 
   model::Model* const model_;
   const GatherOptions gather_;
@@ -189,6 +240,9 @@ class ModelExecutor {
   Combiner<Step> decodes_ ABSL_GUARDED_BY(queue_mu_);
   Combiner<VerifyStep> verifies_ ABSL_GUARDED_BY(queue_mu_);
   Combiner<DraftStep> drafts_ ABSL_GUARDED_BY(queue_mu_);
+  Combiner<PrefillStep> prefills_ ABSL_GUARDED_BY(queue_mu_);
+  Combiner<ExclusiveStep> exclusives_ ABSL_GUARDED_BY(queue_mu_){
+      /*gathers=*/false};
   Stats stats_ ABSL_GUARDED_BY(queue_mu_);
   // LoopMembers alive, and how many of them are blocked on the executor:
   // queued in a combiner with their step not yet run, or waiting for the

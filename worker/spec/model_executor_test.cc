@@ -2,6 +2,8 @@
 // together step in one pass each time, bit-identical to each stepping alone,
 // and a member that is away (not blocked on the executor) delays the others
 // by at most the gather bound.
+#include "worker/spec/model_executor.h"
+
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -14,7 +16,6 @@
 #include "worker/model/model.h"
 #include "worker/model/test_backend.h"
 #include "worker/model/test_data.h"
-#include "worker/spec/model_executor.h"
 
 namespace specserve::spec {
 namespace {
@@ -56,8 +57,7 @@ TEST_P(ModelExecutorTest, StreamingMembersStepTogether) {
   constexpr int kSessions = 4;
   constexpr int kSteps = 12;
   ModelExecutor executor(
-      model_.get(),
-      {.max_wait = absl::Seconds(60), .fraction_of_pass = 1e9});
+      model_.get(), {.max_wait = absl::Seconds(60), .fraction_of_pass = 1e9});
   std::mt19937 rng(5);
   std::vector<std::unique_ptr<model::ModelState>> batched, alone;
   std::vector<int32_t> first(kSessions);
@@ -156,10 +156,63 @@ TEST_P(ModelExecutorTest, ANestedMemberCountsOnce) {
   EXPECT_EQ(executor.stats().gather_timeouts, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, ModelExecutorTest,
-                         ::testing::ValuesIn(
-                             model::testing::DefaultAndTestModels()),
-                         model::testing::PathParamName);
+// Prompt chunks queued while the model is busy run as one PrefillBatch
+// pass, each session's outputs bit-identical to its prefill alone.
+TEST_P(ModelExecutorTest, QueuedPrefillChunksShareAPass) {
+  constexpr int kSessions = 4;
+  ModelExecutor executor(model_.get());
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<int> d(0, model_->config().vocab_size - 1);
+  std::vector<std::unique_ptr<model::ModelState>> batched, alone;
+  std::vector<std::vector<int32_t>> chunks;
+  for (int i = 0; i < kSessions; ++i) {
+    int32_t unused;
+    std::mt19937 same = rng;
+    batched.push_back(Prompted(&rng, 2 + i, &unused));
+    alone.push_back(Prompted(&same, 2 + i, &unused));
+    chunks.emplace_back(1 + 5 * i);
+    for (auto& t : chunks.back()) t = d(rng);
+  }
+  std::vector<model::ForwardResult> got(kSessions);
+  std::vector<std::vector<float>> hidden(kSessions);
+  std::vector<absl::Status> status(kSessions);
+  std::vector<std::thread> threads;
+  ASSERT_TRUE(executor
+                  .Exclusive([&] {
+                    for (int i = 0; i < kSessions; ++i) {
+                      threads.emplace_back([&, i] {
+                        status[i] = executor.Prefill(
+                            batched[i].get(), chunks[i], &hidden[i], &got[i]);
+                      });
+                    }
+                    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kSessions; ++i) {
+    ASSERT_TRUE(status[i].ok()) << status[i];
+    model::ForwardResult want;
+    std::vector<float> want_hidden;
+    ASSERT_TRUE(model_
+                    ->Prefill(alone[i].get(), chunks[i],
+                              {.all_hidden = &want_hidden}, &want)
+                    .ok());
+    EXPECT_EQ(got[i].argmax, want.argmax) << "session " << i;
+    EXPECT_EQ(got[i].logits, want.logits) << "session " << i;
+    EXPECT_EQ(got[i].hidden, want.hidden) << "session " << i;
+    EXPECT_EQ(hidden[i], want_hidden) << "session " << i;
+  }
+  const ModelExecutor::Stats stats = executor.stats();
+  EXPECT_EQ(stats.prefill_chunks, static_cast<uint64_t>(kSessions));
+  EXPECT_LT(stats.prefill_passes, stats.prefill_chunks)
+      << "no prompt chunk was batched";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, ModelExecutorTest,
+    ::testing::ValuesIn(model::testing::DefaultAndTestModels()),
+    model::testing::PathParamName);
 
 }  // namespace
 }  // namespace specserve::spec

@@ -78,18 +78,14 @@ absl::StatusOr<std::unique_ptr<SpecSession>> SpecEngine::Admit(
     return absl::OkStatus();
   }));
   auto s = std::make_unique<SpecSession>(id, std::move(caches), drafts);
-  if (!history.empty()) {
-    // Prefill is row-invariant: two parts give the bits of one.
-    SS_RETURN_IF_ERROR(executor_->Exclusive([&]() -> absl::Status {
-      if (checkpoint > 0) {
-        SS_RETURN_IF_ERROR(AppendLocked(s.get(), history.first(checkpoint)));
-        SS_RETURN_IF_ERROR(SaveCheckpointLocked(s.get()));
-      }
-      if (checkpoint < n) {
-        SS_RETURN_IF_ERROR(AppendLocked(s.get(), history.subspan(checkpoint)));
-      }
-      return absl::OkStatus();
-    }));
+  // Prefill is row-invariant: two parts give the bits of one.
+  if (checkpoint > 0) {
+    SS_RETURN_IF_ERROR(AppendInChunks(s.get(), history.first(checkpoint)));
+    SS_RETURN_IF_ERROR(
+        executor_->Exclusive([&] { return SaveCheckpointLocked(s.get()); }));
+  }
+  if (checkpoint < n) {
+    SS_RETURN_IF_ERROR(AppendInChunks(s.get(), history.subspan(checkpoint)));
   }
   s->CheckInvariants();
   return s;
@@ -101,6 +97,39 @@ absl::Status SpecEngine::FillMtpLocked(SpecSession* s, int first_row,
   if (!s->can_draft() || next_tokens.empty()) return absl::OkStatus();
   return model_->MtpForward(s->caches(), hiddens, next_tokens, first_row,
                             nullptr);
+}
+
+absl::Status SpecEngine::AppendInChunks(SpecSession* s,
+                                        absl::Span<const int32_t> tokens,
+                                        const PromptLogprobs* prompt_logprobs) {
+  for (size_t i = 0; i < tokens.size(); i += kPrefillChunk) {
+    const absl::Span<const int32_t> chunk = tokens.subspan(i, kPrefillChunk);
+    if (prompt_logprobs != nullptr) {
+      // Every row's logits: a pass of its own (Prefill with all_rows).
+      SS_RETURN_IF_ERROR(executor_->Interleaved(
+          [&] { return AppendLocked(s, chunk, prompt_logprobs); }));
+      continue;
+    }
+    // The chunk's MTP fill attends over the rows the session owes.
+    if (!s->deferred_mtp().empty()) {
+      SS_RETURN_IF_ERROR(
+          executor_->Exclusive([&] { return FlushMtpLocked(s); }));
+    }
+    // The trunk pass, batched with other sessions' chunks; then the MTP
+    // fill, which needs the model only when the session drafts.
+    model::ForwardResult r;
+    std::vector<float> row_hidden;
+    SS_RETURN_IF_ERROR(executor_->Prefill(
+        s->caches(), chunk, s->can_draft() ? &row_hidden : nullptr, &r));
+    ++trunk_passes_;
+    if (s->can_draft()) {
+      SS_RETURN_IF_ERROR(executor_->Exclusive(
+          [&] { return FinishAppend(s, chunk, row_hidden, r); }));
+    } else {
+      SS_RETURN_IF_ERROR(FinishAppend(s, chunk, row_hidden, r));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status SpecEngine::AppendLocked(SpecSession* s,
@@ -162,6 +191,16 @@ absl::Status SpecEngine::AppendLocked(SpecSession* s,
     r.finite = {finite ? 1 : 0};
   }
   ++trunk_passes_;
+  return FinishAppend(s, tokens, row_hidden, r);
+}
+
+absl::Status SpecEngine::FinishAppend(SpecSession* s,
+                                      absl::Span<const int32_t> tokens,
+                                      const std::vector<float>& row_hidden,
+                                      const model::ForwardResult& r) {
+  const int old_len = s->committed_len();
+  const int H = model_->config().hidden_size;
+  const int n = static_cast<int>(tokens.size());
   if (s->can_draft()) {
     // MTP row p takes (h_p, t_{p+1}) for p = old_len−1 .. new_len−2: the
     // previous last row's hidden (kept since the last turn) and every new
@@ -499,11 +538,10 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(
       prompt.temperature = p.sampling.temperature;
       prompt.out = &result.prompt_logprobs;
     }
-    SS_RETURN_IF_ERROR(executor_->Exclusive([&] {
-      SS_RETURN_IF_ERROR(
-          AppendLocked(s, p.suffix, p.prompt_logprobs ? &prompt : nullptr));
-      return SaveCheckpointLocked(s);
-    }));
+    SS_RETURN_IF_ERROR(
+        AppendInChunks(s, p.suffix, p.prompt_logprobs ? &prompt : nullptr));
+    SS_RETURN_IF_ERROR(
+        executor_->Exclusive([&] { return SaveCheckpointLocked(s); }));
   }
   if (s->committed.empty()) {
     return absl::InvalidArgumentError(

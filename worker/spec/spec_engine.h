@@ -115,6 +115,11 @@ class SpecEngine {
 
   model::Model* model() const { return model_; }
 
+  // Prompts are prefilled in chunks of this many tokens, streaming sessions
+  // stepping between them: one pass of the prefill's row-invariant kernels,
+  // so chunking costs no weight reads beyond the unchunked prefill's.
+  static constexpr int kPrefillChunk = model::Model::kMaxRows;
+
  private:
   // Per-burst bookkeeping (bursts of different sessions run concurrently).
   struct BurstCtx {
@@ -139,6 +144,21 @@ class SpecEngine {
   };
   absl::Status AppendLocked(SpecSession* s, absl::Span<const int32_t> tokens,
                             const PromptLogprobs* prompt_logprobs = nullptr);
+  // What AppendLocked does after its trunk pass, given that pass's last row
+  // `r` and (for a drafting session) every row's hidden: the MTP fill, the
+  // committed tokens, the last hidden and logits, next_pred. Requires the
+  // model lock when the session drafts (the MTP fill runs the head).
+  absl::Status FinishAppend(SpecSession* s, absl::Span<const int32_t> tokens,
+                            const std::vector<float>& row_hidden,
+                            const model::ForwardResult& r);
+  // AppendLocked in chunks of kPrefillChunk tokens, each trunk pass batched
+  // with other sessions' chunks (ModelExecutor::Prefill) and run once every
+  // streaming session has had its next step, so that they step between the
+  // chunks. Bit-identical to one AppendLocked: prefill and the MTP fill are
+  // row-invariant, and each chunk continues from the last hidden and logits
+  // the one before it left.
+  absl::Status AppendInChunks(SpecSession* s, absl::Span<const int32_t> tokens,
+                              const PromptLogprobs* prompt_logprobs = nullptr);
   // MTP rows [first_row, first_row + n) from true trunk hiddens. Requires
   // the model lock.
   absl::Status FillMtpLocked(SpecSession* s, int first_row,
