@@ -65,4 +65,10 @@ std::vector<float> ModelTest::LinearStates(const ModelState& s, int column) {
   return all;
 }
 
+void ModelTest::Prefill(ModelState* s, const std::vector<int32_t>& prompt) {
+  if (prompt.empty()) return;
+  ForwardResult r;
+  ASSERT_TRUE(model_->Prefill(s, prompt, {}, &r).ok());
+}
+
 }  // namespace specserve::model::testing

@@ -61,6 +61,10 @@ class ModelTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<ModelState> NewState(Model* m);
   std::unique_ptr<ModelState> NewState(Model* m, int capacity);
 
+  // Prefills `prompt` onto `s` (nothing for an empty prompt), asserting
+  // success.
+  void Prefill(ModelState* s, const std::vector<int32_t>& prompt);
+
   // Every linear layer's state (column < 0: committed), concatenated.
   std::vector<float> LinearStates(const ModelState& s, int column = -1);
 

@@ -22,12 +22,6 @@ class PrefillBatchTest : public testing::ModelTest {
  protected:
   PrefillBatchTest()
       : ModelTest({.seed = 20261203, .capacity = 160, .verify_columns = 1}) {}
-
-  void Prefill(ModelState* s, const std::vector<int32_t>& prompt) {
-    if (prompt.empty()) return;
-    ForwardResult r;
-    ASSERT_TRUE(model_->Prefill(s, prompt, {}, &r).ok());
-  }
 };
 
 TEST_P(PrefillBatchTest, EqualsPrefillOfEachSessionAlone) {

@@ -26,12 +26,6 @@ class VerifyBatchTest : public testing::ModelTest {
  protected:
   VerifyBatchTest()
       : ModelTest({.seed = 20261202, .capacity = 96, .verify_columns = 9}) {}
-
-  void Prefill(ModelState* s, const std::vector<int32_t>& prompt) {
-    if (prompt.empty()) return;
-    ForwardResult r;
-    ASSERT_TRUE(model_->Prefill(s, prompt, {}, &r).ok());
-  }
 };
 
 TEST_P(VerifyBatchTest, EqualsVerifyOfEachSessionAlone) {

@@ -106,8 +106,9 @@ absl::Status SpecEngine::AppendInChunks(SpecSession* s,
     const absl::Span<const int32_t> chunk = tokens.subspan(i, kPrefillChunk);
     if (prompt_logprobs != nullptr) {
       // Every row's logits: a pass of its own (Prefill with all_rows).
-      SS_RETURN_IF_ERROR(executor_->Interleaved(
-          [&] { return AppendLocked(s, chunk, prompt_logprobs); }));
+      SS_RETURN_IF_ERROR(executor_->Interleaved([&] {
+        return AppendWithLogprobsLocked(s, chunk, *prompt_logprobs);
+      }));
       continue;
     }
     // The chunk's MTP fill attends over the rows the session owes.
@@ -132,66 +133,52 @@ absl::Status SpecEngine::AppendInChunks(SpecSession* s,
   return absl::OkStatus();
 }
 
-absl::Status SpecEngine::AppendLocked(SpecSession* s,
-                                      absl::Span<const int32_t> tokens,
-                                      const PromptLogprobs* prompt_logprobs) {
+absl::Status SpecEngine::AppendWithLogprobsLocked(
+    SpecSession* s, absl::Span<const int32_t> chunk,
+    const PromptLogprobs& prompt) {
+  CHECK_LE(chunk.size(), static_cast<size_t>(model::Model::kMaxRows))
+      << "one pass of prompt rows at a time";
   // The new rows' MTP fill attends over the owed ones.
   SS_RETURN_IF_ERROR(FlushMtpLocked(s));
   const int old_len = s->committed_len();
   const int H = model_->config().hidden_size;
   const int V = model_->config().vocab_size;
-  const int n = static_cast<int>(tokens.size());
+  const int n = static_cast<int>(chunk.size());
+  // Every row's logits (one lm_head row each) and, for the MTP KV, every
+  // row's hidden. Token i's logprobs come from the row before it: the stored
+  // last logits for the chunk's first token when the session holds a
+  // history (nothing is pending: the suffix comes after a flush).
   model::PrefillOptions options;
-  // Every row's hidden feeds the MTP KV; logits are needed for the last row
-  // only (no lm_head pass per prompt row) unless prompt logprobs are asked.
+  options.all_rows = true;
   std::vector<float> row_hidden;
   if (s->can_draft()) options.all_hidden = &row_hidden;
   model::ForwardResult r;
-  if (prompt_logprobs == nullptr) {
-    SS_RETURN_IF_ERROR(model_->Prefill(s->caches(), tokens, options, &r));
-  } else {
-    // Every row's logits, a chunk of Model::kMaxRows rows at a time (any
-    // chunking is bit-identical to one pass), so at most one chunk of
-    // [rows][V] logits is held. Token i's row is the one before it: the
-    // stored last logits for the first token of a turn that continues a
-    // history (nothing is pending: the suffix comes after a flush).
+  SS_RETURN_IF_ERROR(model_->Prefill(s->caches(), chunk, options, &r));
+  ++trunk_passes_;
+  const bool finite = r.AllFinite();  // non-finite logits fail FinishAppend
+  if (finite) {
     std::vector<float> before;
     if (old_len > 0) before = s->last_logits();
     CHECK(old_len == 0 || static_cast<int>(before.size()) == V)
         << "session " << s->id() << ": no last logits before the suffix";
-    options.all_rows = true;
-    std::vector<float> chunk_hidden;
-    if (s->can_draft()) options.all_hidden = &chunk_hidden;
-    bool finite = true;  // non-finite logits fail the call below
-    for (int i = 0; i < n; i += model::Model::kMaxRows) {
-      const int rows = std::min(model::Model::kMaxRows, n - i);
-      SS_RETURN_IF_ERROR(
-          model_->Prefill(s->caches(), tokens.subspan(i, rows), options, &r));
-      row_hidden.insert(row_hidden.end(), chunk_hidden.begin(),
-                        chunk_hidden.end());
-      finite = finite && r.AllFinite();
-      if (!finite) continue;
-      for (int j = 0; j < rows; ++j) {
-        if (!before.empty()) {
-          prompt_logprobs->out->push_back(
-              ComputeLogprobs(before, prompt_logprobs->temperature,
-                              tokens[i + j], prompt_logprobs->top_n));
-        }
-        before.assign(r.logits.begin() + static_cast<size_t>(j) * V,
-                      r.logits.begin() + static_cast<size_t>(j + 1) * V);
+    for (int j = 0; j < n; ++j) {
+      if (!before.empty()) {
+        prompt.out->push_back(ComputeLogprobs(before, prompt.temperature,
+                                              chunk[j], prompt.top_n));
       }
+      before.assign(r.logits.begin() + static_cast<size_t>(j) * V,
+                    r.logits.begin() + static_cast<size_t>(j + 1) * V);
     }
-    // Keep the last row only, as a plain prefill returns it.
-    const int last = r.rows - 1;
-    r.logits.assign(r.logits.begin() + static_cast<size_t>(last) * V,
-                    r.logits.begin() + static_cast<size_t>(last + 1) * V);
-    r.hidden.assign(r.hidden.begin() + static_cast<size_t>(last) * H,
-                    r.hidden.begin() + static_cast<size_t>(last + 1) * H);
-    r.argmax = {r.argmax[last]};
-    r.finite = {finite ? 1 : 0};
   }
-  ++trunk_passes_;
-  return FinishAppend(s, tokens, row_hidden, r);
+  // Keep the last row only, as a plain prefill returns it.
+  const int last = r.rows - 1;
+  r.logits.assign(r.logits.begin() + static_cast<size_t>(last) * V,
+                  r.logits.begin() + static_cast<size_t>(last + 1) * V);
+  r.hidden.assign(r.hidden.begin() + static_cast<size_t>(last) * H,
+                  r.hidden.begin() + static_cast<size_t>(last + 1) * H);
+  r.argmax = {r.argmax[last]};
+  r.finite = {finite ? 1 : 0};
+  return FinishAppend(s, chunk, row_hidden, r);
 }
 
 absl::Status SpecEngine::FinishAppend(SpecSession* s,

@@ -132,29 +132,34 @@ class SpecEngine {
     }
   };
 
-  // Appends `tokens` to the caches (prefill), refreshing MTP rows and the
-  // last hidden/logits; sets next_pred. With `prompt_logprobs`, every
-  // token's logprobs (ComputeLogprobs, top_n, temperature) from the row
-  // before it are appended to it, the history's first token excepted.
-  // Requires the model lock.
+  // Where a turn's prompt logprobs go: every token's logprobs
+  // (ComputeLogprobs, top_n, temperature) from the row before it, the
+  // history's first token excepted.
   struct PromptLogprobs {
     int top_n = 0;
     float temperature = 0.0f;
     std::vector<TokenLogprobs>* out = nullptr;
   };
-  absl::Status AppendLocked(SpecSession* s, absl::Span<const int32_t> tokens,
-                            const PromptLogprobs* prompt_logprobs = nullptr);
-  // What AppendLocked does after its trunk pass, given that pass's last row
+  // Appends `chunk` (at most Model::kMaxRows tokens) in one pass that keeps
+  // every row's logits, appending the chunk's prompt logprobs to `prompt`,
+  // then FinishAppend. Requires the model lock.
+  absl::Status AppendWithLogprobsLocked(SpecSession* s,
+                                        absl::Span<const int32_t> chunk,
+                                        const PromptLogprobs& prompt);
+  // What follows a prompt chunk's trunk pass, given that pass's last row
   // `r` and (for a drafting session) every row's hidden: the MTP fill, the
   // committed tokens, the last hidden and logits, next_pred. Requires the
   // model lock when the session drafts (the MTP fill runs the head).
   absl::Status FinishAppend(SpecSession* s, absl::Span<const int32_t> tokens,
                             const std::vector<float>& row_hidden,
                             const model::ForwardResult& r);
-  // AppendLocked in chunks of kPrefillChunk tokens, each trunk pass batched
-  // with other sessions' chunks (ModelExecutor::Prefill) and run once every
-  // streaming session has had its next step, so that they step between the
-  // chunks. Bit-identical to one AppendLocked: prefill and the MTP fill are
+  // Appends `tokens` to the caches (prefill), refreshing MTP rows and the
+  // last hidden/logits, and sets next_pred; with `prompt_logprobs`, their
+  // logprobs too. In chunks of kPrefillChunk tokens, each trunk pass batched
+  // with other sessions' chunks (ModelExecutor::Prefill; with logprobs, a
+  // pass of its own through Interleaved) and run once every streaming
+  // session has had its next step, so that they step between the chunks.
+  // Any chunking gives the bits of one prefill: prefill and the MTP fill are
   // row-invariant, and each chunk continues from the last hidden and logits
   // the one before it left.
   absl::Status AppendInChunks(SpecSession* s, absl::Span<const int32_t> tokens,
