@@ -17,6 +17,15 @@
 //    rows of different sessions in one call (per-row positions and cache /
 //    state pointers in backend memory, see their headers); each row is
 //    bit-identical to a one-row call on its own session.
+//  - Prefill forms (PrefillMatmul, PrefillAttention, PrefillGatedDeltaRule):
+//    a prompt's rows may run these instead of the exact ops. Each is
+//    deterministic and row-invariant (a row's bits depend only on its own
+//    inputs, its position and the cache rows it reads, or for the delta rule
+//    the state before it, never on the call's other rows or its row
+//    count), so a
+//    prompt gives the same bits however it is chunked or batched, and stays
+//    within the prefill tolerance of the exact op (docs/DESIGN.md, "Prefill
+//    tolerance"). By default they are the exact ops (the CPU reference).
 #ifndef SPECSERVE_KERNELS_BACKEND_H_
 #define SPECSERVE_KERNELS_BACKEND_H_
 
@@ -134,6 +143,27 @@ class Backend {
   // overrides it to sample on the device (kernels/sample_rows.h).
   // FAILED_PRECONDITION when a row's logits hold NaN or inf.
   virtual absl::Status SampleRows(const SampleRowsParams& p);
+
+  // ---- Prefill forms (see the contract above).
+  // Whether they are the exact ops (then prefill == token-by-token decode
+  // bit for bit); false where they round to bf16 (within the tolerance).
+  virtual bool ExactPrefill() const { return true; }
+  // Matmul with x rounded to one bf16 term after its fused norm or SwiGLU
+  // (on a backend that does so; the default is Matmul itself).
+  virtual absl::Status PrefillMatmul(const MatmulParams& p) {
+    return Matmul(p);
+  }
+  // Attention of one session's rows (positions == nullptr) on tensor cores
+  // where the backend has them; the default is Attention itself.
+  virtual absl::Status PrefillAttention(const AttentionParams& p) {
+    return Attention(p);
+  }
+  // The gated delta rule of one session's tokens (states == nullptr, one
+  // state slot: state_out_stride 0) in an order that suits many tokens; the
+  // default is GatedDeltaRule itself.
+  virtual absl::Status PrefillGatedDeltaRule(const GatedDeltaRuleParams& p) {
+    return GatedDeltaRule(p);
+  }
 
  protected:
   friend class Buffer;

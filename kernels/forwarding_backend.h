@@ -96,6 +96,16 @@ class ForwardingBackend : public Backend {
   absl::Status AttentionInputs(const AttentionInputsParams& p) override {
     return inner_->AttentionInputs(p);
   }
+  bool ExactPrefill() const override { return inner_->ExactPrefill(); }
+  absl::Status PrefillMatmul(const MatmulParams& p) override {
+    return inner_->PrefillMatmul(p);
+  }
+  absl::Status PrefillAttention(const AttentionParams& p) override {
+    return inner_->PrefillAttention(p);
+  }
+  absl::Status PrefillGatedDeltaRule(const GatedDeltaRuleParams& p) override {
+    return inner_->PrefillGatedDeltaRule(p);
+  }
   absl::Status SampleRows(const SampleRowsParams& p) override {
     return inner_->SampleRows(p);
   }

@@ -13,7 +13,9 @@
 #
 #   tools/cuda_bench.sh [run]     (GPU machine, repository root; no Bazel)
 #       1. checks: the op test (CPU vs CUDA, bit-exact row invariance),
-#          sample_rows_test (device sampling == the host filters' tokens), the
+#          sample_rows_test (device sampling == the host filters' tokens),
+#          prefill_matmul_test / prefill_attention_test (the prefill forms
+#          within tolerance of the CPU, row-invariant; their speed), the
 #          model test (verify == decode bit-exact, CUDA vs CPU), specgen
 #          cuda:0 vs cpu greedy ids, the CPU property tests built for CUDA
 #          (batch_cuda_test: batched == alone, offload exact;
@@ -251,7 +253,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --fo
 # The CPU targets' property tests, on the GPU (same sources, CUDA backend);
 # the engine's chi-square test (thousands of bursts) runs last, on its own.
 # CUDA_BENCH_CHI=0 skips the chi-square step (about 100 s).
-steps=("sample_rows_test 90 *" "exactness_cuda_test 90 *" "batch_cuda_test 90 *" "recorded_steps_cuda_test 90 *"
+steps=("sample_rows_test 90 *" "prefill_matmul_test 120 *" "prefill_attention_test 120 *"
+       "prefill_gated_delta_rule_test 120 *"
+       "exactness_cuda_test 90 *" "batch_cuda_test 90 *" "recorded_steps_cuda_test 90 *"
        "verify_batch_cuda_test 90 *" "prefill_batch_cuda_test 90 *"
        "model_executor_cuda_test 90 *" "interleaved_prefill_cuda_test 90 *"
        "spec_engine_cuda_test 120 -*SampledDistribution*")

@@ -3,7 +3,9 @@
 # from binaries built here.
 #
 #   tools/cuda_check.sh prepare   (on the build machine, with Bazel)
-#       Builds //kernels/cuda:cuda_backend_test, //tools/cuda_bench:matmul_bench,
+#       Builds //kernels/cuda:cuda_backend_test, :prefill_matmul_test,
+#       :prefill_attention_test, :prefill_gated_delta_rule_test,
+#       //tools/cuda_bench:matmul_bench,
 #       //worker/model:cuda_model_test, :exactness_cuda_test, :batch_cuda_test,
 #       :recorded_steps_cuda_test, :verify_batch_cuda_test,
 #       :prefill_batch_cuda_test, //worker/spec:spec_engine_cuda_test,
@@ -37,13 +39,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
 carry=.carry/cuda
-bins="cuda_backend_test sample_rows_test matmul_bench cuda_model_test exactness_cuda_test batch_cuda_test recorded_steps_cuda_test verify_batch_cuda_test prefill_batch_cuda_test spec_engine_cuda_test model_executor_cuda_test interleaved_prefill_cuda_test specgen specserve_worker"
+bins="cuda_backend_test sample_rows_test prefill_matmul_test prefill_attention_test prefill_gated_delta_rule_test matmul_bench cuda_model_test exactness_cuda_test batch_cuda_test recorded_steps_cuda_test verify_batch_cuda_test prefill_batch_cuda_test spec_engine_cuda_test model_executor_cuda_test interleaved_prefill_cuda_test specgen specserve_worker"
 
 if [ "$mode" = prepare ]; then
   ob="${CUDA_CHECK_OUTPUT_BASE:-$HOME/.cache/bazel_cuda/ob}"
   flags=(--config=cuda --config=static)
   bazel --output_base="$ob" build "${flags[@]}" --symlink_prefix=/ \
       //kernels/cuda:cuda_backend_test //kernels/cuda:sample_rows_test \
+      //kernels/cuda:prefill_matmul_test //kernels/cuda:prefill_attention_test \
+      //kernels/cuda:prefill_gated_delta_rule_test \
       //tools/cuda_bench:matmul_bench \
       //worker/model:cuda_model_test //worker/model:exactness_cuda_test \
       //worker/model:batch_cuda_test //worker/model:recorded_steps_cuda_test \
@@ -55,7 +59,9 @@ if [ "$mode" = prepare ]; then
   mkdir -p "$carry"
   for b in $bins; do
     case $b in
-      cuda_backend_test|sample_rows_test) src="$bin/kernels/cuda/$b" ;;
+      cuda_backend_test|sample_rows_test|prefill_matmul_test|prefill_attention_test|\
+      prefill_gated_delta_rule_test)
+        src="$bin/kernels/cuda/$b" ;;
       matmul_bench) src="$bin/tools/cuda_bench/$b" ;;
       cuda_model_test|exactness_cuda_test|batch_cuda_test|recorded_steps_cuda_test|\
       verify_batch_cuda_test|prefill_batch_cuda_test)

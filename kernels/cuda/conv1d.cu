@@ -6,6 +6,12 @@
 // copy of what token t−1 wrote, i.e. the same values in every mode.
 // A session batch (p.states) runs one token per (channel, row) thread with
 // that row's state, in place: the one-row call's instructions.
+// Many tokens into one state slot (a prefill chunk): the walk above has only
+// `channels` threads, each T tokens long, so instead each thread walks a
+// run of kRunTokens tokens of one channel, starting from the window it reads
+// (the raw inputs before the run, or the state before token 0), and a
+// second kernel writes each channel's new state. A window holds the same
+// values whichever thread builds it, so every output has the walk's bits.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
@@ -59,6 +65,68 @@ __global__ void __launch_bounds__(kThreads) Conv1dKernel(Conv1dParams p) {
   }
 }
 
+constexpr int kRunTokens = 32;
+// Rows from which the runs pay (below, the walk is as fast).
+constexpr int64_t kRunsFromRows = 64;
+
+// Input i of channel c in the sequence [state (s entries) | x rows]: i < 0
+// reads the state's entry s + i.
+template <int K>
+__device__ __forceinline__ float SequenceAt(const Conv1dParams& p, int64_t c,
+                                            int64_t i) {
+  return i < 0 ? p.state_in[c * (K - 1) + (K - 1) + i]
+               : p.x[i * p.x_stride + c];
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads) Conv1dRunsKernel(Conv1dParams p) {
+  PdlBegin();
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= p.channels) return;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kRunTokens;
+  const int64_t t1 = t0 + kRunTokens < p.rows ? t0 + kRunTokens : p.rows;
+  float w[K], win[K];
+#pragma unroll
+  for (int j = 0; j < K; ++j) w[j] = p.weight[c * K + j];
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j)
+    win[j] = SequenceAt<K>(p, c, t0 - (K - 1) + j);
+  for (int64_t t = t0; t < t1; ++t) {
+    win[K - 1] = p.x[t * p.x_stride + c];
+    const float acc = ConvWindowSum(w, win, K);
+    p.y[t * p.y_stride + c] = p.silu ? Silu(acc) : acc;
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j) win[j] = win[j + 1];
+  }
+}
+
+// The state after the last token: inputs rows−(K−1) .. rows−1 of the
+// sequence, read before written (in place: each thread owns its channel).
+template <int K>
+__global__ void __launch_bounds__(kThreads) Conv1dStateKernel(Conv1dParams p) {
+  PdlBegin();
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= p.channels) return;
+  float next[K - 1];
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j)
+    next[j] = SequenceAt<K>(p, c, p.rows - (K - 1) + j);
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) p.state_out[c * (K - 1) + j] = next[j];
+}
+
+// The runs and then the state, for the model's kernel size.
+template <int K>
+void LaunchRuns(const Conv1dParams& p, cudaStream_t stream) {
+  const unsigned channel_blocks =
+      static_cast<unsigned>(CeilDiv(p.channels, kThreads));
+  LaunchPdl(
+      Conv1dRunsKernel<K>,
+      dim3(channel_blocks, static_cast<unsigned>(CeilDiv(p.rows, kRunTokens))),
+      kThreads, 0, stream, p);
+  LaunchPdl(Conv1dStateKernel<K>, dim3(channel_blocks), kThreads, 0, stream, p);
+}
+
 }  // namespace
 
 absl::Status LaunchConv1d(const Conv1dParams& p, cudaStream_t stream) {
@@ -66,6 +134,12 @@ absl::Status LaunchConv1d(const Conv1dParams& p, cudaStream_t stream) {
   if (p.states != nullptr && p.rows > 65535) {
     return absl::UnimplementedError(
         "conv1d: session batch of more than 65535 rows");
+  }
+  if (p.states == nullptr && p.state_out_stride == 0 &&
+      p.rows >= kRunsFromRows && p.kernel == 4 &&
+      CeilDiv(p.rows, kRunTokens) <= 65535) {
+    LaunchRuns<4>(p, stream);
+    return LaunchStatus("conv1d runs launch");
   }
   const dim3 blocks(static_cast<unsigned>(CeilDiv(p.channels, kThreads)),
                     p.states != nullptr ? static_cast<unsigned>(p.rows) : 1u);

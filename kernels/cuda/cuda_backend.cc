@@ -358,6 +358,17 @@ absl::Status CudaBackend::Embed(const EmbedParams& p) {
   return LaunchEmbed(p, static_cast<int*>(error_flag_.get()), stream_.get());
 }
 
+absl::Status CudaBackend::Grow(GrowingScratch& s, size_t need,
+                               const char* what) {
+  if (need <= s.bytes) return absl::OkStatus();
+  SS_RETURN_IF_ERROR(recording_.Refuse(what));
+  SS_ASSIGN_OR_RETURN(DeviceMemory grown, AllocateDevice(need));
+  s.retired.push_back(std::move(s.memory));
+  s.memory = std::move(grown);
+  s.bytes = need;
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::Matmul(const MatmulParams& p) {
   SS_RETURN_IF_ERROR(UseDevice());
   MatmulResources r;
@@ -367,19 +378,23 @@ absl::Status CudaBackend::Matmul(const MatmulParams& p) {
   r.x_splits = matmul_x_splits_;
   if (p.norm_weight != nullptr ||
       p.swiglu) {  // (fused or not: LaunchMatmul decides)
-    const size_t need = static_cast<size_t>(p.rows * p.in) * sizeof(float);
-    if (need > norm_scratch_bytes_) {
-      SS_RETURN_IF_ERROR(recording_.Refuse("Matmul growing its norm scratch"));
-      // The old buffer stays allocated: queued ops and recordings may hold
-      // its address.
-      SS_ASSIGN_OR_RETURN(DeviceMemory grown, AllocateDevice(need));
-      retired_norm_scratch_.push_back(std::move(norm_scratch_));
-      norm_scratch_ = std::move(grown);
-      norm_scratch_bytes_ = need;
-    }
+    SS_RETURN_IF_ERROR(Grow(norm_scratch_,
+                            static_cast<size_t>(p.rows * p.in) * sizeof(float),
+                            "Matmul growing its norm scratch"));
   }
-  r.norm_scratch = Workspace{norm_scratch_.get(), norm_scratch_bytes_};
+  r.norm_scratch = Workspace{norm_scratch_.memory.get(), norm_scratch_.bytes};
   return LaunchMatmul(p, r, stream_.get());
+}
+
+// Weights the prefill kernel cannot read (fp32, row-major) take the exact
+// matmul: still deterministic and row-invariant.
+absl::Status CudaBackend::PrefillMatmul(const MatmulParams& p) {
+  if (!PrefillMatmulApplies(p)) return Matmul(p);
+  SS_RETURN_IF_ERROR(UseDevice());
+  SS_RETURN_IF_ERROR(Grow(prefill_x_, PrefillMatmulScratchBytes(p),
+                          "PrefillMatmul growing its x scratch"));
+  return LaunchPrefillMatmul(
+      p, Workspace{prefill_x_.memory.get(), prefill_x_.bytes}, stream_.get());
 }
 
 absl::Status CudaBackend::RmsNorm(const RmsNormParams& p) {
@@ -401,6 +416,24 @@ absl::Status CudaBackend::Attention(const AttentionParams& p) {
   SS_RETURN_IF_ERROR(UseDevice());
   return LaunchAttention(p, Workspace{workspace_.get(), workspace_bytes_},
                          stream_.get());
+}
+
+// A session batch has no prefill form: it is decode. Shapes the prefill
+// kernels do not cover (UNIMPLEMENTED, decided from the shape before any
+// launch) take the exact op, which is row-invariant too.
+absl::Status CudaBackend::PrefillAttention(const AttentionParams& p) {
+  if (p.positions != nullptr) return Attention(p);
+  SS_RETURN_IF_ERROR(UseDevice());
+  const absl::Status s = LaunchPrefillAttention(p, stream_.get());
+  return absl::IsUnimplemented(s) ? Attention(p) : s;
+}
+
+// Snapshots per token (verify) and session batches are decode's forms.
+absl::Status CudaBackend::PrefillGatedDeltaRule(const GatedDeltaRuleParams& p) {
+  if (p.states != nullptr || p.state_out_stride != 0) return GatedDeltaRule(p);
+  SS_RETURN_IF_ERROR(UseDevice());
+  const absl::Status s = LaunchPrefillGatedDeltaRule(p, stream_.get());
+  return absl::IsUnimplemented(s) ? GatedDeltaRule(p) : s;
 }
 
 absl::Status CudaBackend::Conv1d(const Conv1dParams& p) {

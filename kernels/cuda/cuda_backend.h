@@ -117,6 +117,10 @@ class CudaBackend : public Backend {
   absl::Status Argmax(const ArgmaxParams& p) override;
   absl::Status LogSumExp(const LogSumExpParams& p) override;
   absl::Status Softmax(const SoftmaxParams& p) override;
+  bool ExactPrefill() const override { return false; }
+  absl::Status PrefillMatmul(const MatmulParams& p) override;
+  absl::Status PrefillAttention(const AttentionParams& p) override;
+  absl::Status PrefillGatedDeltaRule(const GatedDeltaRuleParams& p) override;
   absl::Status ScatterRows(const ScatterRowsParams& p) override;
   // One kernel where the six ops fuse (ops.h), else the six ops.
   absl::Status AttentionInputs(const AttentionInputsParams& p) override;
@@ -147,10 +151,19 @@ class CudaBackend : public Backend {
   const size_t workspace_bytes_;
   DeviceMemory matmul_counters_;  // MmaMatmulCounters() ints, kept zero
   DeviceMemory matmul_x_frags_;   // kMatmulXFragBytes: pre-split x (> 16 rows)
-  // Unfused fused-norm matmuls (ops.h MatmulResources); grows on demand.
-  DeviceMemory norm_scratch_;
-  size_t norm_scratch_bytes_ = 0;
-  std::vector<DeviceMemory> retired_norm_scratch_;  // outgrown, kept alive
+  // Scratch that grows on demand. An outgrown buffer stays allocated: queued
+  // ops and recordings may hold its address.
+  struct GrowingScratch {
+    DeviceMemory memory;
+    size_t bytes = 0;
+    std::vector<DeviceMemory> retired;
+  };
+  // Makes `s` hold at least `need` bytes (refused while recording).
+  absl::Status Grow(GrowingScratch& s, size_t need, const char* what);
+  // Unfused fused-norm matmuls (ops.h MatmulResources).
+  GrowingScratch norm_scratch_;
+  // The prefill matmul's bf16 x (ops.h LaunchPrefillMatmul).
+  GrowingScratch prefill_x_;
   const int matmul_x_splits_;
   // One pinned int the Embed kernel sets to 1 on a bad id (host-mapped).
   PinnedMemory error_flag_;

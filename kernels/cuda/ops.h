@@ -85,6 +85,17 @@ absl::Status LaunchTileWeight(const void* src, int64_t rows, int64_t cols,
 absl::Status LaunchMatmul(const MatmulParams& p, const MatmulResources& r,
                           cudaStream_t stream);
 
+// The prefill matmul (prefill_matmul.cu): x after its fused norm or SwiGLU
+// rounded to one bf16 term (written to `x_bf16`, PrefillMatmulScratchBytes
+// of it), then y (+)= x·Wᵀ on the tensor cores with fp32 accumulation, each
+// output's reduction order fixed by `in` alone (row-invariant, no split over
+// k that depends on the rows). Only for bf16 weights in the tile layout
+// (PrefillMatmulApplies); UNIMPLEMENTED otherwise.
+bool PrefillMatmulApplies(const MatmulParams& p);
+size_t PrefillMatmulScratchBytes(const MatmulParams& p);
+absl::Status LaunchPrefillMatmul(const MatmulParams& p, const Workspace& x_bf16,
+                                 cudaStream_t stream);
+
 absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);
 absl::Status LaunchGatedRmsNorm(const GatedRmsNormParams& p,
                                 cudaStream_t stream);
@@ -99,6 +110,14 @@ absl::Status LaunchAttention(const AttentionParams& p, const Workspace& ws,
                              cudaStream_t stream);
 size_t AttentionWorkspaceBytesPerRow(const AttentionParams& p);
 
+// Causal flash attention of one session's rows (prefill_attention.cu): q, k
+// and v rounded to bf16 on the tensor cores, an online softmax in fp32 over
+// key blocks at fixed absolute positions, so each row's bits depend only on
+// its q, its position and the cache rows 0..position (row-invariant). Not
+// for session batches (positions != nullptr: UNIMPLEMENTED). No workspace.
+absl::Status LaunchPrefillAttention(const AttentionParams& p,
+                                    cudaStream_t stream);
+
 // The six ops of AttentionInputs as one kernel, when they describe one
 // layout (FusesAttentionInputs: each norm in place over its rope's head
 // vectors, key heads back to back, the scatters reading rotated keys and
@@ -108,6 +127,14 @@ absl::Status LaunchAttentionInputs(const AttentionInputsParams& p,
                                    cudaStream_t stream);
 
 absl::Status LaunchConv1d(const Conv1dParams& p, cudaStream_t stream);
+// The gated delta rule for many tokens of one session
+// (prefill_gated_delta_rule.cu): each warp carries a few state columns of
+// one head through all T tokens with warp-shuffle reductions and no block
+// barrier, so the per-token chain is short. Fixed order per (dk, dv): any
+// split of the tokens into calls gives the same bits. Single slot only
+// (state_out_stride 0, states == nullptr); UNIMPLEMENTED otherwise.
+absl::Status LaunchPrefillGatedDeltaRule(const GatedDeltaRuleParams& p,
+                                         cudaStream_t stream);
 absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleParams& p,
                                   cudaStream_t stream);
 // The rule and its gated norm in one kernel (gated_delta_rule.cu), for one

@@ -112,6 +112,7 @@ struct Ctx {
   bool leave_out = false;  // --leave_out: LeaveOutSweep after (a)
   bool decode_only = false;       // --decode_only: the 27B shape's (a) alone
   bool quick_sweep = false;  // --quick_sweep (MatmulSweep)
+  bool prefill_only = false;  // --prefill_only: the 27B shape's (f) alone
   json out = json::object();
 };
 
@@ -266,11 +267,12 @@ std::vector<int32_t> SyntheticPrompt(int n) {
 }
 
 // (f) prefill of P prompt tokens into an empty state, beside two floors:
-// the weight bytes the chunked prefill reads (one pass per Model::kMaxRows
-// rows: the row-invariant kernels that make prefill == decode bit for bit)
-// over the copy bandwidth, and the tensor-core work at the H200's nominal
-// dense bf16 rate (989 TFLOP/s: each fp32 x is x_splits bf16 terms, so 2 ·
-// x_splits FLOP per weight per row). Then one 512-token prefill op by op.
+// the weight bytes the chunked prefill reads (one pass per
+// Model::kMaxPrefillRows rows) over the copy bandwidth, and the tensor-core
+// work at the H200's nominal dense bf16 rate (989 TFLOP/s): the prefill
+// forms round x to one bf16 term, so 2 FLOP per trunk weight per row, plus
+// causal attention's 4·hd FLOP per (query head, query row, visible key).
+// Then one 512-token prefill op by op.
 void PrefillBench(Ctx* ctx, model::Model* m, RandomWeightsBackend* rb, double floor_ms,
                   json* j) {
   const model::ModelConfig& c = m->config();
@@ -279,18 +281,21 @@ void PrefillBench(Ctx* ctx, model::Model* m, RandomWeightsBackend* rb, double fl
   const double trunk_elems = (weight_bytes - lm_head_bytes) / 2.0;
   constexpr double kNominalTflops = 989.0;
   model::StateOptions so;
-  so.capacity = 2048 + 64;
+  constexpr int kLongest = 32768;
+  so.capacity = kLongest + 64;
   so.max_verify_columns = 1;
   auto st = m->NewState(so);
   BENCH_CHECK(st.status());
   std::printf("(f) prefill into an empty state (floors: bytes = passes of %d rows x trunk "
-              "weights + lm_head once, over the copy bandwidth; tensor = %d-term x at %.0f "
-              "TFLOP/s nominal):\n%6s %7s %10s %10s %12s %12s\n",
-              model::Model::kMaxRows, ctx->model_splits, kNominalTflops, "P", "passes", "ms",
-              "tok/s", "bytes_floor", "tensor_floor");
+              "weights + lm_head once, over the copy bandwidth; tensor = 1-term x matmuls "
+              "and causal attention at %.0f TFLOP/s nominal):\n%6s %7s %10s %10s %9s %12s "
+              "%12s %8s\n",
+              model::Model::kMaxPrefillRows, kNominalTflops, "P", "passes", "ms", "tok/s",
+              "TFLOP", "bytes_floor", "tensor_floor", "%tensor");
   json out = json::array();
   model::ForwardResult r;
-  for (int P : {64, 512, 2048}) {
+  const double attn_layers = static_cast<double>(c.num_full_attention_layers());
+  for (int P : {64, 512, 2048, 8192, kLongest}) {
     const std::vector<int32_t> prompt = SyntheticPrompt(P);
     std::vector<double> ms;
     for (int rep = 0; rep < 3; ++rep) {
@@ -302,15 +307,21 @@ void PrefillBench(Ctx* ctx, model::Model* m, RandomWeightsBackend* rb, double fl
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
               .count());
     }
-    const int passes = (P + model::Model::kMaxRows - 1) / model::Model::kMaxRows;
+    const int passes =
+        (P + model::Model::kMaxPrefillRows - 1) / model::Model::kMaxPrefillRows;
     const double bytes_ms =
         floor_ms * (passes * (weight_bytes - lm_head_bytes) + lm_head_bytes) / weight_bytes;
-    const double tensor_ms = 2.0 * ctx->model_splits * trunk_elems * P / (kNominalTflops * 1e9);
+    // Σ_t (t + 1) visible keys per query row.
+    const double visible = 0.5 * static_cast<double>(P) * (P + 1);
+    const double flop = 2.0 * trunk_elems * P +
+                        4.0 * c.head_dim * c.num_attention_heads * visible * attn_layers;
+    const double tensor_ms = flop / (kNominalTflops * 1e9);
     const double med = Median(ms);
-    std::printf("%6d %7d %10.1f %10.0f %12.1f %12.1f\n", P, passes, med, P * 1e3 / med,
-                bytes_ms, tensor_ms);
+    std::printf("%6d %7d %10.1f %10.0f %9.1f %12.1f %12.1f %7.1f%%\n", P, passes, med,
+                P * 1e3 / med, flop / 1e12, bytes_ms, tensor_ms, 100.0 * tensor_ms / med);
     out.push_back({{"P", P}, {"passes", passes}, {"ms", med}, {"tok_s", P * 1e3 / med},
-                   {"bytes_floor_ms", bytes_ms}, {"tensor_floor_ms", tensor_ms}});
+                   {"tflop", flop / 1e12}, {"bytes_floor_ms", bytes_ms},
+                   {"tensor_floor_ms", tensor_ms}, {"pct_of_tensor_floor", 100.0 * tensor_ms / med}});
   }
   (*j)["prefill"] = out;
   const std::vector<int32_t> prompt = SyntheticPrompt(512);
@@ -342,6 +353,11 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
   std::printf("decode weight bytes %.2f GB; floor %.2f ms at %.0f GB/s copy\n", wbytes / 1e9,
               floor_ms, ctx->copy_gbs);
   json j = {{"decode_weight_bytes", wbytes}, {"floor_ms", floor_ms}};
+  if (ctx->prefill_only) {
+    PrefillBench(ctx, m.get(), &rb, floor_ms, &j);
+    ctx->out["model_27b"] = j;
+    return;
+  }
 
   model::StateOptions so;
   so.capacity = 1024;
@@ -619,6 +635,7 @@ void EngineBench(Ctx* ctx, const std::string& dir) {
 
 int Main(int argc, char** argv) {
   std::string json_path = "cuda_bench.json", default_model, synth = "/tmp/specserve_27b";
+  Ctx ctx;
   bool decode_only = false;
   bool skip_model = false, skip_matmul = false, ctx_leave_out = false, ctx_quick = false;
   // bf16 terms per activation in the models' matmuls: 2 is the worker's
@@ -634,13 +651,13 @@ int Main(int argc, char** argv) {
     if (a == "--leave_out") ctx_leave_out = true;
     if (a == "--quick_sweep") ctx_quick = true;
     if (a == "--decode_only") decode_only = true;
+    if (a == "--prefill_only") ctx.prefill_only = true;
     if (a.rfind("--x_splits=", 0) == 0) model_splits = std::stoi(a.substr(11));
   }
   if (kernels::cuda::CudaDeviceCount() == 0) {
     std::printf("cuda_bench: no CUDA device visible\n");
     return 0;
   }
-  Ctx ctx;
   ctx.model_splits = model_splits;
   ctx.leave_out = ctx_leave_out;
   ctx.decode_only = decode_only;

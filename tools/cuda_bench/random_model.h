@@ -83,6 +83,17 @@ class RandomWeightsBackend : public kernels::ForwardingBackend {
     return Enqueue(timeline_ ? MatmulName(p) : std::string("matmul"),
                    [&] { return inner_->Matmul(p); });
   }
+  absl::Status PrefillMatmul(const kernels::MatmulParams& p) override {
+    return Enqueue(timeline_ ? "prefill_" + MatmulName(p) : std::string("prefill_matmul"),
+                   [&] { return inner_->PrefillMatmul(p); });
+  }
+  absl::Status PrefillAttention(const kernels::AttentionParams& p) override {
+    return Enqueue("prefill_attention", [&] { return inner_->PrefillAttention(p); });
+  }
+  absl::Status PrefillGatedDeltaRule(const kernels::GatedDeltaRuleParams& p) override {
+    return Enqueue("prefill_gated_delta_rule",
+                   [&] { return inner_->PrefillGatedDeltaRule(p); });
+  }
   absl::Status RmsNorm(const kernels::RmsNormParams& p) override {
     return Enqueue("rms_norm", [&] { return inner_->RmsNorm(p); });
   }

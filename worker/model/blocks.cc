@@ -8,7 +8,8 @@
 // the delta rule run once per slice on that session's caches, or, for a
 // session batch (DecodeBatch: one row per session), once over all rows with
 // per-row positions and cache pointers (each row bit-identical to its
-// per-slice call).
+// per-slice call). A prefill pass (Mode::kPrefill) runs the matmuls and the
+// attention as the backend's prefill forms, per slice.
 #include <cmath>
 
 #include "glog/logging.h"
@@ -22,6 +23,12 @@ using kernels::DenseMatmul;
 using kernels::MatmulParams;
 
 namespace {
+
+// The prefill form of the matmul in a prefill pass, else the exact one.
+absl::Status MatmulOf(kernels::Backend& be, bool prefill,
+                      const MatmulParams& p) {
+  return prefill ? be.PrefillMatmul(p) : be.Matmul(p);
+}
 
 // y = RmsNorm(h; norm)·Wᵀ, the norm fused into the matmul.
 MatmulParams NormedMatmul(int rows, const float* h, const Buffer& norm,
@@ -37,21 +44,24 @@ MatmulParams NormedMatmul(int rows, const float* h, const Buffer& norm,
 
 absl::Status Model::FullAttentionBlock(const LayerWeights& w,
                                        absl::Span<KvCache* const> kvs,
-                                       absl::Span<const Slice> slices, int rows,
+                                       absl::Span<const Slice> slices,
+                                       Mode mode, int rows,
                                        const SessionBatch* batch) {
   const ModelConfig& c = config_;
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads,
                 hd = c.head_dim, kv_dim = nkv * hd;
   kernels::Backend& be = *backend_;
   Workspace& ws = *ws_;
+  const bool prefill = mode == Mode::kPrefill;
   const AttentionWeights& a = w.attn;
   CHECK_EQ(slices.size(), kvs.size()) << "one cache per slice";
   // One matmul projects every row to [q nh·2·hd | k kv_dim | v kv_dim],
   // W wide; the keys and values go to the caches after k_norm and RoPE.
   const int64_t q_width = nh * 2 * hd, W = q_width + 2 * kv_dim;
   float* const q = ws.qkv.f32();
-  SS_RETURN_IF_ERROR(be.Matmul(NormedMatmul(rows, ws.h.f32(), w.input_norm,
-                                            c.rms_norm_eps, a.qkv_proj, q)));
+  SS_RETURN_IF_ERROR(MatmulOf(be, prefill,
+                              NormedMatmul(rows, ws.h.f32(), w.input_norm,
+                                           c.rms_norm_eps, a.qkv_proj, q)));
 
   // Per row block (all rows of a session batch, or one slice): q_norm over
   // the query half of every head and k_norm over every key head, RoPE of
@@ -122,11 +132,12 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w,
       at.capacity = static_cast<int64_t>(kv.k.bytes() / sizeof(float)) / kv_dim;
       at.first_position = s.start;
       at.out = ws.attn.f32() + s.row0 * nh * hd;
-      SS_RETURN_IF_ERROR(be.Attention(at));
+      SS_RETURN_IF_ERROR(prefill ? be.PrefillAttention(at) : be.Attention(at));
     }
   }
-  return be.Matmul(DenseMatmul(rows, ws.attn.f32(), a.o_proj, ws.h.f32(),
-                               /*accumulate=*/true));
+  return MatmulOf(be, prefill,
+                  DenseMatmul(rows, ws.attn.f32(), a.o_proj, ws.h.f32(),
+                              /*accumulate=*/true));
 }
 
 absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
@@ -141,6 +152,7 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
                 key_dim = c.key_dim(), value_dim = c.value_dim();
   kernels::Backend& be = *backend_;
   Workspace& ws = *ws_;
+  const bool prefill = mode == Mode::kPrefill;
   const LinearAttentionWeights& l = w.linear;
   // One matmul for qkv, z, b and a: row r of `mixed` is
   // [qkv conv_dim | z value_dim | b nv | a nv], P wide.
@@ -149,8 +161,9 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
   const float* const z = mixed + conv_dim;
   const float* const b = z + value_dim;
   const float* const a = b + nv;
-  SS_RETURN_IF_ERROR(be.Matmul(NormedMatmul(rows, ws.h.f32(), w.input_norm,
-                                            c.rms_norm_eps, l.in_proj, mixed)));
+  SS_RETURN_IF_ERROR(MatmulOf(be, prefill,
+                              NormedMatmul(rows, ws.h.f32(), w.input_norm,
+                                           c.rms_norm_eps, l.in_proj, mixed)));
 
   // Commit: states update in place. Verify: the committed state is only
   // read; the state after column t goes to capture slot t.
@@ -224,27 +237,38 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
     gn.z_group_stride = P;
     gn.weight = l.norm.f32();
     gn.eps = c.rms_norm_eps;
-    // The conv, the rule and the norm: one kernel where the backend can.
-    SS_RETURN_IF_ERROR(be.GatedDeltaRuleNormed({g, gn, cv}));
+    if (prefill) {
+      // The rule's prefill form between the conv and the norm, whatever
+      // the slice's rows (a fused one-row kernel would change the bits).
+      SS_RETURN_IF_ERROR(be.Conv1d(cv));
+      SS_RETURN_IF_ERROR(be.PrefillGatedDeltaRule(g));
+      SS_RETURN_IF_ERROR(be.GatedRmsNorm(gn));
+    } else {
+      // The conv, the rule and the norm: one kernel where the backend can.
+      SS_RETURN_IF_ERROR(be.GatedDeltaRuleNormed({g, gn, cv}));
+    }
   }
-  return be.Matmul(DenseMatmul(rows, ws.core.f32(), l.out_proj, ws.h.f32(),
-                               /*accumulate=*/true));
+  return MatmulOf(be, prefill,
+                  DenseMatmul(rows, ws.core.f32(), l.out_proj, ws.h.f32(),
+                              /*accumulate=*/true));
 }
 
-absl::Status Model::MlpBlock(const LayerWeights& w, int rows) {
+absl::Status Model::MlpBlock(const LayerWeights& w, Mode mode, int rows) {
   const int64_t I = config_.intermediate_size;
   kernels::Backend& be = *backend_;
   Workspace& ws = *ws_;
+  const bool prefill = mode == Mode::kPrefill;
   float* gate_up = ws.mlp.f32();  // [rows][2I]: gate half then up half
   SS_RETURN_IF_ERROR(
-      be.Matmul(NormedMatmul(rows, ws.h.f32(), w.post_attention_norm,
-                             config_.rms_norm_eps, w.mlp.gate_up, gate_up)));
+      MatmulOf(be, prefill,
+               NormedMatmul(rows, ws.h.f32(), w.post_attention_norm,
+                            config_.rms_norm_eps, w.mlp.gate_up, gate_up)));
   // down(silu(gate) ⊙ up), the SwiGLU fused into the matmul's input.
   MatmulParams d = DenseMatmul(rows, gate_up, w.mlp.down_proj, ws.h.f32(),
                                /*accumulate=*/true);
   d.x_stride = 2 * I;
   d.swiglu = true;
-  return be.Matmul(d);
+  return MatmulOf(be, prefill, d);
 }
 
 }  // namespace specserve::model

@@ -173,6 +173,34 @@ TEST_P(CudaModelTest, LogitsAndGreedyMatchCpu) {
       near_ties_);
 }
 
+// A prompt longer than one prefill pass (Model::kMaxPrefillRows), whose rows
+// run on the prefill forms (bf16 tensor-core matmuls and attention), stays
+// within the tolerance of the CPU's exact prefill, and so do the decode steps
+// that follow it.
+TEST_P(CudaModelTest, LongPrefillWithinToleranceOfCpu) {
+  LoadCpu();
+  const int len = Model::kMaxPrefillRows + 77;
+  const std::vector<int32_t> prompt = RandomTokens(len);
+  auto sc = NewState(cpu_model_.get(), len + 32);
+  auto sg = NewState(model_.get(), len + 32);
+  ForwardResult pc, pg;
+  ASSERT_TRUE(cpu_model_->Prefill(sc.get(), prompt, {}, &pc).ok());
+  ASSERT_TRUE(model_->Prefill(sg.get(), prompt, {}, &pg).ok());
+  CompareRow(pc, pg, 0, "long prefill, last row");
+  int32_t next = pc.argmax[0];
+  for (int step = 0; step < 16; ++step) {
+    ForwardResult dc, dg;
+    ASSERT_TRUE(cpu_model_->Decode(sc.get(), next, &dc).ok());
+    ASSERT_TRUE(model_->Decode(sg.get(), next, &dg).ok());
+    CompareRow(dc, dg, 0,
+               "decode after the long prefill " + std::to_string(step));
+    next = dc.argmax[0];
+  }
+  std::printf(
+      "[ cuda-vs-cpu ] %s: %d-token prefill, max rel logit error %.3g\n",
+      GetParam().c_str(), len, worst_);
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, CudaModelTest,
                          ::testing::ValuesIn(testing::DefaultAndTestModels()),
                          testing::PathParamName);

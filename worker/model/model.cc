@@ -44,23 +44,32 @@ absl::Status Model::EnsureWorkspace() {
   const size_t R = kMaxRows;
   auto ws = std::make_unique<Workspace>();
   kernels::Backend& be = *backend_;
-  auto floats = [&](Buffer* b, size_t per_row) -> absl::Status {
+  auto floats_for = [&](size_t rows, Buffer* b,
+                        size_t per_row) -> absl::Status {
     SS_ASSIGN_OR_RETURN(*b,
-                        be.AllocateFloats(R * std::max<size_t>(per_row, 1)));
+                        be.AllocateFloats(rows * std::max<size_t>(per_row, 1)));
     return absl::OkStatus();
   };
+  // The trunk's buffers hold a prefill pass; the rest one of kMaxRows rows.
+  auto trunk = [&](Buffer* b, size_t per_row) {
+    return floats_for(kMaxPrefillRows, b, per_row);
+  };
+  auto floats = [&](Buffer* b, size_t per_row) {
+    return floats_for(R, b, per_row);
+  };
   const size_t H = c.hidden_size;
-  SS_RETURN_IF_ERROR(floats(&ws->ids, 1));
-  SS_RETURN_IF_ERROR(floats(&ws->h, H));
-  SS_RETURN_IF_ERROR(floats(&ws->hidden, H));
-  SS_RETURN_IF_ERROR(floats(&ws->mixed, c.in_proj_dim()));
-  SS_RETURN_IF_ERROR(floats(&ws->conv_out, c.conv_dim()));
-  SS_RETURN_IF_ERROR(floats(&ws->core, c.value_dim()));
+  SS_RETURN_IF_ERROR(trunk(&ws->ids, 1));
+  SS_RETURN_IF_ERROR(trunk(&ws->h, H));
+  SS_RETURN_IF_ERROR(trunk(&ws->hidden, H));
+  SS_RETURN_IF_ERROR(trunk(&ws->mixed, c.in_proj_dim()));
+  SS_RETURN_IF_ERROR(trunk(&ws->conv_out, c.conv_dim()));
+  SS_RETURN_IF_ERROR(trunk(&ws->core, c.value_dim()));
   SS_RETURN_IF_ERROR(
-      floats(&ws->qkv,
-             2 * (c.num_attention_heads + c.num_key_value_heads) * c.head_dim));
-  SS_RETURN_IF_ERROR(floats(&ws->attn, c.num_attention_heads * c.head_dim));
-  SS_RETURN_IF_ERROR(floats(&ws->mlp, 2 * c.intermediate_size));
+      trunk(&ws->qkv,
+            2 * (c.num_attention_heads + c.num_key_value_heads) * c.head_dim));
+  SS_RETURN_IF_ERROR(trunk(&ws->attn, c.num_attention_heads * c.head_dim));
+  SS_RETURN_IF_ERROR(trunk(&ws->mlp, 2 * c.intermediate_size));
+  SS_RETURN_IF_ERROR(floats(&ws->last_hidden, H));
   SS_RETURN_IF_ERROR(floats(&ws->mtp_cat, 2 * H));
   SS_RETURN_IF_ERROR(floats(&ws->mtp_in, H));
   SS_RETURN_IF_ERROR(floats(&ws->logits, c.vocab_size));
@@ -97,7 +106,9 @@ absl::Status Model::RunTrunk(absl::Span<ModelState* const> states,
                              absl::Span<const Slice> slices,
                              absl::Span<const int32_t> tokens, Mode mode) {
   const int rows = static_cast<int>(tokens.size());
-  CHECK(rows >= 1 && rows <= kMaxRows) << "RunTrunk rows " << rows;
+  CHECK(rows >= 1 &&
+        rows <= (mode == Mode::kPrefill ? kMaxPrefillRows : kMaxRows))
+      << "RunTrunk rows " << rows;
   CHECK_EQ(states.size(), slices.size()) << "one slice per state";
   int next_row = 0;
   for (size_t i = 0; i < slices.size(); ++i) {
@@ -113,7 +124,7 @@ absl::Status Model::RunTrunk(absl::Span<ModelState* const> states,
   // A session batch (one row per session, B > 1): one table upload, then
   // the cache ops run once per layer over all sessions.
   const int B = static_cast<int>(slices.size());
-  bool session_batch = B > 1;
+  bool session_batch = B > 1 && mode != Mode::kPrefill;
   for (const Slice& s : slices) session_batch = session_batch && s.rows == 1;
   SessionBatch batch;
   if (session_batch) {
@@ -190,8 +201,9 @@ absl::Status Model::TrunkOps(absl::Span<ModelState* const> states,
         layer_batch.v = table(2 * kv_i + 1);
       }
       ++kv_i;
-      SS_RETURN_IF_ERROR(FullAttentionBlock(
-          layer, kvs, slices, rows, batch != nullptr ? &layer_batch : nullptr));
+      SS_RETURN_IF_ERROR(
+          FullAttentionBlock(layer, kvs, slices, mode, rows,
+                             batch != nullptr ? &layer_batch : nullptr));
     } else {
       for (size_t i = 0; i < states.size(); ++i)
         linear[i] = &states[i]->linear_[lin_i];
@@ -206,7 +218,7 @@ absl::Status Model::TrunkOps(absl::Span<ModelState* const> states,
           layer, linear, slices, mode, rows,
           batch != nullptr && mode == Mode::kCommit ? &layer_batch : nullptr));
     }
-    SS_RETURN_IF_ERROR(MlpBlock(layer, rows));
+    SS_RETURN_IF_ERROR(MlpBlock(layer, mode, rows));
   }
   kernels::RmsNormParams norm;
   norm.rows = rows;
@@ -245,10 +257,15 @@ absl::Status Model::EmitRows(int row0, int n, ForwardResult* out) {
 }
 
 absl::Status Model::LmHead(int row0, int n) {
-  const int64_t H = config_.hidden_size, V = config_.vocab_size;
+  return LmHeadOf(ws_->hidden.f32() + row0 * config_.hidden_size, n);
+}
+
+absl::Status Model::LmHeadOf(const float* hidden, int n) {
+  const int64_t V = config_.vocab_size;
   Workspace& ws = *ws_;
-  SS_RETURN_IF_ERROR(backend_->Matmul(kernels::DenseMatmul(
-      n, ws.hidden.f32() + row0 * H, weights_.lm_head, ws.logits.f32())));
+  CHECK(n >= 1 && n <= kMaxRows) << "lm_head rows " << n;
+  SS_RETURN_IF_ERROR(backend_->Matmul(
+      kernels::DenseMatmul(n, hidden, weights_.lm_head, ws.logits.f32())));
   kernels::ArgmaxParams am;
   am.rows = n;
   am.cols = V;
@@ -378,12 +395,14 @@ absl::Status Model::Prefill(ModelState* state, absl::Span<const int32_t> tokens,
   out->Clear(options.all_rows ? state->length_ : state->length_ + n - 1);
   const int64_t H = config_.hidden_size;
   if (options.all_hidden != nullptr) options.all_hidden->resize(n * H);
-  for (int i = 0; i < n; i += kMaxRows) {
-    const int rows = std::min(kMaxRows, n - i);
+  // Every row's logits need a logits row each: passes of kMaxRows then.
+  const int pass = options.all_rows ? kMaxRows : kMaxPrefillRows;
+  for (int i = 0; i < n; i += pass) {
+    const int rows = std::min(pass, n - i);
     const Slice slice{0, rows, state->length_};
     SS_RETURN_IF_ERROR(RunTrunk(absl::MakeConstSpan(&state, 1),
                                 absl::MakeConstSpan(&slice, 1),
-                                tokens.subspan(i, rows), Mode::kCommit));
+                                tokens.subspan(i, rows), Mode::kPrefill));
     state->length_ += rows;
     if (options.all_hidden != nullptr) {
       SS_RETURN_IF_ERROR(

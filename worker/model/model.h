@@ -21,7 +21,10 @@
 // Exactness (docs/DESIGN.md §3, §6): every kernel is row-invariant, so
 //  - Verify column j's logits, hidden, recurrent and conv state are
 //    bit-identical to Decode of the same tokens one at a time;
-//  - Prefill (any chunking) is bit-identical to token-by-token Decode;
+//  - Prefill runs the backend's prefill forms (kernels/backend.h): any
+//    chunking gives the same bits, and it is bit-identical to
+//    token-by-token Decode where those forms are exact (the CPU), within the
+//    prefill tolerance otherwise (DESIGN.md "Prefill tolerance");
 //  - DecodeBatch row i is bit-identical to Decode of session i alone;
 //  - a state after Offload + Restore behaves bit-identically to one never
 //    offloaded.
@@ -301,9 +304,12 @@ struct PrefillOptions {
 
 class Model {
  public:
-  // Rows per forward pass; longer prefills run in chunks of this size
-  // (bit-identical to one pass, the kernels being row-invariant).
+  // Rows per decode, verify or MTP pass, and logits rows per pass.
   static constexpr int kMaxRows = 64;
+  // Rows per prefill pass (Prefill, PrefillBatch): a long prompt runs in
+  // chunks of this size, enough rows for the tensor cores to be busy. The
+  // prefill ops are row-invariant, so any chunking gives the same bits.
+  static constexpr int kMaxPrefillRows = 1024;
 
   // Opens `model_dir` (config.json + safetensors) and makes its weights
   // readable by `backend`, which must outlive the model.
@@ -526,7 +532,11 @@ class Model {
   absl::Status FreeDraftState(ModelState* state) const;
 
  private:
-  enum class Mode { kCommit, kVerify };
+  // kCommit: the exact ops, states updated in place (decode). kVerify: the
+  // exact ops, states to the capture slots. kPrefill: as kCommit but on the
+  // backend's prefill forms (kernels/backend.h), per slice (never as a
+  // session batch, which would run decode's ops for one-row slices).
+  enum class Mode { kCommit, kVerify, kPrefill };
   struct Workspace;
   // Workspace rows [row0, row0+rows) of a pass belong to one session and sit
   // at positions [start, start+rows) of its caches.
@@ -564,7 +574,8 @@ class Model {
   // Allocates every cache buffer of an empty `state` (per its capacity,
   // max_verify_columns and draft_freed_); zero-filled.
   absl::Status AllocateCaches(ModelState* state) const;
-  // Trunk pass over T <= kMaxRows tokens: slices[i] (covering the rows in
+  // Trunk pass over T <= kMaxRows tokens (kMaxPrefillRows for kPrefill):
+  // slices[i] (covering the rows in
   // order) runs on states[i] at slices[i].start. Leaves the final-norm
   // hidden of every row in the workspace. kVerify takes one slice.
   absl::Status RunTrunk(absl::Span<ModelState* const> states,
@@ -578,13 +589,13 @@ class Model {
   // is given (then kvs / caches are unused).
   absl::Status FullAttentionBlock(const LayerWeights& w,
                                   absl::Span<KvCache* const> kvs,
-                                  absl::Span<const Slice> slices, int rows,
-                                  const SessionBatch* batch);
+                                  absl::Span<const Slice> slices, Mode mode,
+                                  int rows, const SessionBatch* batch);
   absl::Status LinearAttentionBlock(const LayerWeights& w,
                                     absl::Span<LinearCache* const> caches,
                                     absl::Span<const Slice> slices, Mode mode,
                                     int rows, const SessionBatch* batch);
-  absl::Status MlpBlock(const LayerWeights& w, int rows);
+  absl::Status MlpBlock(const LayerWeights& w, Mode mode, int rows);
   // Copies a step's token ids into ws.ids (outside any recording).
   absl::Status UploadIds(absl::Span<const int32_t> tokens);
   // Embeds the first `rows` ids of ws.ids into rows 0.. of ws.h.
@@ -602,8 +613,11 @@ class Model {
   absl::Status TrunkOps(absl::Span<ModelState* const> states,
                         absl::Span<const Slice> slices, int rows, Mode mode,
                         const SessionBatch* batch);
-  // lm_head and argmax of workspace rows [row0, row0+n) (device work).
+  // lm_head and argmax of workspace rows [row0, row0+n) of ws.hidden, or
+  // of n <= kMaxRows rows at `hidden` (device work), into rows 0..n of the
+  // logits and argmax.
   absl::Status LmHead(int row0, int n);
+  absl::Status LmHeadOf(const float* hidden, int n);
   // Appends rows [row0, row0+n)'s logits, hidden and argmax (LmHead's
   // outputs) to `out`.
   absl::Status CopyRowsOut(int row0, int n, ForwardResult* out);

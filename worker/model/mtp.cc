@@ -92,10 +92,11 @@ absl::Status Model::MtpOps(ModelState* state, int rows, int start,
   // matmuls), then the head's norm.
   KvCache* kv = &state->mtp_kv_;
   const Slice slice{0, rows, start};
+  // The exact ops: the head's rows are draft steps (and their fills).
   SS_RETURN_IF_ERROR(FullAttentionBlock(m.layer, absl::MakeConstSpan(&kv, 1),
-                                        absl::MakeConstSpan(&slice, 1), rows,
-                                        batch));
-  SS_RETURN_IF_ERROR(MlpBlock(m.layer, rows));
+                                        absl::MakeConstSpan(&slice, 1),
+                                        Mode::kCommit, rows, batch));
+  SS_RETURN_IF_ERROR(MlpBlock(m.layer, Mode::kCommit, rows));
   norm.x = ws.h.f32();
   norm.y = ws.hidden.f32();
   norm.y_stride = H;

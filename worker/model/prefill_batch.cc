@@ -39,9 +39,10 @@ absl::Status Model::PrefillBatch(
     }
     total += static_cast<int>(tokens[i].size());
   }
-  if (total > kMaxRows) {
+  if (total > kMaxPrefillRows || B > kMaxRows) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "prefill batch: ", total, " rows in all (at most ", kMaxRows, ")"));
+        "prefill batch: ", B, " sessions and ", total, " rows in all (at most ",
+        kMaxRows, " sessions and ", kMaxPrefillRows, " rows)"));
   }
 
   std::vector<Slice> slices;
@@ -54,7 +55,7 @@ absl::Status Model::PrefillBatch(
     // Only the last row comes out, as from Prefill without all_rows.
     out[i]->Clear(states[i]->length_ + n - 1);
   }
-  SS_RETURN_IF_ERROR(RunTrunk(states, slices, flat, Mode::kCommit));
+  SS_RETURN_IF_ERROR(RunTrunk(states, slices, flat, Mode::kPrefill));
   for (int i = 0; i < B; ++i) states[i]->length_ += slices[i].rows;
 
   const int64_t H = config_.hidden_size, V = config_.vocab_size;
@@ -68,11 +69,18 @@ absl::Status Model::PrefillBatch(
                                      ws.hidden.f32() + slices[i].row0 * H,
                                      slices[i].rows * H * sizeof(float)));
   }
-  // One lm_head pass over every row (row-invariant: a row's logits do not
-  // depend on the others), then each session's last row out.
-  SS_RETURN_IF_ERROR(LmHead(0, total));
-  lm_head_rows_ = total;
-  std::vector<int32_t> flags(2 * total);  // [argmax total | finite total]
+  // Each session's last row goes to last_hidden row i, and one lm_head pass
+  // runs over those B rows (row-invariant: a row's logits do not depend on
+  // the others).
+  for (int i = 0; i < B; ++i) {
+    const int last = slices[i].row0 + slices[i].rows - 1;
+    SS_RETURN_IF_ERROR(be.CopyOnDevice(ws.last_hidden.f32() + i * H,
+                                       ws.hidden.f32() + last * H,
+                                       H * sizeof(float)));
+  }
+  SS_RETURN_IF_ERROR(LmHeadOf(ws.last_hidden.f32(), B));
+  lm_head_rows_ = B;
+  std::vector<int32_t> flags(2 * B);  // [argmax B | finite B]
   SS_RETURN_IF_ERROR(be.CopyToHost(flags.data(), ws.argmax.data(),
                                    flags.size() * sizeof(int32_t)));
   for (int i = 0; i < B; ++i) {
@@ -82,13 +90,13 @@ absl::Status Model::PrefillBatch(
     if (r->want_logits) {
       r->logits.resize(V);
       SS_RETURN_IF_ERROR(be.CopyToHost(
-          r->logits.data(), ws.logits.f32() + last * V, V * sizeof(float)));
+          r->logits.data(), ws.logits.f32() + i * V, V * sizeof(float)));
     }
     r->hidden.resize(H);
     SS_RETURN_IF_ERROR(be.CopyToHost(
         r->hidden.data(), ws.hidden.f32() + last * H, H * sizeof(float)));
-    r->argmax = {flags[last]};
-    r->finite = {flags[total + last]};
+    r->argmax = {flags[i]};
+    r->finite = {flags[B + i]};
   }
   return absl::OkStatus();
 }

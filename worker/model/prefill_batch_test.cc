@@ -95,7 +95,10 @@ TEST_P(PrefillBatchTest, BadBatchesAreRefusedBeforeAnythingRuns) {
   const std::vector<float> before = LinearStates(*a);
   const std::vector<int32_t> three = RandomTokens(3);
   const std::vector<int32_t> none;
-  const std::vector<int32_t> too_many = RandomTokens(Model::kMaxRows);
+  // More rows in all than one prefill pass holds, each session within its
+  // capacity.
+  auto roomy = NewState(Model::kMaxPrefillRows + 8);
+  const std::vector<int32_t> too_many = RandomTokens(Model::kMaxPrefillRows);
   const std::vector<int32_t> bad_id = {0, model_->config().vocab_size};
   ForwardResult r0, r1;
   std::vector<ForwardResult*> two = {&r0, &r1};
@@ -107,8 +110,9 @@ TEST_P(PrefillBatchTest, BadBatchesAreRefusedBeforeAnythingRuns) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(refused({a.get(), b.get()}, {three, none}),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(refused({a.get(), b.get()}, {three, too_many}),
+  EXPECT_EQ(refused({a.get(), roomy.get()}, {three, too_many}),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(roomy->length(), 0);
   EXPECT_EQ(refused({a.get(), b.get()}, {three, bad_id}),
             absl::StatusCode::kInvalidArgument);
   auto full = NewState();

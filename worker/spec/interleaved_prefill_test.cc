@@ -98,7 +98,8 @@ TEST_P(InterleavedPrefillTest, StreamingSessionStepsBetweenChunks) {
   SpecEngine engine(&executor);
   std::mt19937 rng(3);
   const std::vector<int32_t> stream_prompt = RandomTokens(&rng, 5);
-  constexpr int kChunk = SpecEngine::kPrefillChunk;
+  // Chunks while a session streams.
+  constexpr int kChunk = ModelExecutor::kInterleavedPrefillRows;
   const std::vector<int32_t> history = RandomTokens(&rng, kChunk * 2 + 7);
   const std::vector<int32_t> suffix = RandomTokens(&rng, kChunk * 3 + 5);
   // 3 chunks at admission, 4 for the turn.
@@ -148,12 +149,12 @@ TEST_P(InterleavedPrefillTest, ChunkBoundariesDoNotChangeTheTokens) {
   SpecEngine engine(&executor);
   std::mt19937 rng(8);
   const std::vector<int32_t> all =
-      RandomTokens(&rng, SpecEngine::kPrefillChunk * 3 + 11);
+      RandomTokens(&rng, ModelExecutor::kInterleavedPrefillRows * 3 + 11);
   for (int k : {0, 3}) {
     SCOPED_TRACE("k=" + std::to_string(k));
     const Turn whole = RunTurn(&engine, "whole", {}, all, k, 16);
-    for (int split : {1, 37, SpecEngine::kPrefillChunk,
-                      SpecEngine::kPrefillChunk * 2 + 5}) {
+    for (int split : {1, 37, ModelExecutor::kInterleavedPrefillRows,
+                      ModelExecutor::kInterleavedPrefillRows * 2 + 5}) {
       SCOPED_TRACE("split=" + std::to_string(split));
       const std::vector<int32_t> head(all.begin(), all.begin() + split);
       const std::vector<int32_t> tail(all.begin() + split, all.end());

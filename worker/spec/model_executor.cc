@@ -84,14 +84,19 @@ absl::Status ModelExecutor::Interleaved(
   return Exclusive(fn);
 }
 
+int ModelExecutor::PrefillChunkRows() const {
+  absl::MutexLock q(&queue_mu_);
+  return members_ > 0 ? kInterleavedPrefillRows : model::Model::kMaxPrefillRows;
+}
+
 absl::Status ModelExecutor::Prefill(model::ModelState* state,
                                     absl::Span<const int32_t> tokens,
                                     std::vector<float>* all_hidden,
                                     model::ForwardResult* out) {
-  if (tokens.size() > static_cast<size_t>(model::Model::kMaxRows)) {
+  if (tokens.size() > static_cast<size_t>(model::Model::kMaxPrefillRows)) {
     return absl::InvalidArgumentError(
         absl::StrCat("prefill chunk of ", tokens.size(), " tokens (at most ",
-                     model::Model::kMaxRows, ")"));
+                     model::Model::kMaxPrefillRows, ")"));
   }
   {
     absl::MutexLock q(&queue_mu_);
@@ -161,13 +166,13 @@ void ModelExecutor::Combine(Combiner<S>* c, S* mine, RowsOf rows_of, Run run,
           AwaitMembersLocked([c, &rows_of]() {
             int rows = 0;
             for (const S* s : c->queue) rows += rows_of(*s);
-            return rows >= model::Model::kMaxRows;
+            return rows >= c->max_rows;
           });
         }
         int rows = 0;
         while (!c->queue.empty()) {
           const int n = rows_of(*c->queue.front());
-          if (!batch.empty() && rows + n > model::Model::kMaxRows) break;
+          if (!batch.empty() && rows + n > c->max_rows) break;
           batch.push_back(c->queue.front());
           c->queue.pop_front();
           rows += n;

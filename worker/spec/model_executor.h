@@ -109,8 +109,16 @@ class ModelExecutor {
                      int32_t token, int position, model::ForwardResult* out,
                      const std::function<absl::Status(int row)>& while_held);
 
-  // One prompt chunk of `state` (at most Model::kMaxRows tokens; Prefill
-  // without all_rows), batched with concurrent callers' chunks into one
+  // Rows a prompt chunk should take now: a whole prefill pass
+  // (Model::kMaxPrefillRows) while no session streams, else
+  // kInterleavedPrefillRows, so a streaming session waits about one pass of
+  // the weights per chunk. Chunking never changes a prompt's bits (the
+  // prefill ops are row-invariant), so the choice is free to follow load.
+  static constexpr int kInterleavedPrefillRows = 128;
+  int PrefillChunkRows() const;
+
+  // One prompt chunk of `state` (at most Model::kMaxPrefillRows tokens;
+  // Prefill without all_rows), batched with concurrent callers' chunks into one
   // PrefillBatch pass, once every streaming member has had its next pass
   // (as Interleaved). `out` gets the last row, `all_hidden` (optional)
   // every row's final-norm hidden.
@@ -209,10 +217,14 @@ class ModelExecutor {
   // Model::kMaxRows. Returns once a pass carried `mine`.
   template <typename S>
   struct Combiner {
-    explicit Combiner(bool gathers = true) : gathers(gathers) {}
+    explicit Combiner(bool gathers = true,
+                      int max_rows = model::Model::kMaxRows)
+        : gathers(gathers), max_rows(max_rows) {}
     // Whether a leader waits for streaming members (AwaitMembersLocked)
     // and its pass sets the gather bound.
     const bool gathers;
+    // Rows one pass may take.
+    const int max_rows;
     std::deque<S*> queue;
     bool leader_active = false;
   };
@@ -240,7 +252,8 @@ class ModelExecutor {
   Combiner<Step> decodes_ ABSL_GUARDED_BY(queue_mu_);
   Combiner<VerifyStep> verifies_ ABSL_GUARDED_BY(queue_mu_);
   Combiner<DraftStep> drafts_ ABSL_GUARDED_BY(queue_mu_);
-  Combiner<PrefillStep> prefills_ ABSL_GUARDED_BY(queue_mu_);
+  Combiner<PrefillStep> prefills_ ABSL_GUARDED_BY(queue_mu_){
+      /*gathers=*/true, model::Model::kMaxPrefillRows};
   Combiner<ExclusiveStep> exclusives_ ABSL_GUARDED_BY(queue_mu_){
       /*gathers=*/false};
   Stats stats_ ABSL_GUARDED_BY(queue_mu_);

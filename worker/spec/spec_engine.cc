@@ -102,8 +102,13 @@ absl::Status SpecEngine::FillMtpLocked(SpecSession* s, int first_row,
 absl::Status SpecEngine::AppendInChunks(SpecSession* s,
                                         absl::Span<const int32_t> tokens,
                                         const PromptLogprobs* prompt_logprobs) {
-  for (size_t i = 0; i < tokens.size(); i += kPrefillChunk) {
-    const absl::Span<const int32_t> chunk = tokens.subspan(i, kPrefillChunk);
+  for (size_t i = 0; i < tokens.size();) {
+    // Every row's logits take a logits row each: kMaxRows per pass then.
+    const size_t rows = prompt_logprobs != nullptr
+                            ? model::Model::kMaxRows
+                            : executor_->PrefillChunkRows();
+    const absl::Span<const int32_t> chunk = tokens.subspan(i, rows);
+    i += chunk.size();
     if (prompt_logprobs != nullptr) {
       // Every row's logits: a pass of its own (Prefill with all_rows).
       SS_RETURN_IF_ERROR(executor_->Interleaved([&] {

@@ -115,11 +115,6 @@ class SpecEngine {
 
   model::Model* model() const { return model_; }
 
-  // Prompts are prefilled in chunks of this many tokens, streaming sessions
-  // stepping between them: one pass of the prefill's row-invariant kernels,
-  // so chunking costs no weight reads beyond the unchunked prefill's.
-  static constexpr int kPrefillChunk = model::Model::kMaxRows;
-
  private:
   // Per-burst bookkeeping (bursts of different sessions run concurrently).
   struct BurstCtx {
@@ -155,7 +150,9 @@ class SpecEngine {
                             const model::ForwardResult& r);
   // Appends `tokens` to the caches (prefill), refreshing MTP rows and the
   // last hidden/logits, and sets next_pred; with `prompt_logprobs`, their
-  // logprobs too. In chunks of kPrefillChunk tokens, each trunk pass batched
+  // logprobs too. In chunks (ModelExecutor::PrefillChunkRows: whole passes
+  // while nothing streams, short ones between streaming sessions' steps;
+  // kMaxRows with logprobs), each trunk pass batched
   // with other sessions' chunks (ModelExecutor::Prefill; with logprobs, a
   // pass of its own through Interleaved) and run once every streaming
   // session has had its next step, so that they step between the chunks.

@@ -1,0 +1,572 @@
+// Causal prefill attention of one session's rows on the tensor cores
+// (LaunchPrefillAttention, ops.h): the math of kernels/attention.h with q, k
+// and v rounded to bf16 (__float2bfloat16_rn), as flash attention with an
+// fp32 online softmax.
+//
+// Algorithm. A block owns 128 (query row, head) pairs that read one KV head:
+// G = 2 heads × 64 consecutive rows when the GQA group is even, else 1 head ×
+// 128 rows. Each of its 8 warps owns 16 rows of one head; warps 0-3 and 4-7
+// are two warpgroups of 64 rows. The block walks the key blocks [0, 64),
+// [64, 128), ... up to the one holding its last row's position. Per block:
+//  1. (barrier) Each warpgroup issues S = q·kᵀ (64 × 64, fp32) as head_dim/16
+//     asynchronous wgmma from shared memory (q and k in the 128-byte-swizzled
+//     K-major layout), and while the tensor cores run, the threads stage the
+//     block's values and the next block's keys (below).
+//  2. Each warp scales its S in fp32, sets keys past each row's position to
+//     -inf and updates its rows' running max m, sum l and output o (16 ×
+//     head_dim fp32, head_dim/2 registers a lane), P = exp(S − m).
+//  3. (barrier) o += P·V with mma.sync m16n8k16, P rounded to bf16 and V
+//     read by ldmatrix.trans, while the threads stage the next block's keys.
+// The output is o · (1 / l) (⊙ sigmoid(gate)), the exact kernel's formulas,
+// l summed over a row's 4 lanes at the end.
+//
+// Staging. The cache is fp32: each thread copies 4-float pieces of it
+// (cp.async) into its own 16-byte slots of a ring in shared memory and,
+// half a key block later, converts its own pieces to bf16 in the k or v
+// tile (no barrier guards the ring; the bytes in flight wait in shared
+// memory, not in registers). Keys are copied during step 1 and converted
+// during step 3 of the block before theirs; values are copied during step 3
+// of the block before and converted during step 1 of their own. Rows past
+// the tile's last position are zeros.
+//
+// Row invariance. A row's arithmetic depends only on its q row, its position
+// and the cache rows 0..position: the key blocks sit at fixed absolute
+// positions, are visited in order, and every wgmma, mma, max, sum and exp of
+// a row reads only that row's data (a matrix instruction's output row
+// depends on its A row alone, in a fixed internal order). Where a block
+// ends past a row's position, the masked keys give p = exp(-inf) = 0: m
+// stays (the block's max of the unmasked keys cannot lower it), the rescale
+// factor is exp(m − m) = 1 exactly, l and o gain exact zeros; a row with no
+// visible key in a block (position before it) therefore ends with the bits
+// it would have if the block were skipped, which its warpgroup does when all
+// its rows are before it. The -inf of a row's first block (m before any key)
+// never meets another -inf: exp(m − m_new) is taken with m_new finite, or
+// against 0. So T, first_position and the row's place in its tile change no
+// bit; nothing is split over keys and there are no atomics (deterministic).
+//
+// Sizes. Keys per block 64: S is 32 registers a lane and a wgmma of N = 64.
+// 128 pairs per block: every key block loaded from L2 (fp32, 2 × 64 ×
+// head_dim × 4 bytes) serves 128 rows (at head_dim 256 about 2.6 TB/s from
+// L2 at 200 TFLOP/s); 16 rows a warp keep o at head_dim/2 registers, so 8
+// warps (launch_bounds 256, 1) fit the register file. Shared memory: q of
+// the 128 pairs and one k and one v tile (bf16), and the staging ring
+// (head_dim/16 slots a thread: one tile's fp32 values in flight) =
+// 768·head_dim bytes + 1 KB of alignment (193 KB at 256). The v tile's 16-byte
+// chunks are XOR-swizzled by (row & 7) so that ldmatrix and the staging stores
+// meet no bank conflicts. Blocks go longest tile first.
+#include <cuda_bf16.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/mma_instructions.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace specserve::kernels::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kWarpRows = 16;  // query rows of one warp (the mma's M)
+constexpr int kBlockPairs = kWarps * kWarpRows;  // (row, head) pairs a block
+constexpr int kKeys = 64;                        // keys per key block
+constexpr int kKeyTiles = kKeys / 8;             // S's n8 tiles
+
+// Rows and positions are int on the device.
+constexpr int64_t kMaxPositions = INT_MAX - kKeys;
+
+template <int D>
+struct Shape {
+  static constexpr int kSteps = D / 16;  // k16 steps of q·kᵀ
+  static constexpr int kQuads = D / 4;   // 4-float pieces a row
+  // A thread's 4-float pieces of a key block's keys (and of its values):
+  // quad tid % kQuads of rows tid / kQuads + c·kRowStep.
+  static constexpr int kPieces = kKeys * kQuads / kThreads;
+  static constexpr int kRowStep = kThreads / kQuads;
+  static constexpr int kTileBytes = kKeys * D * 2;
+  static constexpr int kQBytes = kBlockPairs * D * 2;
+  // q, keys, values, then each thread's kPieces 16-byte staging slots.
+  // (+1 KB: the base rounded up to the swizzle's 1024-byte alignment)
+  static constexpr int kSmemBytes =
+      kQBytes + 2 * kTileBytes + kPieces * kThreads * 16 + 1024;
+  static_assert(kPieces == kSteps, "one piece per k16 step of q·kᵀ");
+  static_assert(kBlockPairs * kQuads % kThreads == 0, "q pieces");
+};
+
+// How the launch cuts the call (fixed by the shape, never by T's bits).
+struct Tiling {
+  int heads_per_block;  // G: 2 when the GQA group is even, else 1
+  int tiles;            // query tiles of kBlockPairs / G rows
+  bool q_vec;           // q rows and heads 16-byte aligned
+};
+
+__device__ __forceinline__ uint32_t SmemAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Byte offset of element 4·quad of row r in a shared tile of D bf16 a row:
+// 16-byte chunk quad / 2 of the row, XOR-swizzled by r & 7.
+template <int D>
+__device__ __forceinline__ uint32_t QuadOffset(int r, int quad) {
+  return r * (D * 2) + ((((quad >> 1) ^ (r & 7)) << 4) | ((quad & 1) << 3));
+}
+
+// Byte offset of element 4·quad of row r in the wgmma operand layout of a
+// tile of R rows × D bf16 (K-major, 128-byte swizzle): atoms of 8 rows ×
+// 128 bytes (64 elements), the 16-byte chunks of row r XOR-swizzled by
+// r & 7; atoms 1024 bytes apart down the rows, and the next 64 elements of
+// every row R·128 bytes further. The tile must be 1024-byte aligned.
+constexpr uint32_t kAtomRow = 128;
+template <int R>
+__device__ __forceinline__ uint32_t Sw128Offset(int r, int quad) {
+  const int j = quad >> 1;
+  return (j >> 3) * (R * kAtomRow) + r * kAtomRow + (((j & 7) ^ (r & 7)) << 4) +
+         (quad & 1) * 8;
+}
+
+// The descriptor of k16 step c of rows at `rows` (an 8-row multiple of a
+// tile of R rows in Sw128Offset's layout): 128-byte swizzle, 1024 bytes
+// between 8-row atoms, the step's 32 bytes inside its atom.
+template <int R>
+__device__ __forceinline__ uint64_t Sw128Desc(uint32_t rows, int c) {
+  const uint32_t addr = rows + (c >> 2) * (R * kAtomRow) + (c & 3) * 32;
+  return static_cast<uint64_t>((addr >> 4) & 0x3fff) |
+         static_cast<uint64_t>(1) << 16 |  // (unused with this swizzle)
+         static_cast<uint64_t>(1024 >> 4) << 32 |
+         static_cast<uint64_t>(1) << 62;
+}
+
+// wgmma (warpgroup): d[64 rows][64 columns] += A·B over one k16 slice, A
+// and B from shared memory (descriptors, K-major), d in mma.sync's C layout
+// per warp and n8 tile.
+__device__ __forceinline__ void WgmmaSS(float (&d)[kKeyTiles][4], uint64_t a,
+                                        uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+      "%32, %33, 1, 1, 1, 0, 0;\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(a), "l"(b));
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaWaitAll() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// Orders this thread's st.shared before later tensor-core (async proxy)
+// reads of the same bytes (with a barrier between).
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void LdMatrix4Trans(uint32_t (&r)[4],
+                                               uint32_t addr) {
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(addr));
+}
+
+// (lo, hi) rounded to bf16, lo in the low half (the lower column).
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Four consecutive floats at src (zeros when !valid; 16-byte load when vec).
+__device__ __forceinline__ float4 LoadQuad(const float* src, bool valid,
+                                           bool vec) {
+  if (!valid) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (vec) return __ldcg(reinterpret_cast<const float4*>(src));
+  return make_float4(__ldcg(src), __ldcg(src + 1), __ldcg(src + 2),
+                     __ldcg(src + 3));
+}
+
+// Four floats from src into shared memory at dst, asynchronously (zeros
+// when !valid: nothing is read); one 16-byte copy when kVec.
+template <bool kVec>
+__device__ __forceinline__ void CopyQuad(uint32_t dst, const float* src,
+                                         bool valid) {
+  if constexpr (kVec) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      asm volatile(
+          "cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst + 4 * i),
+          "l"(src + i), "r"(valid ? 4 : 0)
+          : "memory");
+    }
+  }
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Until at most N of this thread's newest copy groups are in flight.
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ float4 LoadShared(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ void StoreQuad(uint32_t addr, float4 v) {
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(addr),
+               "r"(PackBf16(v.x, v.y)), "r"(PackBf16(v.z, v.w)));
+}
+
+// The online softmax of one key block (keys kb..kb+63) for a warp's 16
+// rows, given S = q·kᵀ in C fragments (s[i][e]: row g + 8·(e / 2), key
+// kb + 8i + 2·q4 + e % 2): scales S, masks keys past each row's position
+// (when `mask`), updates the running max m and the lane's partial sums l,
+// rescales o, and leaves P = exp(S − m) in s.
+template <int D>
+__device__ __forceinline__ void OnlineSoftmax(
+    float (&s)[kKeyTiles][4], float (&o)[D / 8][4], float (&m)[2],
+    float (&l)[2], int kb, bool mask, const int (&pos)[2], float scale) {
+  const int q4 = threadIdx.x & 3;
+  float block_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int i = 0; i < kKeyTiles; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = __fmul_rn(s[i][e], scale);
+      if (mask && kb + 8 * i + 2 * q4 + (e & 1) > pos[e >> 1]) x = -INFINITY;
+      s[i][e] = x;
+      block_max[e >> 1] = fmaxf(block_max[e >> 1], x);
+    }
+  }
+  float base[2], corr[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = block_max[r];
+    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+    const float m_new = fmaxf(m[r], mx);
+    // -inf only while the row has seen no key: then everything is 0.
+    base[r] = m_new == -INFINITY ? 0.0f : m_new;
+    corr[r] = expf(__fsub_rn(m[r], base[r]));  // 1 exactly if m stays
+    m[r] = m_new;
+  }
+  float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < kKeyTiles; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[i][e] = expf(__fsub_rn(s[i][e], base[e >> 1]));
+      sum[e >> 1] = __fadd_rn(sum[e >> 1], s[i][e]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], corr[r], sum[r]);
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = __fmul_rn(o[n][e], corr[e >> 1]);
+  }
+}
+
+// kVec: the cache rows are 16-byte aligned (one copy per piece).
+template <int D, bool kVec>
+__global__ void __launch_bounds__(kThreads, 1)
+    PrefillAttentionKernel(AttentionParams p, Tiling tiling) {
+  using S = Shape<D>;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const uint32_t q_sm = (SmemAddress(smem) + 1023) & ~1023u;
+  const uint32_t kv_sm = q_sm + S::kQBytes;  // k tile, v tile, staging
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int heads = tiling.heads_per_block;
+  const int tile_rows = kBlockPairs / heads;
+  const int warps_per_head = kWarps / heads;
+  const int head_groups = static_cast<int>(p.num_heads) / heads;
+  const int tile =
+      tiling.tiles - 1 - static_cast<int>(blockIdx.x) / head_groups;
+  const int h0 = static_cast<int>(blockIdx.x) % head_groups * heads;
+  const int64_t kvh = h0 / (p.num_heads / p.num_kv_heads);
+  const int rows = static_cast<int>(p.rows);
+  const int first = static_cast<int>(p.first_position);
+  const int row0 = tile * tile_rows;
+  const int last_key = first + min(row0 + tile_rows, rows) - 1;
+  const int key_blocks = last_key / kKeys + 1;
+
+  // This thread's pieces: quad `quad` of rows row_base + c·kRowStep, so a
+  // warp loads whole 128-byte lines and its 8-byte stores (half a warp: 128
+  // bytes of one row) meet no bank conflict in either layout.
+  const int quad = tid % S::kQuads;
+  const int row_base = tid / S::kQuads;
+
+  // q of the block's pairs: shared row R holds row R % 16 of warp R / 16,
+  // in the wgmma layout.
+#pragma unroll 4
+  for (int c = 0; c < kBlockPairs * S::kQuads / kThreads; ++c) {
+    const int r = row_base + c * S::kRowStep;
+    const int w = r / kWarpRows;
+    const int t = row0 + w % warps_per_head * kWarpRows + r % kWarpRows;
+    const int64_t h = h0 + w / warps_per_head;
+    const float* src =
+        p.q + t * p.q_row_stride + h * p.q_head_stride + 4 * quad;
+    StoreQuad(q_sm + Sw128Offset<kBlockPairs>(r, quad),
+              LoadQuad(src, t < rows, tiling.q_vec));
+  }
+
+  // Staging. A thread copies its pieces (cp.async, fp32) into its own slots
+  // of the staging ring and converts them into the bf16 tiles itself half a
+  // key block later: no barrier guards the ring, and the bytes in flight
+  // wait in shared memory, not in registers. Block j + 1's keys are copied
+  // during block j's q·kᵀ and converted during its P·V; its values are
+  // copied during that P·V and converted during block j + 1's q·kᵀ. Every
+  // step is one commit group, so the piece of kPieces groups ago is always
+  // complete after cp.async.wait_group kPieces − 1. k_at and v_at point at
+  // the thread's next piece: each piece is kRowStep rows past the one
+  // before, so after kPieces they point into the next key block. Nothing
+  // branches: past the last key block the copies are zeros (key > last_key)
+  // and the conversions fill tiles nobody reads.
+  const int64_t row_step = S::kRowStep * p.kv_row_stride;
+  const float* k_at =
+      p.k_cache + row_base * p.kv_row_stride + kvh * D + 4 * quad;
+  const float* v_at =
+      p.v_cache + row_base * p.kv_row_stride + kvh * D + 4 * quad;
+  const uint32_t k_tile = kv_sm, v_tile = kv_sm + S::kTileBytes;
+  const uint32_t stage_sm = kv_sm + 2 * S::kTileBytes + 16 * tid;
+  auto slot = [&](int c) { return stage_sm + c * (16 * kThreads); };
+  // Piece c (row row_base + c·kRowStep) of the key block at kb.
+  auto copy = [&](const float*& at, int c, int kb) {
+    CopyQuad<kVec>(slot(c), at, kb + row_base + c * S::kRowStep <= last_key);
+    at += row_step;
+  };
+  auto convert_k = [&](int c) {
+    StoreQuad(k_tile + Sw128Offset<kKeys>(row_base + c * S::kRowStep, quad),
+              LoadShared(slot(c)));
+  };
+  auto convert_v = [&](int c) {
+    StoreQuad(v_tile + QuadOffset<D>(row_base + c * S::kRowStep, quad),
+              LoadShared(slot(c)));
+  };
+  // Step c of a phase: converts slot c (`convert`), then copies the next
+  // piece from `at` (key block kb) into it.
+  auto step = [&](int c, auto convert, const float*& at, int kb) {
+    CpAsyncWait<S::kPieces - 1>();
+    convert(c);
+    copy(at, c, kb);
+    CpAsyncCommit();
+  };
+#pragma unroll
+  for (int c = 0; c < S::kPieces; ++c) {
+    copy(k_at, c, 0);
+    CpAsyncCommit();
+  }
+  CpAsyncWait<0>();
+#pragma unroll
+  for (int c = 0; c < S::kPieces; ++c) convert_k(c);
+  FenceProxyAsync();  // q and block 0's keys, read by wgmma
+#pragma unroll
+  for (int c = 0; c < S::kPieces; ++c) {
+    copy(v_at, c, 0);
+    CpAsyncCommit();
+  }
+
+  // The warp's rows and this lane's two of them (g and g + 8: the rows of
+  // the mma's C fragment). A warpgroup (4 warps, 64 rows of one head)
+  // computes q·kᵀ together, so it works on a key block when any of its
+  // rows sees a key there; its other rows then see only masked keys, which
+  // leave their bits as they were (see the top).
+  const int64_t head = h0 + warp / warps_per_head;
+  const int wt0 = row0 + warp % warps_per_head * kWarpRows;
+  const bool warp_live = wt0 < rows;
+  const int warp_first = first + wt0;
+  const int wg_t0 = row0 + (warp & ~3) % warps_per_head * kWarpRows;
+  const int wg_last = first + min(wg_t0 + 4 * kWarpRows, rows) - 1;
+  const bool wg_live = wg_t0 < rows;
+  const int g = lane >> 2, q4 = lane & 3;
+  const int pos[2] = {warp_first + g, warp_first + g + 8};
+
+  // The warpgroup's 64 q rows (A; the keys are B).
+  const uint32_t q_wg = q_sm + (warp >> 2) * (4 * kWarpRows) * kAtomRow;
+  // ldmatrix lane address of v (row & 7 == lane & 7), transposed as B.
+  const uint32_t v_lane = v_tile + (lane & 15) * (D * 2);
+  const int v_swz = (lane >> 4) ^ (lane & 7);
+
+  float m[2] = {-INFINITY, -INFINITY};  // running max of each row
+  float l[2] = {0.0f, 0.0f};            // this lane's part of the sum
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+  // Key block kb, with the warpgroup's arithmetic when kCompute (else only
+  // its share of the staging): one straight-line body per case. q·kᵀ runs
+  // on the tensor cores (wgmma, asynchronous) while the threads stage.
+  auto key_block = [&](auto compute, int kb) {
+    constexpr bool kCompute = decltype(compute)::value;
+    // Block kb's keys are in k_tile and every warp is done with the previous
+    // block's values: v_tile takes block kb's.
+    __syncthreads();
+    float s[kKeyTiles][4];
+    if constexpr (kCompute) {
+#pragma unroll
+      for (int i = 0; i < kKeyTiles; ++i)
+        s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+      WgmmaFence();
+#pragma unroll
+      for (int c = 0; c < S::kSteps; ++c) {
+        WgmmaSS(s, Sw128Desc<kBlockPairs>(q_wg, c),
+                Sw128Desc<kKeys>(k_tile, c));
+      }
+      WgmmaCommit();
+    }
+#pragma unroll
+    for (int c = 0; c < S::kSteps; ++c) step(c, convert_v, k_at, kb + kKeys);
+    if constexpr (kCompute) {
+      WgmmaWaitAll();
+      OnlineSoftmax<D>(s, o, m, l, kb, kb + kKeys - 1 > warp_first, pos,
+                       p.scale);
+    }
+    // Block kb's values are in v_tile and every warp is done with its keys:
+    // k_tile takes the next block's.
+    __syncthreads();
+    // o += P·V: P's C fragments of keys 16kk.. are the A fragment.
+#pragma unroll
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
+      uint32_t a[4];
+      if constexpr (kCompute) {
+        a[0] = PackBf16(s[2 * kk][0], s[2 * kk][1]);
+        a[1] = PackBf16(s[2 * kk][2], s[2 * kk][3]);
+        a[2] = PackBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[3] = PackBf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        constexpr int kPerPiece = 4 * (D / 16) / S::kPieces;
+        const int at = kk * (D / 16) + dp;
+        if (at % kPerPiece == 0)
+          step(at / kPerPiece, convert_k, v_at, kb + kKeys);
+        if constexpr (kCompute) {
+          uint32_t b[4];
+          LdMatrix4Trans(
+              b, v_lane + kk * 16 * (D * 2) + (((2 * dp) ^ v_swz) << 4));
+          Mma(o[2 * dp], a[0], a[1], a[2], a[3], b[0], b[1]);
+          Mma(o[2 * dp + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+        }
+      }
+    }
+    FenceProxyAsync();  // the next block's keys, read by wgmma
+  };
+  for (int j = 0; j < key_blocks; ++j) {
+    const int kb = j * kKeys;
+    if (wg_live && kb <= wg_last) {
+      key_block(std::true_type(), kb);
+    } else {
+      key_block(std::false_type(), kb);
+    }
+  }
+  if (!warp_live) return;
+
+  // l over the row's 4 lanes (a butterfly: the same bits in each), then
+  // out = o · (1 / l) (⊙ sigmoid(gate)) as the exact kernel writes it.
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = __fadd_rn(l[r], __shfl_xor_sync(kFullMask, l[r], 1));
+    sum = __fadd_rn(sum, __shfl_xor_sync(kFullMask, sum, 2));
+    inv[r] = 1.0f / sum;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t t = wt0 + g + 8 * r;
+    if (t >= rows) continue;
+    float* out = p.out + t * p.out_row_stride + head * D + 2 * q4;
+    const float* gate = p.gate != nullptr
+                            ? p.gate + t * p.gate_row_stride +
+                                  head * p.gate_head_stride + 2 * q4
+                            : nullptr;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = __fmul_rn(o[n][2 * r + e], inv[r]);
+        if (gate != nullptr) v = __fmul_rn(v, Sigmoid(gate[8 * n + e]));
+        out[8 * n + e] = v;
+      }
+    }
+  }
+}
+
+bool Aligned16(const void* ptr) {
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+}
+
+template <int D>
+absl::Status Run(const AttentionParams& p, cudaStream_t stream) {
+  Tiling tiling;
+  tiling.heads_per_block = (p.num_heads / p.num_kv_heads) % 2 == 0 ? 2 : 1;
+  const int64_t tiles = CeilDiv(p.rows, kBlockPairs / tiling.heads_per_block);
+  const int64_t blocks = tiles * (p.num_heads / tiling.heads_per_block);
+  if (blocks > INT_MAX) {
+    return absl::UnimplementedError("prefill attention: too many blocks");
+  }
+  tiling.tiles = static_cast<int>(tiles);
+  tiling.q_vec =
+      Aligned16(p.q) && p.q_row_stride % 4 == 0 && p.q_head_stride % 4 == 0;
+  const bool kv_vec =
+      Aligned16(p.k_cache) && Aligned16(p.v_cache) && p.kv_row_stride % 4 == 0;
+  const auto kernel = kv_vec ? PrefillAttentionKernel<D, true>
+                             : PrefillAttentionKernel<D, false>;
+  constexpr int kSmem = Shape<D>::kSmemBytes;
+  // (per launch: the limit belongs to the current device)
+  SS_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           kSmem),
+      "prefill attention shared memory limit");
+  kernel<<<static_cast<unsigned>(blocks), kThreads, kSmem, stream>>>(p, tiling);
+  return LaunchStatus("prefill attention launch");
+}
+
+}  // namespace
+
+absl::Status LaunchPrefillAttention(const AttentionParams& p,
+                                    cudaStream_t stream) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  if (p.positions != nullptr) {
+    return absl::UnimplementedError(
+        "prefill attention: session batches (positions) are decode");
+  }
+  if (p.first_position + p.rows > kMaxPositions) {
+    return absl::UnimplementedError("prefill attention: positions past 2^31");
+  }
+  switch (p.head_dim) {
+    case 64:
+      return Run<64>(p, stream);
+    case 128:
+      return Run<128>(p, stream);
+    case 256:
+      return Run<256>(p, stream);
+    default:
+      return absl::UnimplementedError(
+          absl::StrCat("prefill attention: head_dim ", p.head_dim,
+                       " unsupported (64, 128 or 256)"));
+  }
+}
+
+}  // namespace specserve::kernels::cuda

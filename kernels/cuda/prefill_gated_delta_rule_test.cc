@@ -1,0 +1,424 @@
+// The prefill gated delta rule (prefill_gated_delta_rule.cu, through
+// CudaBackend::PrefillGatedDeltaRule) against the CPU backend's exact fp32
+// rule and the exact CUDA kernel (gated_delta_rule.cu), in the model's
+// strided q/k/v and a/b layout, in place and out of place: within 1e-4 of
+// max |·|, NaN-free, every output written; any split of the tokens into
+// calls gives one call's bits; determinism; its refusals; and its speed at
+// the 27B shape (printed, never asserted). Every test skips when no CUDA
+// device is visible.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/gated_delta_rule.h"
+
+namespace specserve::kernels::cuda {
+namespace {
+
+struct Shape {
+  int nk, nv, dk, dv;
+};
+constexpr Shape kQwen27B{16, 48, 128, 128};  // the hot shape
+constexpr Shape kSmall{2, 4, 64, 64};        // the small default model
+
+// max |got − want| <= 1e-4 · max |want| over a call's outputs, and over its
+// final state.
+constexpr double kTolerance = 1e-4;
+
+const float kPoison = std::nanf("");
+
+// One problem's inputs, the same on every backend. Layout of
+// worker/model/blocks.cc (LinearAttentionBlock): a qkv row is the conv's
+// output [q nk·dk | k nk·dk | v nv·dv]; an a/b row is the in-projection's
+// tail [z nv·dv | b nv | a nv] (z unused here); out rows are nv·dv wide.
+struct Problem {
+  Shape shape;
+  int rows = 0;  // T
+  int64_t qkv_stride = 0, ab_stride = 0, out_stride = 0, state_size = 0;
+  std::vector<float> qkv, ab, a_log, dt_bias, state;
+};
+
+// A problem's buffers on one backend.
+struct Buffers {
+  Buffer qkv, ab, a_log, dt_bias, state_in, state_out, out;
+};
+
+// One call's results.
+struct Result {
+  std::vector<float> out, state;
+};
+
+// max |got − want| / max |want| (at least 1e-30 below); NaN counts as
+// infinite.
+double MaxRelError(const std::vector<float>& want,
+                   const std::vector<float>& got) {
+  double scale = 1e-30, worst = 0.0;
+  for (float w : want) scale = std::max(scale, std::fabs(double(w)));
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = std::fabs(double(got[i]) - double(want[i]));
+    if (!(d <= worst)) worst = std::isnan(d) ? INFINITY : d;
+  }
+  return worst / scale;
+}
+
+bool HasNaN(const std::vector<float>& v) {
+  return std::any_of(v.begin(), v.end(), [](float x) { return std::isnan(x); });
+}
+
+bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Which implementation runs a call.
+enum class Rule { kCpu, kExact, kPrefill };
+
+class PrefillGatedDeltaRuleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+    auto b = CreateCudaBackend(0);
+    ASSERT_TRUE(b.ok()) << b.status();
+    gpu_ = std::move(*b);
+    cpu_ = std::make_unique<cpu::CpuBackend>();
+  }
+
+  Backend* B(Rule r) { return r == Rule::kCpu ? cpu_.get() : gpu_.get(); }
+  cudaStream_t stream() {
+    return static_cast<CudaBackend*>(gpu_.get())->stream();
+  }
+
+  std::vector<float> Random(size_t n, float lo, float hi) {
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng_);
+    return v;
+  }
+
+  // q, k, v ~ U(-1, 1), a, b ~ U(-2, 2), A_log ~ U(-1, 0.5), dt_bias ~
+  // U(-0.5, 0.5), the initial state ~ U(-0.1, 0.1).
+  Problem Make(Shape s, int rows) {
+    Problem p;
+    p.shape = s;
+    p.rows = rows;
+    p.qkv_stride = 2 * s.nk * s.dk + s.nv * s.dv;
+    p.ab_stride = s.nv * s.dv + 2 * s.nv;
+    p.out_stride = s.nv * s.dv;
+    p.state_size = int64_t{s.nv} * s.dk * s.dv;
+    p.qkv = Random(rows * p.qkv_stride, -1.0f, 1.0f);
+    p.ab = Random(rows * p.ab_stride, -2.0f, 2.0f);
+    p.a_log = Random(s.nv, -1.0f, 0.5f);
+    p.dt_bias = Random(s.nv, -0.5f, 0.5f);
+    p.state = Random(p.state_size, -0.1f, 0.1f);
+    return p;
+  }
+
+  Buffer Up(Backend* be, const std::vector<float>& v) {
+    auto b = be->AllocateFloats(v.size());
+    EXPECT_TRUE(b.ok()) << b.status();
+    EXPECT_TRUE(be->CopyToDevice(b->data(), v.data(), v.size() * 4).ok());
+    return std::move(*b);
+  }
+  std::vector<float> Down(Backend* be, const float* src, size_t n) {
+    std::vector<float> v(n);
+    EXPECT_TRUE(be->CopyToHost(v.data(), src, n * 4).ok());
+    return v;
+  }
+
+  // The problem's inputs on `be`, out poisoned (NaN); in place: state_out
+  // is state_in.
+  Buffers Upload(Backend* be, const Problem& p, bool in_place) {
+    Buffers b;
+    b.qkv = Up(be, p.qkv);
+    b.ab = Up(be, p.ab);
+    b.a_log = Up(be, p.a_log);
+    b.dt_bias = Up(be, p.dt_bias);
+    b.state_in = Up(be, p.state);
+    if (!in_place) {
+      b.state_out = Up(be, std::vector<float>(p.state_size, kPoison));
+    }
+    b.out = Up(be, std::vector<float>(p.rows * p.out_stride, kPoison));
+    return b;
+  }
+
+  // Tokens [r0, r0 + rows) of the problem, from the state in b.state_in.
+  static GatedDeltaRuleParams Params(const Problem& p, const Buffers& b,
+                                     bool in_place, int64_t r0, int64_t rows) {
+    const Shape& s = p.shape;
+    GatedDeltaRuleParams g;
+    g.rows = rows;
+    g.num_k_heads = s.nk;
+    g.num_v_heads = s.nv;
+    g.k_head_dim = s.dk;
+    g.v_head_dim = s.dv;
+    float* qkv = b.qkv.f32() + r0 * p.qkv_stride;
+    g.q = qkv;
+    g.k = qkv + s.nk * s.dk;
+    g.v = qkv + 2 * s.nk * s.dk;
+    g.qkv_stride = p.qkv_stride;
+    float* ab = b.ab.f32() + r0 * p.ab_stride;
+    g.b = ab + s.nv * s.dv;
+    g.a = ab + s.nv * s.dv + s.nv;
+    g.ab_stride = p.ab_stride;
+    g.a_log = b.a_log.f32();
+    g.dt_bias = b.dt_bias.f32();
+    g.state_in = b.state_in.f32();
+    g.state_out = in_place ? b.state_in.f32() : b.state_out.f32();
+    g.out = b.out.f32() + r0 * p.out_stride;
+    g.out_stride = p.out_stride;
+    return g;
+  }
+
+  absl::Status Call(Rule r, const GatedDeltaRuleParams& g) {
+    switch (r) {
+      case Rule::kCpu:
+        return cpu_->GatedDeltaRule(g);
+      case Rule::kExact:
+        return gpu_->GatedDeltaRule(g);
+      case Rule::kPrefill:
+        return gpu_->PrefillGatedDeltaRule(g);
+    }
+    return absl::InternalError("unknown rule");
+  }
+
+  // All the problem's tokens by `r`, in calls of the token ranges that
+  // `cuts` (increasing, inside (0, T)) delimit, chained through the state.
+  // Out of place (one call only): checks that state_in is left as it was.
+  Result Run(Rule r, const Problem& p, bool in_place,
+             const std::vector<int>& cuts = {}) {
+    Backend* be = B(r);
+    Buffers b = Upload(be, p, in_place);
+    std::vector<int> ends = cuts;
+    ends.push_back(p.rows);
+    int r0 = 0;
+    for (int r1 : ends) {
+      const absl::Status s = Call(r, Params(p, b, in_place, r0, r1 - r0));
+      EXPECT_TRUE(s.ok()) << s;
+      r0 = r1;
+    }
+    Result res;
+    res.out = Down(be, b.out.f32(), p.rows * p.out_stride);
+    res.state =
+        Down(be, (in_place ? b.state_in : b.state_out).f32(), p.state_size);
+    if (!in_place) {
+      EXPECT_TRUE(BitEqual(Down(be, b.state_in.f32(), p.state_size), p.state))
+          << "state_in changed by an out-of-place call";
+    }
+    return res;
+  }
+
+  std::unique_ptr<Backend> gpu_;
+  std::unique_ptr<Backend> cpu_;
+  std::mt19937 rng_{20250301};
+};
+
+std::string Name(const Shape& s, int rows) {
+  return absl::StrCat("nk=", s.nk, " nv=", s.nv, " dk=", s.dk, " dv=", s.dv,
+                      " T=", rows);
+}
+
+// `got` within kTolerance of `want` (out and state), NaN-free.
+void ExpectClose(const Result& want, const Result& got,
+                 const std::string& what) {
+  ASSERT_FALSE(HasNaN(got.out)) << what << ": NaN (or unwritten) output";
+  ASSERT_FALSE(HasNaN(got.state)) << what << ": NaN (or unwritten) state";
+  const double e_out = MaxRelError(want.out, got.out);
+  const double e_state = MaxRelError(want.state, got.state);
+  std::printf("%s: max rel error out %.3g, state %.3g\n", what.c_str(), e_out,
+              e_state);
+  EXPECT_LE(e_out, kTolerance) << what << " out";
+  EXPECT_LE(e_state, kTolerance) << what << " state";
+}
+
+TEST_F(PrefillGatedDeltaRuleTest, MatchesCpuAndExactKernel) {
+  for (Shape s : {kQwen27B, kSmall}) {
+    for (int rows : {1, 5, 64, 300, 2000}) {
+      const std::string what = Name(s, rows);
+      const Problem p = Make(s, rows);
+      const Result cpu = Run(Rule::kCpu, p, /*in_place=*/false);
+      const Result exact = Run(Rule::kExact, p, /*in_place=*/false);
+      ASSERT_FALSE(HasNaN(cpu.out) || HasNaN(cpu.state)) << what;
+      const Result out_of_place = Run(Rule::kPrefill, p, /*in_place=*/false);
+      const Result in_place = Run(Rule::kPrefill, p, /*in_place=*/true);
+      ExpectClose(cpu, out_of_place, what + " prefill vs cpu");
+      ExpectClose(exact, out_of_place, what + " prefill vs exact kernel");
+      ExpectClose(cpu, in_place, what + " prefill in place vs cpu");
+      EXPECT_TRUE(BitEqual(in_place.out, out_of_place.out) &&
+                  BitEqual(in_place.state, out_of_place.state))
+          << what << ": in place and out of place differ";
+    }
+  }
+}
+
+// Shapes past the two models' (dk, dv multiples of 32 up to 256, several
+// value heads per key head) against the CPU.
+TEST_F(PrefillGatedDeltaRuleTest, OtherShapesMatchCpu) {
+  for (Shape s :
+       {Shape{1, 3, 32, 96}, Shape{2, 2, 256, 64}, Shape{1, 2, 96, 32},
+        Shape{2, 6, 160, 256}, Shape{4, 8, 128, 64}}) {
+    for (int rows : {3, 37}) {
+      const Problem p = Make(s, rows);
+      ExpectClose(Run(Rule::kCpu, p, false), Run(Rule::kPrefill, p, false),
+                  Name(s, rows) + " prefill vs cpu");
+    }
+  }
+}
+
+// One call, calls of [0, 1), [1, 700), [700, 2000) chained through the state
+// in place, and the one call again: the same bits.
+TEST_F(PrefillGatedDeltaRuleTest, ChunkedCallsAndRepeatsGiveOneCallsBits) {
+  for (Shape s : {kQwen27B, kSmall}) {
+    const std::string what = Name(s, 2000);
+    const Problem p = Make(s, 2000);
+    const Result one = Run(Rule::kPrefill, p, /*in_place=*/true);
+    const Result chunked = Run(Rule::kPrefill, p, true, {1, 700});
+    const Result again = Run(Rule::kPrefill, p, true);
+    EXPECT_TRUE(BitEqual(one.out, chunked.out)) << what << ": chunked out";
+    EXPECT_TRUE(BitEqual(one.state, chunked.state))
+        << what << ": chunked state";
+    EXPECT_TRUE(BitEqual(one.out, again.out)) << what << ": repeat out";
+    EXPECT_TRUE(BitEqual(one.state, again.state)) << what << ": repeat state";
+    // Another split, with calls of 1 and 31 tokens.
+    const Result split = Run(Rule::kPrefill, p, true, {999, 1000, 1031});
+    EXPECT_TRUE(BitEqual(one.out, split.out)) << what << ": split out";
+    EXPECT_TRUE(BitEqual(one.state, split.state)) << what << ": split state";
+  }
+}
+
+TEST_F(PrefillGatedDeltaRuleTest, Refusals) {
+  const Problem p = Make(kSmall, 4);
+  Buffers b = Upload(gpu_.get(), p, /*in_place=*/false);
+  const GatedDeltaRuleParams ok = Params(p, b, false, 0, p.rows);
+  ASSERT_TRUE(LaunchPrefillGatedDeltaRule(ok, stream()).ok());
+
+  // A session batch: UNIMPLEMENTED (the backend runs GatedDeltaRule).
+  auto tables = gpu_->Allocate(p.rows * sizeof(float*));
+  ASSERT_TRUE(tables.ok());
+  GatedDeltaRuleParams batch = ok;
+  batch.states = reinterpret_cast<float* const*>(tables->data());
+  batch.state_in = nullptr;
+  batch.state_out = nullptr;
+  EXPECT_EQ(LaunchPrefillGatedDeltaRule(batch, stream()).code(),
+            absl::StatusCode::kUnimplemented);
+
+  // Snapshots per token: UNIMPLEMENTED.
+  auto snaps = gpu_->AllocateFloats(p.rows * p.state_size);
+  ASSERT_TRUE(snaps.ok());
+  GatedDeltaRuleParams snap = ok;
+  snap.state_out = snaps->f32();
+  snap.state_out_stride = p.state_size;
+  EXPECT_EQ(LaunchPrefillGatedDeltaRule(snap, stream()).code(),
+            absl::StatusCode::kUnimplemented);
+
+  // Head dims this kernel does not run: UNIMPLEMENTED.
+  for (auto [dk, dv] :
+       {std::pair<int, int>{48, 64}, {64, 48}, {288, 64}, {64, 288}}) {
+    GatedDeltaRuleParams odd = ok;
+    odd.k_head_dim = dk;
+    odd.v_head_dim = dv;
+    odd.out_stride = p.shape.nv * dv;
+    EXPECT_EQ(LaunchPrefillGatedDeltaRule(odd, stream()).code(),
+              absl::StatusCode::kUnimplemented)
+        << "dk=" << dk << " dv=" << dv;
+  }
+
+  // Invalid params: INVALID_ARGUMENT.
+  GatedDeltaRuleParams bad = ok;
+  bad.rows = 0;
+  EXPECT_EQ(LaunchPrefillGatedDeltaRule(bad, stream()).code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = ok;
+  bad.num_v_heads = 3;  // not a multiple of nk = 2
+  EXPECT_EQ(LaunchPrefillGatedDeltaRule(bad, stream()).code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = ok;
+  bad.q = nullptr;
+  EXPECT_EQ(LaunchPrefillGatedDeltaRule(bad, stream()).code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = ok;
+  bad.out_stride = p.shape.nv * p.shape.dv - 1;
+  EXPECT_EQ(LaunchPrefillGatedDeltaRule(bad, stream()).code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = ok;
+  bad.state_out_stride = p.state_size;  // snapshots over state_in
+  bad.state_out = const_cast<float*>(bad.state_in);
+  EXPECT_EQ(LaunchPrefillGatedDeltaRule(bad, stream()).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Nothing above launched a faulting kernel.
+  EXPECT_TRUE(gpu_->Synchronize().ok());
+}
+
+// Milliseconds per call of the prefill (or the exact) rule over `calls`
+// calls after one warm-up, in place on `g`'s state.
+double TimeCalls(Backend* gpu, cudaStream_t stream,
+                 const GatedDeltaRuleParams& g, bool prefill, int calls) {
+  auto call = [&] {
+    return prefill ? gpu->PrefillGatedDeltaRule(g) : gpu->GatedDeltaRule(g);
+  };
+  EXPECT_TRUE(call().ok());
+  cudaEvent_t start, stop;
+  EXPECT_EQ(cudaEventCreate(&start), cudaSuccess);
+  EXPECT_EQ(cudaEventCreate(&stop), cudaSuccess);
+  EXPECT_EQ(cudaEventRecord(start, stream), cudaSuccess);
+  for (int i = 0; i < calls; ++i) EXPECT_TRUE(call().ok());
+  EXPECT_EQ(cudaEventRecord(stop, stream), cudaSuccess);
+  EXPECT_EQ(cudaEventSynchronize(stop), cudaSuccess);
+  float ms = 0.0f;
+  EXPECT_EQ(cudaEventElapsedTime(&ms, start, stop), cudaSuccess);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  EXPECT_TRUE(gpu->Synchronize().ok());
+  return ms / calls;
+}
+
+// The 27B shape at T = 1024 and 8192 (the prompt budget), the prefill
+// kernel and the exact one, on random device data (a, b ~ U(-2, 2)).
+TEST_F(PrefillGatedDeltaRuleTest, Speed) {
+  const Shape s = kQwen27B;
+  constexpr int kMaxRows = 8192;
+  Problem p = Make(s, 1);  // the small inputs; the token rows are made below
+  p.rows = kMaxRows;
+  auto floats = [&](int64_t n, uint64_t seed, float scale) {
+    auto b = gpu_->AllocateFloats(n);
+    EXPECT_TRUE(b.ok());
+    EXPECT_TRUE(
+        LaunchFillRandom(DType::kF32, b->data(), n, seed, scale, stream())
+            .ok());
+    return std::move(*b);
+  };
+  Buffers b;
+  b.qkv = floats(kMaxRows * p.qkv_stride, 1, 1.0f);
+  b.ab = floats(kMaxRows * p.ab_stride, 2, 2.0f);
+  b.out = floats(kMaxRows * p.out_stride, 3, 1.0f);
+  b.a_log = Up(gpu_.get(), p.a_log);
+  b.dt_bias = Up(gpu_.get(), p.dt_bias);
+  b.state_in = Up(gpu_.get(), p.state);
+  for (int rows : {1024, kMaxRows}) {
+    const GatedDeltaRuleParams g = Params(p, b, /*in_place=*/true, 0, rows);
+    const double prefill = TimeCalls(gpu_.get(), stream(), g, true, 10);
+    const double exact = TimeCalls(gpu_.get(), stream(), g, false, 3);
+    std::printf(
+        "prefill gated delta rule speed: nk=%d nv=%d dk=%d dv=%d T=%d: "
+        "prefill %.3f ms/call (%.3f us/token), exact %.3f ms/call "
+        "(%.3f us/token)\n",
+        s.nk, s.nv, s.dk, s.dv, rows, prefill, prefill * 1e3 / rows, exact,
+        exact * 1e3 / rows);
+  }
+}
+
+}  // namespace
+}  // namespace specserve::kernels::cuda
