@@ -79,9 +79,12 @@ def test_smoke_mode_runs_every_row_without_errors(tmp_path):
     key = sorted((r["kind"], r["spec"], r["concurrency"], r["prompt_tokens"]) for r in rows)
     assert key == sorted([("decode", False, 1, 32), ("decode", False, 2, 32),
                           ("decode", True, 1, 32), ("decode", True, 2, 32),
-                          ("ttft", False, 1, 64), ("ttft", False, 1, 256)])
+                          ("ttft", False, 1, 64), ("ttft", False, 1, 256),
+                          ("prefill_load", False, 3, 256)])
     assert result["skipped"] == []
     for r in rows:
+        if r["kind"] == "prefill_load":
+            continue
         assert r["errors"] == {} and r["cut"] == 0, r
         assert r["done"] == r["requests"] == r["concurrency"] * r["requests_per_client"] > 0
         assert r["ttft_p50_ms"] > 0 and r["ttft_p50_ms"] <= r["ttft_p99_ms"]
@@ -95,14 +98,37 @@ def test_smoke_mode_runs_every_row_without_errors(tmp_path):
             assert r["finish"] == ["LENGTH"]
         else:
             assert all(x["tokens"] == 1 for x in r["records"])
+    # Prefill under load: a 256-token prompt sent while 3 plain streams
+    # decode; the row cancels the streams afterwards, which is no error.
+    (pl,) = [r for r in rows if r["kind"] == "prefill_load"]
+    assert pl["errors"] == {} and pl["cut"] == 0 and pl["warmup_errors"] == 0, pl
+    assert pl["steady"] and pl["window_covered"]
+    assert pl["streams"] == 3 and pl["streams_cancelled"] == 3
+    assert pl["streams_ended_early"] == 0
+    assert pl["done"] == pl["requests"] == 2 + 1 + 3  # solo, prefill, streams
+    assert len(pl["solo_ttft_runs_ms"]) == 2 and pl["solo_ttft_ms"] > 0
+    assert pl["ttft_load_ms"] > 0
+    assert pl["ttft_over_solo"] == pl["ttft_load_ms"] / pl["solo_ttft_ms"]
+    assert pl["solo_step_ms"] > 0 and pl["baseline_gaps"] > 0 and pl["window_gaps"] > 0
+    assert 0 < pl["gap_p50_ms"] <= pl["gap_p99_ms"] <= pl["gap_max_ms"]
+    assert pl["gap_p99_over_step"] == pl["gap_p99_ms"] / pl["solo_step_ms"]
+    assert (pl["step_bar"], pl["ttft_bar"]) == (3.0, 1.5)
+    assert isinstance(pl["step_ok"], bool) and isinstance(pl["ttft_ok"], bool)
+    assert 0 <= pl["prefill_stream_tokens_min"] <= pl["prefill_stream_tokens"]
+    roles = sorted((x["role"], x["cancelled_by_row"]) for x in pl["records"])
+    assert roles == [("prefill", False)] + [("solo", False)] * 2 + [("stream", True)] * 3
+    assert all(x["tokens"] == 1 for x in pl["records"] if x["role"] != "stream")
+    assert all(x["tokens"] >= 16 for x in pl["records"] if x["role"] == "stream")
     spec = [r for r in rows if r["spec"]]
     assert all(r["spec_rounds"] > 0 or r["demoted_requests"] > 0 for r in spec)
     assert all(r.get("x_plain") is not None for r in spec)
     assert result["model"]["has_mtp"]
     text = (out / "serve_bench.txt").read_text()
-    for heading in ("## Plain decode", "## Speculative", "## Time to first token"):
+    for heading in ("## Plain decode", "## Speculative", "## Time to first token",
+                    "## Prefill under load", "p99 gap / step (bar <= 3)",
+                    "TTFT ratio (bar <= 1.5)"):
         assert heading in text
-    assert "requests: 16 done, 0 errors, 0 cut" in text
+    assert "requests: 22 done, 0 errors, 0 cut" in text
     assert (out / "worker.log").exists() and (out / "scheduler.log").exists()
 
 

@@ -101,7 +101,8 @@ class LoadClient:
             speculation={"enable": bool(spec), "k": k if spec else 0},
             response={"ids": True, "text": False, "spec_stats": True})
 
-    async def _open(self):
+    async def open(self):
+        """Opens the channel (once; close() ends it)."""
         if self._channel is None:
             self._channel = grpc.aio.insecure_channel(
                 self.address, options=[("grpc.max_receive_message_length", 64 << 20),
@@ -113,9 +114,12 @@ class LoadClient:
             await self._channel.close()
             self._channel = None
 
-    async def one(self, req, sink):
+    async def one(self, req, sink, on_ids=None):
         """Sends `req`, reads its stream; the record goes to `sink`, also
-        when the row's hard deadline cancels the request (status CUT)."""
+        when the row's hard deadline cancels the request (status CUT).
+        on_ids(t, n), when given, is called for every delta that carries n > 0
+        ids, with t its arrival time (time.perf_counter, the clock of the
+        record's start and TTFT)."""
         rec = Record()
         clock = time.perf_counter
         rec.start = t0 = clock()
@@ -127,10 +131,13 @@ class LoadClient:
                 if kind == "delta":
                     n = len(ev.delta.ids)
                     if n:
+                        t = clock()
                         if rec.ttft is None:
-                            rec.ttft = clock() - t0
+                            rec.ttft = t - t0
                         rec.tokens += n
                         rec.messages += 1
+                        if on_ids is not None:
+                            on_ids(t, n)
                 elif kind == "final":
                     f = ev.final
                     rec.finish = self._finish_names.get(f.finish_reason, str(f.finish_reason))
@@ -158,17 +165,7 @@ class LoadClient:
         """requests[i]: the list client i sends in turn; none is started
         after soft_s seconds, and those still running at hard_s are cancelled
         (recorded as CUT). Returns (records, measurements)."""
-        await self._open()
-        lags = []
-        stop = asyncio.Event()
-
-        async def ticker():
-            period = 0.005
-            while not stop.is_set():
-                t = time.perf_counter()
-                await asyncio.sleep(period)
-                lags.append(time.perf_counter() - t - period)
-
+        await self.open()
         records = []
 
         async def client(reqs):
@@ -181,7 +178,7 @@ class LoadClient:
                 if failed >= self.max_consecutive_errors:
                     break  # the server refuses: the rest would fail alike
 
-        tick = asyncio.ensure_future(ticker())
+        lag = LoopLag()
         cpu0, t0 = time.process_time(), time.perf_counter()
         everyone = asyncio.gather(*(client(r) for r in requests))
         try:
@@ -190,14 +187,37 @@ class LoadClient:
             pass  # cancelled: the running requests were recorded as CUT
         wall = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
-        stop.set()
-        await tick
+        lags = await lag.stop()
         for r in records:  # times from the row's start
             r.end -= t0
             r.start -= t0
-        return records, {"wall_s": wall, "client_cpu_s": cpu,
-                         "loop_lag_p99_ms": 1e3 * (percentile(lags, 99) or 0.0),
-                         "loop_lag_max_ms": 1e3 * max(lags or [0.0])}
+        return records, dict(wall_s=wall, client_cpu_s=cpu, **lags)
+
+
+class LoopLag:
+    """How late a 5 ms ticker on the running loop wakes, from construction
+    to stop(): a loop busy with messages runs it late, and so delays every
+    arrival time it records by as much."""
+
+    PERIOD_S = 0.005
+
+    def __init__(self):
+        self._lags = []
+        self._stop = asyncio.Event()
+        self._task = asyncio.ensure_future(self._tick())
+
+    async def _tick(self):
+        while not self._stop.is_set():
+            t = time.perf_counter()
+            await asyncio.sleep(self.PERIOD_S)
+            self._lags.append(time.perf_counter() - t - self.PERIOD_S)
+
+    async def stop(self):
+        """{loop_lag_p99_ms, loop_lag_max_ms}."""
+        self._stop.set()
+        await self._task
+        return {"loop_lag_p99_ms": 1e3 * (percentile(self._lags, 99) or 0.0),
+                "loop_lag_max_ms": 1e3 * max(self._lags or [0.0])}
 
 
 def random_prompts(rng, count, length, vocab):

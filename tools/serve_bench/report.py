@@ -252,6 +252,54 @@ def tables(result):
                 _f(r["ttft_p99_ms"]), _f(r.get("prefill_tok_s"), "%.0f"),
                 _f(r.get("bench_prefill_ms")), _f(r.get("ttft_over_bench"), "%.3f"),
                 _f(r.get("prefill_floor_ms")), cpu(r)[3]] for r in tt])
+    pl = [r for r in rows if r["kind"] == "prefill_load"]
+    if pl:
+        step_bar, ttft_bar = pl[0]["step_bar"], pl[0]["ttft_bar"]
+        out.append("## Prefill under load (one prompt sent, max_tokens 1, while plain "
+                   "streams decode)")
+        out.append("")
+        out.append("Bars: the streams' p99 inter-token gap during the prefill <= %g x their "
+                   "solo step, and the prompt's TTFT under load <= %g x its solo TTFT." % (
+                       step_bar, ttft_bar))
+        out.append("")
+
+        def bar(x, limit):
+            return "-" if x is None else "%.2f (%s)" % (x, "ok" if x <= limit else "OVER")
+
+        table(["prompt", "streams", "errors", "solo step ms", "gap p50", "gap p99", "gap max",
+               "p99 gap / step (bar <= %g)" % step_bar, "TTFT under load", "solo TTFT",
+               "TTFT ratio (bar <= %g)" % ttft_bar, "stream tokens in prefill (min)",
+               "GPU GiB"],
+              [[str(r["prompt_tokens"]), str(r["streams"]), _errs(r),
+                _f(r.get("solo_step_ms"), "%.2f"), _f(r.get("gap_p50_ms"), "%.2f"),
+                _f(r.get("gap_p99_ms"), "%.2f"), _f(r.get("gap_max_ms"), "%.2f"),
+                bar(r.get("gap_p99_over_step"), step_bar), _f(r.get("ttft_load_ms")),
+                _f(r.get("solo_ttft_ms")), bar(r.get("ttft_over_solo"), ttft_bar),
+                "%s (%s)" % (r.get("prefill_stream_tokens", "-"),
+                             r.get("prefill_stream_tokens_min", "-")), cpu(r)[3]]
+               for r in pl])
+        out.append("Gap: between two consecutive id-carrying messages of one stream "
+                   "(a message of n ids is one gap), in ms. Solo step: the median gap "
+                   "arriving in the %g s before the send. The gaps during the prefill: "
+                   "those overlapping the send .. its first token + one solo step. Solo TTFT: "
+                   "the median of %d requests alone. Streams: %d-token prompts, "
+                   "max_tokens %d, cancelled by the row once the prefill is done." % (
+                       pl[0]["baseline_s"], pl[0]["solo_repeats"],
+                       pl[0]["stream_prompt_tokens"], pl[0]["stream_max_tokens"]))
+        for r in pl:
+            why = [w for w, bad in (
+                ("the streams never reached a steady state (one ended first)",
+                 not r.get("steady", True)),
+                ("%d stream(s) ended before the row was done with them" %
+                 r.get("streams_ended_early", 0), r.get("streams_ended_early")),
+                ("a stream's last message came before the window's end: gaps are missing",
+                 r.get("window_covered") is False),
+                ("messages carried %.2f ids on average during the prefill: gaps are per "
+                 "message" % (r.get("window_tokens_per_message") or 0),
+                 (r.get("window_tokens_per_message") or 1) > 1.05)) if bad]
+            if why:
+                out.append("NOTE (prompt %d): %s." % (r["prompt_tokens"], "; ".join(why)))
+        out.append("")
     for r in result.get("restarts") or []:
         out.append("servers restarted " + r)
         out.append("")

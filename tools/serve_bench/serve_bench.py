@@ -19,8 +19,11 @@ Steps (full and --quick, on the GPU):
      when the scheduler's GetServerInfo shows every worker available;
   4. rows: plain (speculation off) and speculative (enable, k = 3) decode at
      c = 1, 8, 16, 32, 64 closed-loop clients, 128 output tokens (ignore_eos)
-     after random 32-token-id prompts; TTFT of 2,048- and 8,192-token
-     prompts (max_tokens 1, one at a time);
+     after random 32-token-id prompts; TTFT of 2,048-, 8,192- and
+     32,768-token prompts (max_tokens 1, one at a time; --quick: no 32,768);
+     prefill under load (prefill_load.py): an 8,192-token prompt's TTFT
+     sent while 8 plain streams decode, beside its solo TTFT, and the
+     streams' inter-token gaps meanwhile beside their solo step;
   5. $OUT/serve_bench.json (every figure, every request) and
      $OUT/serve_bench.txt (the markdown tables), rewritten after each row,
      plus cuda_bench.{json,txt} and the servers' log tails.
@@ -29,12 +32,14 @@ Steps (full and --quick, on the GPU):
 GPU, --devices, default cuda:0..N-1): plain decode rows at each per-GPU
 concurrency c of --concurrency, first with one worker at c, then with N
 workers at N * c, so each N-worker figure stands beside N x the one-worker
-figure of the same run. Speculative and TTFT rows are not run in this mode.
+figure of the same run. Speculative, TTFT and prefill-under-load rows are
+not run in this mode.
 
 --smoke runs the same code on the CPU in seconds: a tiny random checkpoint
 (make_checkpoint.py --shape tiny, numpy), bazel-bin's binaries
-($SPECSERVE_BIN_DIR), c = 1 and 2, 8 tokens, 64- and 256-token TTFT rows, no
-cuda_bench. Exit status: 0 when every row ran with no errors.
+($SPECSERVE_BIN_DIR), c = 1 and 2, 8 tokens, 64- and 256-token TTFT rows, a
+256-token prefill under 3 streams, no cuda_bench. Exit status: 0 when every
+row ran with no errors.
 """
 import argparse
 import json
@@ -52,6 +57,8 @@ REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 
 import load  # noqa: E402
+import make_checkpoint  # noqa: E402
+import prefill_load  # noqa: E402
 import report  # noqa: E402
 from reflect import ServerApi  # noqa: E402
 
@@ -171,8 +178,18 @@ def parse_args(argv):
     ap.add_argument("--max-tokens", type=int, help="output tokens per request "
                     "(default 128; --smoke: 8)")
     ap.add_argument("--prompt-tokens", type=int, default=32)
-    ap.add_argument("--ttft-prompts", type=ints, help="default 2048,8192 "
-                    "(--smoke: 64,256); empty: none")
+    ap.add_argument("--ttft-prompts", type=ints, help="default 2048,8192,32768 "
+                    "(--quick: 2048,8192; --smoke: 64,256); empty: none")
+    ap.add_argument("--prefill-under-load", type=ints, metavar="P[,P2...]",
+                    help="prompt tokens of the prefill_load rows, one row each "
+                    "(default 8192; --smoke: 256); 0 or empty: none")
+    ap.add_argument("--load-streams", type=int,
+                    help="plain streams decoding during a prefill_load row's "
+                    "prefill (default 8; --smoke: 3)")
+    ap.add_argument("--load-max-tokens", type=int,
+                    help="max_tokens of those streams: well past the prefill, "
+                    "which the row cancels them after (default 4096; --smoke: "
+                    "2048)")
     ap.add_argument("--row-seconds", type=float,
                     help="target seconds per decode row (default 25; --quick 4)")
     ap.add_argument("--ttft-seconds", type=float,
@@ -219,7 +236,17 @@ def parse_args(argv):
     args.concurrency = args.concurrency or ([1, 2] if s else [1, 8, 16, 32, 64])
     args.max_tokens = args.max_tokens or (8 if s else 128)
     if args.ttft_prompts is None:
-        args.ttft_prompts = [64, 256] if s else [2048, 8192]
+        args.ttft_prompts = ([64, 256] if s else
+                             [2048, 8192] if args.quick else [2048, 8192, 32768])
+    if args.prefill_under_load is None:
+        args.prefill_under_load = [256] if s else [8192]
+    args.prefill_under_load = [p for p in args.prefill_under_load if p > 0]
+    args.load_streams = args.load_streams or (3 if s else 8)
+    args.load_max_tokens = args.load_max_tokens or (2048 if s else 4096)
+    # prefill_load: solo TTFT requests after the warm-up, and the seconds of
+    # steady decode whose gaps give the solo step.
+    args.solo_repeats = 2 if s else 3
+    args.baseline_s = 0.25 if s else 1.0
     args.row_seconds = args.row_seconds or (0.5 if s else (4.0 if args.quick else 25.0))
     args.ttft_seconds = args.ttft_seconds or (0.3 if s else (2.0 if args.quick else 12.0))
     if s and args.requests is None:
@@ -247,8 +274,16 @@ def make_model(args, result):
     if args.no_make:
         return
     cmd = [sys.executable, os.path.join(HERE, "make_checkpoint.py"), "--out", args.model]
+    shape = "tiny" if args.smoke else "27b"
     if args.smoke:
         cmd += ["--shape", "tiny", "--backend", "numpy"]
+    # The model context (max_position_embeddings) bounds a request's prompt +
+    # max_tokens in the scheduler and a session's capacity in the worker:
+    # raised only past the shape's own, so that the usual runs keep their
+    # checkpoint's stamp (and the 27B one its 55 GB on /dev/shm).
+    need = context_needed(args)
+    if need > make_checkpoint.SHAPES[shape]["max_position"]:
+        cmd += ["--max-position", str(need)]
     log("checkpoint: " + " ".join(cmd[1:]))
     t0 = time.monotonic()
     p = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -262,6 +297,19 @@ def make_model(args, result):
         "kept": "already holds" in p.stdout, "seconds": stamp.get("seconds"),
         "device": stamp.get("device"), "call_seconds": time.monotonic() - t0,
         "tokenizer": os.path.exists(os.path.join(args.model, "tokenizer.json"))}
+
+
+def row_context(args, kind, p, n_tok):
+    """The most rows one request of a plan row takes (prompt + max_tokens):
+    a prefill_load row's are its prompt's (max_tokens 1) or its streams'."""
+    if kind == "prefill_load":
+        return max(p + 1, args.prompt_tokens + n_tok)
+    return p + n_tok
+
+
+def context_needed(args):
+    """The most rows one request of the plan takes."""
+    return max([row_context(args, kind, p, n) for kind, _, _, p, n, _ in plan(args)] or [0])
 
 
 def run_cuda_bench(args, result):
@@ -332,7 +380,10 @@ def start_servers(args, result, servers, n_workers=1):
     waddrs = [w.wait_port(args.startup_timeout) for w in started]
     for device, waddr in zip(args.devices, waddrs):
         log("worker %s on %s after %.1f s" % (waddr, device, time.monotonic() - t0))
-    max_running = max(args.concurrency) * n_workers
+    # Every request of a row runs at once: a prefill_load row's prefill
+    # beside its streams, too (a queued one would wait for a stream's end).
+    max_running = max([c * n_workers for c in args.concurrency] +
+                      [c + 1 for kind, _, c, _, _, _ in plan(args) if kind == "prefill_load"])
     # A carried scheduler brings the shared libraries it loads (libcpp-httplib
     # and its dependencies: tools/cuda_bench.sh prepare) in lib/ beside it.
     env = None
@@ -393,6 +444,9 @@ def plan(args):
             rows.append(("decode", mode == "spec", c, args.prompt_tokens, args.max_tokens, 1))
     for p in args.ttft_prompts:
         rows.append(("ttft", False, 1, p, 1, 1))
+    # concurrency: the decoding streams; max tokens: theirs (the prefill's is 1).
+    for p in args.prefill_under_load:
+        rows.append(("prefill_load", False, args.load_streams, p, args.load_max_tokens, 1))
     return rows
 
 
@@ -502,18 +556,33 @@ def run_rows(args, result, t_start, servers):
                 name, elapsed, args.budget_s))
             log("skip " + result["skipped"][-1])
             continue
+        max_context = int(result["model"].get("max_context") or 0)
+        need = row_context(args, kind, p, n_tok)
+        if max_context and need > max_context:
+            # The scheduler would refuse such requests (prompt + max_tokens
+            # past the model context).
+            result["skipped"].append("%s (%d rows of prompt + max_tokens exceed the "
+                                     "model context %d)" % (name, need, max_context))
+            log("skip " + result["skipped"][-1])
+            continue
         log("row " + name)
         decode = kind == "decode"
+        hard_s = (args.budget_s - (time.monotonic() - t_start)) if args.budget_s else None
         with GpuMemory(args.devices[0]) as mem:
-            s = load.run_row(
-                client, concurrency=c, prompt_tokens=p, max_tokens=n_tok, spec=spec,
-                k=args.k, vocab=vocab,
-                target_s=args.row_seconds if decode else args.ttft_seconds,
-                min_requests=args.min_requests if decode else 1,
-                max_requests=args.max_requests, seed=args.seed * 1000 + i,
-                pids=pids, fixed_requests=args.requests,
-                hard_s=(args.budget_s - (time.monotonic() - t_start)) if args.budget_s
-                else None)
+            if kind == "prefill_load":
+                s = prefill_load.run_row(
+                    client, prompt_tokens=p, streams=c, stream_prompt_tokens=args.prompt_tokens,
+                    stream_max_tokens=n_tok, vocab=vocab, seed=args.seed * 1000 + i,
+                    solo_repeats=args.solo_repeats, baseline_s=args.baseline_s,
+                    pids=pids, hard_s=hard_s)
+            else:
+                s = load.run_row(
+                    client, concurrency=c, prompt_tokens=p, max_tokens=n_tok, spec=spec,
+                    k=args.k, vocab=vocab,
+                    target_s=args.row_seconds if decode else args.ttft_seconds,
+                    min_requests=args.min_requests if decode else 1,
+                    max_requests=args.max_requests, seed=args.seed * 1000 + i,
+                    pids=pids, fixed_requests=args.requests, hard_s=hard_s)
         s["kind"] = kind
         s["workers"] = n_workers
         s["gpu_memory_peak_mib"] = mem.peak
@@ -522,11 +591,20 @@ def run_rows(args, result, t_start, servers):
             s["records"] = s["records"][:64]
             s["records_truncated"] = True
         result["rows"].append(s)
-        log("  %d done, errors %s, %s TTFT p50 %s ms, client CPU %.0f%%, %.1f s" % (
-            s["done"], s["errors"] or 0,
-            ("%.1f tok/s, TPOT p50 %s ms," % (s["tok_s"], report._f(s["tpot_p50_ms"], "%.2f"))
-             if decode else ""),
-            report._f(s["ttft_p50_ms"], "%.1f"), s["client_cpu_pct"] or 0, s["wall_s"]))
+        if kind == "prefill_load":
+            what = ("solo step %s ms, gap p99 %s ms (%s x, bar %g), TTFT %s ms under load, "
+                    "%s ms solo (%s x, bar %g)," % (
+                        report._f(s.get("solo_step_ms"), "%.2f"),
+                        report._f(s.get("gap_p99_ms"), "%.2f"),
+                        report._f(s.get("gap_p99_over_step"), "%.2f"), s["step_bar"],
+                        report._f(s.get("ttft_load_ms")), report._f(s.get("solo_ttft_ms")),
+                        report._f(s.get("ttft_over_solo"), "%.2f"), s["ttft_bar"]))
+        else:
+            what = "%sTTFT p50 %s ms," % (
+                "%.1f tok/s, TPOT p50 %s ms, " % (s["tok_s"], report._f(s["tpot_p50_ms"], "%.2f"))
+                if decode else "", report._f(s["ttft_p50_ms"], "%.1f"))
+        log("  %d done, errors %s, %s client CPU %.0f%%, %.1f s" % (
+            s["done"], s["errors"] or 0, what, s["client_cpu_pct"] or 0, s["wall_s"]))
         write_results(args, result)
     return api
 
