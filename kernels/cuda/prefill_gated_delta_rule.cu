@@ -81,9 +81,6 @@ __device__ __forceinline__ TokenIn<M> LoadToken(const float* q, const float* k,
   return x;
 }
 
-// Where row i of q̂ (and, kHatStride floats on, of k̂) lives in a warp's
-// buffer: row-lane r's NR rows are contiguous, 4 floats of padding between
-// row-lanes so that the R row-lanes' float4 reads fall in distinct banks.
 // 1.0f / sqrtf(x) for a normal x (here Σ + 1e-6 >= 1e-6) without
 // branches: the instructions of the fast paths of nvcc's IEEE sqrtf and
 // division (approximate rsqrt and rcp, each refined by fma), which give the
@@ -102,6 +99,9 @@ __device__ __forceinline__ float InvSqrtNormal(float x) {
   return fmaf(y, -fmaf(y, s, -1.0f), y);  // 1 / s
 }
 
+// Where row i of q̂ (and, kHatStride floats on, of k̂) lives in a warp's
+// buffer: row-lane r's NR rows are contiguous, 4 floats of padding between
+// row-lanes so that the R row-lanes' float4 reads fall in distinct banks.
 template <int NR>
 __device__ __forceinline__ int HatIndex(int i) {
   return i + (i / NR) * 4;
