@@ -81,24 +81,6 @@ __device__ __forceinline__ TokenIn<M> LoadToken(const float* q, const float* k,
   return x;
 }
 
-// 1.0f / sqrtf(x) for a normal x (here Σ + 1e-6 >= 1e-6) without
-// branches: the instructions of the fast paths of nvcc's IEEE sqrtf and
-// division (approximate rsqrt and rcp, each refined by fma), which give the
-// correctly rounded results for such arguments; the slow paths (denormal,
-// huge or special arguments) are never taken here. No branch keeps the loop
-// body one basic block, so the scheduler can overlap this chain with the
-// state update's.
-__device__ __forceinline__ float InvSqrtNormal(float x) {
-  float r;
-  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  const float s0 = __fmul_rn(x, r);
-  const float half_r = __fmul_rn(r, 0.5f);
-  const float s = fmaf(fmaf(-s0, s0, x), half_r, s0);  // sqrt(x)
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(s));
-  return fmaf(y, -fmaf(y, s, -1.0f), y);  // 1 / s
-}
-
 // Where row i of q̂ (and, kHatStride floats on, of k̂) lives in a warp's
 // buffer: row-lane r's NR rows are contiguous, 4 floats of padding between
 // row-lanes so that the R row-lanes' float4 reads fall in distinct banks.
@@ -130,7 +112,7 @@ __device__ __forceinline__ void NormalizeInto(const TokenIn<M>& x,
 #pragma unroll
   for (int mask = 8; mask > 0; mask >>= 1)
     s = __fadd_rn(s, __shfl_xor_sync(kFullMask, s, mask));
-  const float inv = InvSqrtNormal(__fadd_rn(s, 1e-6f));
+  const float inv = 1.0f / sqrtf(__fadd_rn(s, 1e-6f));
   const float other = __shfl_xor_sync(kFullMask, inv, 16);
   const float inv_q = k_half ? other : inv;
   const float inv_k = k_half ? inv : other;
@@ -263,67 +245,61 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32)
   __syncwarp();
   float o_acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 
-  // Groups of 32 tokens: the gates change between groups only, so the
-  // inner loop's body is one basic block.
-  for (int64_t t0 = 0; t0 < rows; t0 += 32) {
-    if (t0 > 0) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const int slot = static_cast<int>(t & 31);
+    if (slot == 0 && t > 0) {
       gates = next_gates;
       next_gates = GatesOf(raw.a, raw.b, a_coef, dt_bias);
-      raw = LoadGates(p, t0 + 64 + lane, h);
+      raw = LoadGates(p, t + 64 + lane, h);
     }
-    const int n = static_cast<int>(min(int64_t{32}, rows - t0));
-    for (int slot = 0; slot < n; ++slot) {
-      const int64_t t = t0 + slot;
-      const TokenIn<M> in2 =
-          LoadToken<M>(qp, kp, vp, min(t + 2, rows - 1) * qs);
-      const float beta = __shfl_sync(kFullMask, gates.beta, slot);
-      const float decay = __shfl_sync(kFullMask, gates.decay, slot);
-      const float* qh = hat_buf(t) + rl * (NR + 4);
-      const float* kh_ = qh + kHatStride;
+    const TokenIn<M> in2 = LoadToken<M>(qp, kp, vp, min(t + 2, rows - 1) * qs);
+    const float beta = __shfl_sync(kFullMask, gates.beta, slot);
+    const float decay = __shfl_sync(kFullMask, gates.decay, slot);
+    const float* q_hat = hat_buf(t) + rl * (NR + 4);
+    const float* k_hat = q_hat + kHatStride;
 
-      // S ← decay·S and u's partials (row r into accumulator r % 4).
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    // S ← decay·S and u's partials (row r into accumulator r % 4).
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int r4 = 0; r4 < NR / 4; ++r4) {
-        const float4 kk = reinterpret_cast<const float4*>(kh_)[r4];
-        const float kv[4] = {kk.x, kk.y, kk.z, kk.w};
+    for (int r4 = 0; r4 < NR / 4; ++r4) {
+      const float4 kk = reinterpret_cast<const float4*>(k_hat)[r4];
+      const float kv[4] = {kk.x, kk.y, kk.z, kk.w};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = 4 * r4 + e;
-          S[r] = __fmul_rn(S[r], decay);
-          acc[e] = fmaf(S[r], kv[e], acc[e]);
-        }
+      for (int e = 0; e < 4; ++e) {
+        const int r = 4 * r4 + e;
+        S[r] = __fmul_rn(S[r], decay);
+        acc[e] = fmaf(S[r], kv[e], acc[e]);
       }
-      const float u = ColumnSum<R>(acc);
-      // Token t − 1's output, its butterfly beside u's.
-      const float o_prev = ColumnSum<R>(o_acc);
-      if (writer && t > 0) out[(t - 1) * p.out_stride] = o_prev;
-      const float delta = __fmul_rn(__fsub_rn(v_cur, u), beta);
-
-      // S ← S + k̂·δ and o's partials.
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o_acc[e] = 0.0f;
-#pragma unroll
-      for (int r4 = 0; r4 < NR / 4; ++r4) {
-        const float4 kk = reinterpret_cast<const float4*>(kh_)[r4];
-        const float4 qq = reinterpret_cast<const float4*>(qh)[r4];
-        const float kv[4] = {kk.x, kk.y, kk.z, kk.w};
-        const float qv[4] = {qq.x, qq.y, qq.z, qq.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = 4 * r4 + e;
-          S[r] = fmaf(kv[e], delta, S[r]);
-          o_acc[e] = fmaf(S[r], qv[e], o_acc[e]);
-        }
-      }
-
-      // Token t + 1 into the other buffer: its last reads were token
-      // t − 1's, before the previous iteration's __syncwarp.
-      NormalizeInto<M, NR, kHatStride>(in1, q_scale, lane, hat_buf(t + 1));
-      __syncwarp();
-      v_cur = in1.v;
-      in1 = in2;
     }
+    const float u = ColumnSum<R>(acc);
+    // Token t − 1's output, its butterfly beside u's.
+    const float o_prev = ColumnSum<R>(o_acc);
+    if (writer && t > 0) out[(t - 1) * p.out_stride] = o_prev;
+    const float delta = __fmul_rn(__fsub_rn(v_cur, u), beta);
+
+    // S ← S + k̂·δ and o's partials.
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o_acc[e] = 0.0f;
+#pragma unroll
+    for (int r4 = 0; r4 < NR / 4; ++r4) {
+      const float4 kk = reinterpret_cast<const float4*>(k_hat)[r4];
+      const float4 qq = reinterpret_cast<const float4*>(q_hat)[r4];
+      const float kv[4] = {kk.x, kk.y, kk.z, kk.w};
+      const float qv[4] = {qq.x, qq.y, qq.z, qq.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = 4 * r4 + e;
+        S[r] = fmaf(kv[e], delta, S[r]);
+        o_acc[e] = fmaf(S[r], qv[e], o_acc[e]);
+      }
+    }
+
+    // Token t + 1 into the other buffer: its last reads were token t − 1's,
+    // before the previous iteration's __syncwarp.
+    NormalizeInto<M, NR, kHatStride>(in1, q_scale, lane, hat_buf(t + 1));
+    __syncwarp();
+    v_cur = in1.v;
+    in1 = in2;
   }
   {
     const float o_last = ColumnSum<R>(o_acc);
@@ -336,10 +312,10 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32)
 }
 
 // Row-lanes per column for (dk, dv); with it, (dk, dv) fix every order. At
-// dk = 128, R = 4 (8 columns of 32 rows per warp) ran faster on the H200
-// than R = 8 (0.52 against 0.73 µs per token at the 27B shape) and as fast
-// as R = 2 with a third of the registers; above 128, R = 8 keeps a lane's
-// rows (registers of S) at 32 or fewer.
+// dk = 128 on the H200 (27B shape), R = 4 (8 columns of 32 rows per warp)
+// ran about a third faster than R = 8 and as fast as R = 2, which needs
+// half again the registers; above 128, R = 8 keeps a lane's rows (its
+// registers of S) at 32 or fewer.
 int RowLanes(int64_t dk, int64_t dv) {
   (void)dv;
   return dk > 128 ? 8 : 4;
