@@ -59,9 +59,21 @@ __device__ __forceinline__ void Wgmma64(float (&d)[8][4], uint32_t a0,
 __device__ __forceinline__ void WgmmaFence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void WgmmaCommitAndWait() {
+
+// Closes the wgmma group issued since the last commit.
+__device__ __forceinline__ void WgmmaCommit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+
+// Waits until at most N of this warp's wgmma groups are pending.
+template <int N>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void WgmmaCommitAndWait() {
+  WgmmaCommit();
+  WgmmaWait<0>();
 }
 
 }  // namespace specserve::kernels::cuda

@@ -161,12 +161,6 @@ __device__ __forceinline__ void WgmmaSS(float (&d)[kKeyTiles][4], uint64_t a,
         "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
       : "l"(a), "l"(b));
 }
-__device__ __forceinline__ void WgmmaCommit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void WgmmaWaitAll() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
 // Orders this thread's st.shared before later tensor-core (async proxy)
 // reads of the same bytes (with a barrier between).
 __device__ __forceinline__ void FenceProxyAsync() {
@@ -439,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int c = 0; c < S::kSteps; ++c) step(c, convert_v, k_at, kb + kKeys);
     if constexpr (kCompute) {
-      WgmmaWaitAll();
+      WgmmaWait<0>();
       OnlineSoftmax<D>(s, o, m, l, kb, kb + kKeys - 1 > warp_first, pos,
                        p.scale);
     }
