@@ -42,7 +42,16 @@ struct GatedDeltaRuleParams {
   float* out = nullptr;          // [T][out_stride], head h at h·dv
   int64_t out_stride = 0;
   float* const* states = nullptr;  // session batch: [rows] state pointers
+  // Absolute position of row 0 in its sequence (single slot). Only the
+  // chunked prefill form reads it: it groups tokens into chunks of
+  // kPrefillDeltaRuleChunk at multiples of it, so a prompt split into calls
+  // at such multiples gives one call's bits.
+  int64_t position = 0;
 };
+
+// The chunk of the chunked prefill form (Backend::PrefillGatedDeltaRule on
+// CUDA): callers that split a prompt into passes cut at multiples of it.
+inline constexpr int64_t kPrefillDeltaRuleChunk = 64;
 
 absl::Status Validate(const GatedDeltaRuleParams& p);
 

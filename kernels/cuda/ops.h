@@ -135,6 +135,13 @@ absl::Status LaunchConv1d(const Conv1dParams& p, cudaStream_t stream);
 // (state_out_stride 0, states == nullptr); UNIMPLEMENTED otherwise.
 absl::Status LaunchPrefillGatedDeltaRule(const GatedDeltaRuleParams& p,
                                          cudaStream_t stream);
+// The chunked form (prefill_chunked_delta_rule.cu): chunks of
+// kPrefillDeltaRuleChunk tokens at absolute positions (p.position) on the
+// tensor cores in tf32, within tolerance of the per-token rule; the same
+// prompt split into calls at chunk boundaries gives one call's bits. dk =
+// 128, dv % 64 == 0, a single state slot; UNIMPLEMENTED otherwise.
+absl::Status LaunchPrefillChunkedDeltaRule(const GatedDeltaRuleParams& p,
+                                           cudaStream_t stream);
 absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleParams& p,
                                   cudaStream_t stream);
 // The rule and its gated norm in one kernel (gated_delta_rule.cu), for one

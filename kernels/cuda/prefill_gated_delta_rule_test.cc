@@ -1,11 +1,13 @@
-// The prefill gated delta rule (prefill_gated_delta_rule.cu, through
-// CudaBackend::PrefillGatedDeltaRule) against the CPU backend's exact fp32
-// rule and the exact CUDA kernel (gated_delta_rule.cu), in the model's
-// strided q/k/v and a/b layout, in place and out of place: within 1e-4 of
-// max |·|, NaN-free, every output written; any split of the tokens into
-// calls gives one call's bits; determinism; its refusals; and its speed at
-// the 27B shape (printed, never asserted). Every test skips when no CUDA
-// device is visible.
+// The prefill gated delta rule (CudaBackend::PrefillGatedDeltaRule: the
+// chunked form of prefill_chunked_delta_rule.cu for dk = 128, else the
+// per-token kernel of prefill_gated_delta_rule.cu) against the CPU
+// backend's exact fp32 rule and the exact CUDA kernel (gated_delta_rule.cu),
+// in the model's strided q/k/v and a/b layout, in place and out of place:
+// within 1e-4 of max |·| (the chunked form's tf32: 3e-3), NaN-free, every
+// output written; splits of the tokens into calls (at chunk boundaries for
+// the chunked form) give one call's bits; determinism; refusals; and the
+// speed at the 27B shape (printed, never asserted). Every test skips when no
+// CUDA device is visible.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -36,8 +38,18 @@ constexpr Shape kQwen27B{16, 48, 128, 128};  // the hot shape
 constexpr Shape kSmall{2, 4, 64, 64};        // the small default model
 
 // max |got − want| <= 1e-4 · max |want| over a call's outputs, and over its
-// final state.
+// final state, for the per-token prefill kernel; the chunked form (dk =
+// 128) rounds its mma operands to tf32 (2^-11 relative), hence its own
+// bound.
 constexpr double kTolerance = 1e-4;
+constexpr double kChunkedTolerance = 3e-3;
+constexpr int kChunk = static_cast<int>(kPrefillDeltaRuleChunk);
+
+// The chunked form runs dk = 128 (LaunchPrefillChunkedDeltaRule).
+bool Chunked(const Shape& s) { return s.dk == 128 && s.dv % 64 == 0; }
+double ToleranceOf(const Shape& s) {
+  return Chunked(s) ? kChunkedTolerance : kTolerance;
+}
 
 const float kPoison = std::nanf("");
 
@@ -47,7 +59,8 @@ const float kPoison = std::nanf("");
 // tail [z nv·dv | b nv | a nv] (z unused here); out rows are nv·dv wide.
 struct Problem {
   Shape shape;
-  int rows = 0;  // T
+  int rows = 0;          // T
+  int64_t position = 0;  // absolute position of row 0
   int64_t qkv_stride = 0, ab_stride = 0, out_stride = 0, state_size = 0;
   std::vector<float> qkv, ab, a_log, dt_bias, state;
 };
@@ -84,8 +97,9 @@ bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
          std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// Which implementation runs a call.
-enum class Rule { kCpu, kExact, kPrefill };
+// Which implementation runs a call: the CPU, the exact CUDA kernel, the
+// backend's prefill choice, the per-token prefill kernel itself.
+enum class Rule { kCpu, kExact, kPrefill, kPerToken };
 
 class PrefillGatedDeltaRuleTest : public ::testing::Test {
  protected:
@@ -180,6 +194,7 @@ class PrefillGatedDeltaRuleTest : public ::testing::Test {
     g.state_out = in_place ? b.state_in.f32() : b.state_out.f32();
     g.out = b.out.f32() + r0 * p.out_stride;
     g.out_stride = p.out_stride;
+    g.position = p.position + r0;
     return g;
   }
 
@@ -191,6 +206,10 @@ class PrefillGatedDeltaRuleTest : public ::testing::Test {
         return gpu_->GatedDeltaRule(g);
       case Rule::kPrefill:
         return gpu_->PrefillGatedDeltaRule(g);
+      case Rule::kPerToken: {
+        const absl::Status s = LaunchPrefillGatedDeltaRule(g, stream());
+        return s.ok() ? gpu_->Synchronize() : s;
+      }
     }
     return absl::InternalError("unknown rule");
   }
@@ -231,17 +250,17 @@ std::string Name(const Shape& s, int rows) {
                       " T=", rows);
 }
 
-// `got` within kTolerance of `want` (out and state), NaN-free.
-void ExpectClose(const Result& want, const Result& got,
-                 const std::string& what) {
+// `got` within `tolerance` of `want` (out and state), NaN-free.
+void ExpectClose(const Result& want, const Result& got, const std::string& what,
+                 double tolerance = kTolerance) {
   ASSERT_FALSE(HasNaN(got.out)) << what << ": NaN (or unwritten) output";
   ASSERT_FALSE(HasNaN(got.state)) << what << ": NaN (or unwritten) state";
   const double e_out = MaxRelError(want.out, got.out);
   const double e_state = MaxRelError(want.state, got.state);
   std::printf("%s: max rel error out %.3g, state %.3g\n", what.c_str(), e_out,
               e_state);
-  EXPECT_LE(e_out, kTolerance) << what << " out";
-  EXPECT_LE(e_state, kTolerance) << what << " state";
+  EXPECT_LE(e_out, tolerance) << what << " out";
+  EXPECT_LE(e_state, tolerance) << what << " state";
 }
 
 TEST_F(PrefillGatedDeltaRuleTest, MatchesCpuAndExactKernel) {
@@ -254,9 +273,14 @@ TEST_F(PrefillGatedDeltaRuleTest, MatchesCpuAndExactKernel) {
       ASSERT_FALSE(HasNaN(cpu.out) || HasNaN(cpu.state)) << what;
       const Result out_of_place = Run(Rule::kPrefill, p, /*in_place=*/false);
       const Result in_place = Run(Rule::kPrefill, p, /*in_place=*/true);
-      ExpectClose(cpu, out_of_place, what + " prefill vs cpu");
-      ExpectClose(exact, out_of_place, what + " prefill vs exact kernel");
-      ExpectClose(cpu, in_place, what + " prefill in place vs cpu");
+      const double tol = ToleranceOf(s);
+      ExpectClose(cpu, out_of_place, what + " prefill vs cpu", tol);
+      ExpectClose(exact, out_of_place, what + " prefill vs exact kernel", tol);
+      ExpectClose(cpu, in_place, what + " prefill in place vs cpu", tol);
+      if (Chunked(s)) {  // the per-token kernel too, at the hot shape
+        ExpectClose(cpu, Run(Rule::kPerToken, p, false),
+                    what + " per-token prefill vs cpu");
+      }
       EXPECT_TRUE(BitEqual(in_place.out, out_of_place.out) &&
                   BitEqual(in_place.state, out_of_place.state))
           << what << ": in place and out of place differ";
@@ -273,29 +297,48 @@ TEST_F(PrefillGatedDeltaRuleTest, OtherShapesMatchCpu) {
     for (int rows : {3, 37}) {
       const Problem p = Make(s, rows);
       ExpectClose(Run(Rule::kCpu, p, false), Run(Rule::kPrefill, p, false),
-                  Name(s, rows) + " prefill vs cpu");
+                  Name(s, rows) + " prefill vs cpu", ToleranceOf(s));
     }
   }
 }
 
-// One call, calls of [0, 1), [1, 700), [700, 2000) chained through the state
-// in place, and the one call again: the same bits.
+// One call, calls chained through the state in place, and the one call
+// again: the same bits. The per-token kernel (dk = 64) takes any cuts; the
+// chunked form (dk = 128) cuts at chunk boundaries of absolute positions,
+// also for a prompt that starts inside a chunk, and stays within tolerance
+// of the CPU for cuts inside a chunk.
 TEST_F(PrefillGatedDeltaRuleTest, ChunkedCallsAndRepeatsGiveOneCallsBits) {
-  for (Shape s : {kQwen27B, kSmall}) {
-    const std::string what = Name(s, 2000);
-    const Problem p = Make(s, 2000);
+  struct Case {
+    Shape shape;
+    int64_t position;
+    std::vector<std::vector<int>> cuts;
+  };
+  const Case kCases[] = {
+      {kSmall, 0, {{1, 700}, {999, 1000, 1031}}},
+      {kQwen27B, 0, {{kChunk, 11 * kChunk}, {15 * kChunk, 16 * kChunk}}},
+      // Row 0 at position 37: chunk boundaries at rows 27, 91, ...
+      {kQwen27B, 37, {{27, 91}, {27 + 15 * kChunk}}},
+  };
+  for (const Case& c : kCases) {
+    Problem p = Make(c.shape, 2000);
+    p.position = c.position;
+    const std::string what =
+        absl::StrCat(Name(c.shape, 2000), " position=", c.position);
     const Result one = Run(Rule::kPrefill, p, /*in_place=*/true);
-    const Result chunked = Run(Rule::kPrefill, p, true, {1, 700});
     const Result again = Run(Rule::kPrefill, p, true);
-    EXPECT_TRUE(BitEqual(one.out, chunked.out)) << what << ": chunked out";
-    EXPECT_TRUE(BitEqual(one.state, chunked.state))
-        << what << ": chunked state";
     EXPECT_TRUE(BitEqual(one.out, again.out)) << what << ": repeat out";
     EXPECT_TRUE(BitEqual(one.state, again.state)) << what << ": repeat state";
-    // Another split, with calls of 1 and 31 tokens.
-    const Result split = Run(Rule::kPrefill, p, true, {999, 1000, 1031});
-    EXPECT_TRUE(BitEqual(one.out, split.out)) << what << ": split out";
-    EXPECT_TRUE(BitEqual(one.state, split.state)) << what << ": split state";
+    for (const std::vector<int>& cuts : c.cuts) {
+      const Result split = Run(Rule::kPrefill, p, true, cuts);
+      EXPECT_TRUE(BitEqual(one.out, split.out)) << what << ": split out";
+      EXPECT_TRUE(BitEqual(one.state, split.state)) << what << ": split state";
+    }
+    if (Chunked(c.shape)) {
+      const Result cpu = Run(Rule::kCpu, p, false);
+      ExpectClose(cpu, one, what + " one call vs cpu", kChunkedTolerance);
+      ExpectClose(cpu, Run(Rule::kPrefill, p, true, {1, 700, 1001}),
+                  what + " cuts inside chunks vs cpu", kChunkedTolerance);
+    }
   }
 }
 
@@ -336,6 +379,10 @@ TEST_F(PrefillGatedDeltaRuleTest, Refusals) {
         << "dk=" << dk << " dv=" << dv;
   }
 
+  // The chunked form runs dk = 128 only: UNIMPLEMENTED here (dk = 64).
+  EXPECT_EQ(LaunchPrefillChunkedDeltaRule(ok, stream()).code(),
+            absl::StatusCode::kUnimplemented);
+
   // Invalid params: INVALID_ARGUMENT.
   GatedDeltaRuleParams bad = ok;
   bad.rows = 0;
@@ -362,12 +409,23 @@ TEST_F(PrefillGatedDeltaRuleTest, Refusals) {
   EXPECT_TRUE(gpu_->Synchronize().ok());
 }
 
-// Milliseconds per call of the prefill (or the exact) rule over `calls`
-// calls after one warm-up, in place on `g`'s state.
+// The kernels TimeCalls times.
+enum Timed { kChunked, kPerTokenKernel, kExactKernel };
+
+// Milliseconds per call of one kernel over `calls` calls after one
+// warm-up, in place on `g`'s state.
 double TimeCalls(Backend* gpu, cudaStream_t stream,
-                 const GatedDeltaRuleParams& g, bool prefill, int calls) {
+                 const GatedDeltaRuleParams& g, Timed which, int calls) {
   auto call = [&] {
-    return prefill ? gpu->PrefillGatedDeltaRule(g) : gpu->GatedDeltaRule(g);
+    switch (which) {
+      case kChunked:
+        return LaunchPrefillChunkedDeltaRule(g, stream);
+      case kPerTokenKernel:
+        return LaunchPrefillGatedDeltaRule(g, stream);
+      case kExactKernel:
+        break;
+    }
+    return gpu->GatedDeltaRule(g);
   };
   EXPECT_TRUE(call().ok());
   cudaEvent_t start, stop;
@@ -385,8 +443,8 @@ double TimeCalls(Backend* gpu, cudaStream_t stream,
   return ms / calls;
 }
 
-// The 27B shape at T = 1024 and 8192 (the prompt budget), the prefill
-// kernel and the exact one, on random device data (a, b ~ U(-2, 2)).
+// The 27B shape at T = 1024 and 8192, the chunked form, the per-token
+// prefill kernel and the exact one, on random device data (a, b ~ U(-2, 2)).
 TEST_F(PrefillGatedDeltaRuleTest, Speed) {
   const Shape s = kQwen27B;
   constexpr int kMaxRows = 8192;
@@ -409,14 +467,16 @@ TEST_F(PrefillGatedDeltaRuleTest, Speed) {
   b.state_in = Up(gpu_.get(), p.state);
   for (int rows : {1024, kMaxRows}) {
     const GatedDeltaRuleParams g = Params(p, b, /*in_place=*/true, 0, rows);
-    const double prefill = TimeCalls(gpu_.get(), stream(), g, true, 10);
-    const double exact = TimeCalls(gpu_.get(), stream(), g, false, 3);
+    const double chunked = TimeCalls(gpu_.get(), stream(), g, kChunked, 10);
+    const double per_token =
+        TimeCalls(gpu_.get(), stream(), g, kPerTokenKernel, 5);
+    const double exact = TimeCalls(gpu_.get(), stream(), g, kExactKernel, 3);
     std::printf(
         "prefill gated delta rule speed: nk=%d nv=%d dk=%d dv=%d T=%d: "
-        "prefill %.3f ms/call (%.3f us/token), exact %.3f ms/call "
-        "(%.3f us/token)\n",
-        s.nk, s.nv, s.dk, s.dv, rows, prefill, prefill * 1e3 / rows, exact,
-        exact * 1e3 / rows);
+        "chunked %.3f ms/call (%.3f us/token), per-token %.3f ms/call "
+        "(%.3f us/token), exact %.3f ms/call (%.3f us/token)\n",
+        s.nk, s.nv, s.dk, s.dv, rows, chunked, chunked * 1e3 / rows, per_token,
+        per_token * 1e3 / rows, exact, exact * 1e3 / rows);
   }
 }
 

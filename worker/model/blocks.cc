@@ -224,6 +224,7 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
     }
     g.out = ws.core.f32() + s.row0 * value_dim;
     g.out_stride = value_dim;
+    g.position = s.start;
 
     // The gated norm of each output head, in place.
     kernels::GatedRmsNormParams gn;

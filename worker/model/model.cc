@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "kernels/gated_delta_rule.h"
 #include "telemetry/status_macros.h"
 #include "worker/model/workspace.h"
 
@@ -388,6 +389,15 @@ absl::Status Model::CheckPrefill(const ModelState& state,
   return absl::OkStatus();
 }
 
+int Model::PrefillPassRows(int64_t position, int64_t left, int max_rows) {
+  static_assert(kMaxRows % kernels::kPrefillDeltaRuleChunk == 0 &&
+                    kMaxPrefillRows % kernels::kPrefillDeltaRuleChunk == 0,
+                "passes cut at chunk boundaries");
+  const int64_t to_boundary =
+      max_rows - position % kernels::kPrefillDeltaRuleChunk;
+  return static_cast<int>(std::min(left, to_boundary));
+}
+
 absl::Status Model::Prefill(ModelState* state, absl::Span<const int32_t> tokens,
                             const PrefillOptions& options, ForwardResult* out) {
   SS_RETURN_IF_ERROR(CheckPrefill(*state, tokens));
@@ -397,8 +407,8 @@ absl::Status Model::Prefill(ModelState* state, absl::Span<const int32_t> tokens,
   if (options.all_hidden != nullptr) options.all_hidden->resize(n * H);
   // Every row's logits need a logits row each: passes of kMaxRows then.
   const int pass = options.all_rows ? kMaxRows : kMaxPrefillRows;
-  for (int i = 0; i < n; i += pass) {
-    const int rows = std::min(pass, n - i);
+  for (int i = 0, rows = 0; i < n; i += rows) {
+    rows = PrefillPassRows(state->length_, n - i, pass);
     const Slice slice{0, rows, state->length_};
     SS_RETURN_IF_ERROR(RunTrunk(absl::MakeConstSpan(&state, 1),
                                 absl::MakeConstSpan(&slice, 1),

@@ -307,9 +307,17 @@ class Model {
   // Rows per decode, verify or MTP pass, and logits rows per pass.
   static constexpr int kMaxRows = 64;
   // Rows per prefill pass (Prefill, PrefillBatch): a long prompt runs in
-  // chunks of this size, enough rows for the tensor cores to be busy. The
-  // prefill ops are row-invariant, so any chunking gives the same bits.
-  static constexpr int kMaxPrefillRows = 1024;
+  // chunks of this size, enough rows that every matmul's tiles fill the
+  // GPU's SMs in whole waves (5,120 outputs are 40 tiles: at 1,024 rows a
+  // second wave ran at a fifth full). The prefill ops are row-invariant, and
+  // the chunked delta rule's bits depend only on chunks at absolute
+  // positions, so any chunking cut at multiples of
+  // kernels::kPrefillDeltaRuleChunk (PrefillPassRows) gives the same bits.
+  static constexpr int kMaxPrefillRows = 4096;
+  // Rows of the next pass of a prompt at `position` with `left` rows to go,
+  // at most `max_rows` (a multiple of kernels::kPrefillDeltaRuleChunk): the
+  // pass ends at such a multiple unless it ends the prompt.
+  static int PrefillPassRows(int64_t position, int64_t left, int max_rows);
 
   // Opens `model_dir` (config.json + safetensors) and makes its weights
   // readable by `backend`, which must outlive the model.

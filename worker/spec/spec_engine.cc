@@ -104,9 +104,14 @@ absl::Status SpecEngine::AppendInChunks(SpecSession* s,
                                         const PromptLogprobs* prompt_logprobs) {
   for (size_t i = 0; i < tokens.size();) {
     // Every row's logits take a logits row each: kMaxRows per pass then.
-    const size_t rows = prompt_logprobs != nullptr
-                            ? model::Model::kMaxRows
-                            : executor_->PrefillChunkRows();
+    // Chunks end at multiples of the delta rule's chunk (PrefillPassRows),
+    // so that the prompt's bits do not depend on the chunk size chosen.
+    const int max_rows = prompt_logprobs != nullptr
+                             ? model::Model::kMaxRows
+                             : executor_->PrefillChunkRows();
+    const size_t rows = model::Model::PrefillPassRows(
+        s->caches()->length(), static_cast<int64_t>(tokens.size() - i),
+        max_rows);
     const absl::Span<const int32_t> chunk = tokens.subspan(i, rows);
     i += chunk.size();
     if (prompt_logprobs != nullptr) {
