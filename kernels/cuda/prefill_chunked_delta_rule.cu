@@ -106,8 +106,8 @@ __device__ __forceinline__ void MmaTf32(float (&d)[4], const uint32_t (&a)[4],
 // bits of the tile-relative elements. In k order, one k8 slice per mma.
 // Accumulator (m, n, i) is row 16m + g + 8(i / 2), column 8n + 2q + i % 2.
 template <int MT, int NT, typename FA, typename FB>
-__device__ __forceinline__ void WarpMma(float (&c)[MT][NT][4], int ksteps,
-                                        FA a, FB b) {
+__device__ __forceinline__ void WarpMma(float (&c)[MT][NT][4], int ksteps, FA a,
+                                        FB b) {
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
 #pragma unroll 2
   for (int ks = 0; ks < ksteps; ++ks) {
@@ -250,10 +250,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         kv = __ldg(reinterpret_cast<const float4*>(ksrc + row * qs) + lane);
         vv = __ldg(reinterpret_cast<const float2*>(vsrc + row * qs) + lane);
       }
-      const float sq = WarpSum(qv.x * qv.x + qv.y * qv.y + qv.z * qv.z +
-                               qv.w * qv.w);
-      const float sk = WarpSum(kv.x * kv.x + kv.y * kv.y + kv.z * kv.z +
-                               kv.w * kv.w);
+      const float sq =
+          WarpSum(qv.x * qv.x + qv.y * qv.y + qv.z * qv.z + qv.w * qv.w);
+      const float sk =
+          WarpSum(kv.x * kv.x + kv.y * kv.y + kv.z * kv.z + kv.w * kv.w);
       const float iq = q_scale / sqrtf(sq + 1e-6f);
       const float ik = 1.0f / sqrtf(sk + 1e-6f);
       float* qd = &sm.qh[t][4 * lane];
@@ -281,8 +281,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         float acc[2][4][4];
         Zero(acc);
         WarpMma<2, 4>(
-            acc, kDk / 8,
-            [&](int r, int k) { return Bits(src[r0 + r][k]); },
+            acc, kDk / 8, [&](int r, int k) { return Bits(src[r0 + r][k]); },
             [&](int k, int c) { return Bits(sm.kh[c0 + c][k]); });
         ForEach(acc, [&](int r, int c, float& v) {
           const int t = r0 + r, s = c0 + c;
@@ -413,9 +412,8 @@ absl::Status LaunchPrefillChunkedDeltaRule(const GatedDeltaRuleParams& p,
   auto aligned = [](const void* ptr, uintptr_t bytes) {
     return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
   };
-  if (p.k_head_dim != kDk || p.v_head_dim % kJ != 0 ||
-      p.qkv_stride % 4 != 0 || !aligned(p.q, 16) || !aligned(p.k, 16) ||
-      !aligned(p.v, 8)) {
+  if (p.k_head_dim != kDk || p.v_head_dim % kJ != 0 || p.qkv_stride % 4 != 0 ||
+      !aligned(p.q, 16) || !aligned(p.k, 16) || !aligned(p.v, 8)) {
     return absl::UnimplementedError(
         "prefill chunked delta rule: needs dk = 128, dv % 64 == 0 and "
         "16-byte aligned q/k rows");
