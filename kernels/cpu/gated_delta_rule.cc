@@ -6,15 +6,15 @@
 #include "kernels/cpu/elementwise.h"
 
 namespace specserve::kernels::cpu {
-namespace {
 
-// x / sqrt(Σx² + 1e-6), times `scale`, into out (fp32; sum in index order).
 void L2Normalize(const float* x, int64_t n, float scale, float* out) {
   float ss = 0.0f;
   for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
   const float inv = 1.0f / std::sqrt(ss + 1e-6f);
   for (int64_t i = 0; i < n; ++i) out[i] = (x[i] * inv) * scale;
 }
+
+namespace {
 
 void RunHead(const GatedDeltaRuleParams& p, int64_t h) {
   const int64_t dk = p.k_head_dim, dv = p.v_head_dim;

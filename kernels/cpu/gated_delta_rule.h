@@ -6,12 +6,18 @@
 #ifndef SPECSERVE_KERNELS_CPU_GATED_DELTA_RULE_H_
 #define SPECSERVE_KERNELS_CPU_GATED_DELTA_RULE_H_
 
+#include <cstdint>
+
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/gated_delta_rule.h"
 
 namespace specserve::kernels::cpu {
 
 void GatedDeltaRule(const GatedDeltaRuleParams& p, ThreadPool* pool);
+
+// q̂ and k̂: x / sqrt(Σx² + 1e-6), times `scale`, into out (fp32; the sum in
+// index order). Shared with the chunked form so both see the same q̂, k̂.
+void L2Normalize(const float* x, int64_t n, float scale, float* out);
 
 }  // namespace specserve::kernels::cpu
 

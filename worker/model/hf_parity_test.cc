@@ -1,10 +1,30 @@
 // Golden end-to-end test: the CPU forward against Hugging Face transformers'
 // fp32 output on every fixture in tests/fixtures (written by
 // tools/make_reference): prompt logits, the greedy continuation, the MTP
-// head's draft logits per row and its k-step chain.
+// head's draft logits per row and its k-step chain. Twice: with the CPU's
+// exact prefill (the per-token delta rule), and with its chunked form
+// (CpuBackendOptions.chunked_prefill), transformers' own algorithm here.
+//
+// What the fixtures' prompt logits ran, read from transformers 5.x
+// (models/qwen3_5/modeling_qwen3_5.py; the fixtures name 5.17.0):
+// make_reference takes them from one forward with use_cache=False, so the
+// text model builds no cache and every Qwen3_5GatedDeltaNet layer gets
+// cache_params None; that layer runs its recurrent rule only with a cache
+// that already holds a state and a one-token input, so here it runs
+// chunk_gated_delta_rule. That is torch_chunk_gated_delta_rule unless the
+// flash-linear-attention package is importable (its kernels run on GPU
+// tensors; make_reference keeps every tensor on the CPU), with its
+// default chunk_size of 64: chunks from the call's first token (position
+// 0 for a prompt, our absolute grid), the last one zero-padded, the same
+// UT transform, intra-chunk products and end-of-chunk state update as
+// kernels/cpu/chunked_delta_rule.h, all in fp32. The fixtures' prompts are
+// at most 24 tokens, one partial chunk each: the carry of the state across
+// chunk boundaries is checked against the exact rule by
+// kernels/cpu/chunked_delta_rule_test, not here.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,13 +54,14 @@ double RelError(const float* got, const std::vector<float>& want) {
   return worst / std::max(scale, 1e-30);
 }
 
-class HfParityTest : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(HfParityTest, MatchesTransformers) {
-  auto fixture = testing::LoadFixture(GetParam());
+// The fixture at `path` on a CPU backend with `options`.
+void CheckParity(const std::string& path,
+                 const kernels::cpu::CpuBackendOptions& options) {
+  auto fixture = testing::LoadFixture(path);
   ASSERT_TRUE(fixture.ok()) << fixture.status();
   const Fixture& f = *fixture;
-  kernels::cpu::CpuBackend backend;
+  kernels::cpu::CpuBackend backend(options);
+  ASSERT_EQ(backend.ExactPrefill(), !options.chunked_prefill);
   auto model = Model::Load(testing::RepoPath(f.model), &backend);
   ASSERT_TRUE(model.ok()) << model.status();
   Model& m = **model;
@@ -123,13 +144,55 @@ TEST_P(HfParityTest, MatchesTransformers) {
     }
   }
   std::printf(
-      "PARITY %s: prompts=%d max_rel_logits=%.3g max_rel_mtp_rows=%.3g "
-      "max_rel_mtp_chain=%.3g greedy_tokens_matched=%d\n",
-      f.name.c_str(), prompts, worst_logits, worst_mtp, worst_chain,
-      greedy_checked);
-  RecordProperty("max_rel_logits", std::to_string(worst_logits));
-  RecordProperty("max_rel_mtp",
-                 std::to_string(std::max(worst_mtp, worst_chain)));
+      "PARITY %s (%s prefill): prompts=%d max_rel_logits=%.3g "
+      "max_rel_mtp_rows=%.3g max_rel_mtp_chain=%.3g "
+      "greedy_tokens_matched=%d\n",
+      f.name.c_str(), options.chunked_prefill ? "chunked" : "exact", prompts,
+      worst_logits, worst_mtp, worst_chain, greedy_checked);
+  ::testing::Test::RecordProperty("max_rel_logits",
+                                  std::to_string(worst_logits));
+  ::testing::Test::RecordProperty(
+      "max_rel_mtp", std::to_string(std::max(worst_mtp, worst_chain)));
+}
+
+class HfParityTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HfParityTest, MatchesTransformers) { CheckParity(GetParam(), {}); }
+
+TEST_P(HfParityTest, ChunkedPrefillMatchesTransformers) {
+  kernels::cpu::CpuBackendOptions options;
+  options.chunked_prefill = true;
+  CheckParity(GetParam(), options);
+}
+
+// The option reaches Model::Prefill: some prompt row's logits differ in
+// their bits from the exact prefill's (the two forms round differently).
+TEST_P(HfParityTest, ChunkedPrefillIsNotTheExactRule) {
+  auto fixture = testing::LoadFixture(GetParam());
+  ASSERT_TRUE(fixture.ok()) << fixture.status();
+  kernels::cpu::CpuBackendOptions options;
+  options.chunked_prefill = true;
+  kernels::cpu::CpuBackend exact, chunked(options);
+  const std::string dir = testing::RepoPath(fixture->model);
+  auto me = Model::Load(dir, &exact);
+  auto mc = Model::Load(dir, &chunked);
+  ASSERT_TRUE(me.ok()) << me.status();
+  ASSERT_TRUE(mc.ok()) << mc.status();
+  bool differ = false;
+  for (const FixturePrompt& p : fixture->prompts) {
+    const int T = static_cast<int>(p.ids.size());
+    auto se = (*me)->NewState({.capacity = T});
+    auto sc = (*mc)->NewState({.capacity = T});
+    ASSERT_TRUE(se.ok() && sc.ok());
+    ForwardResult re, rc;
+    ASSERT_TRUE((*me)->Prefill(se->get(), p.ids, {.all_rows = true}, &re).ok());
+    ASSERT_TRUE((*mc)->Prefill(sc->get(), p.ids, {.all_rows = true}, &rc).ok());
+    ASSERT_EQ(re.logits.size(), rc.logits.size());
+    differ = differ || std::memcmp(re.logits.data(), rc.logits.data(),
+                                   re.logits.size() * sizeof(float)) != 0;
+  }
+  EXPECT_TRUE(differ) << "chunked_prefill left every prompt's logits as the "
+                         "exact prefill's";
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfParityTest,
