@@ -24,6 +24,8 @@ absl::Status Validate(const AttentionParams& p) {
   SS_KERNEL_CHECK(batch || (p.first_position >= 0 &&
                             p.first_position + p.rows <= p.capacity),
                   "attention: rows past the cache capacity");
+  SS_KERNEL_CHECK(p.kv_dtype == DType::kF32 || p.kv_dtype == DType::kBF16,
+                  "attention: the KV cache is fp32 or bf16");
   SS_KERNEL_CHECK(!batch || p.max_position >= 0,
                   "attention: negative max_position");
   return absl::OkStatus();

@@ -15,12 +15,17 @@
 // and capacity are unused. The arrays live in backend memory; every
 // positions[t] must be <= max_position (which sizes the launch). Row t is
 // bit-identical to a one-row call at first_position = positions[t].
+//
+// The caches hold kv_dtype elements: fp32, or bf16 (half the bytes; its
+// values are the fp32 keys and values rounded to nearest even when written,
+// kernels/scatter_rows.h, and are read back exactly).
 #ifndef SPECSERVE_KERNELS_ATTENTION_H_
 #define SPECSERVE_KERNELS_ATTENTION_H_
 
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/types.h"
 
 namespace specserve::kernels {
 
@@ -35,18 +40,19 @@ struct AttentionParams {
   const float* gate = nullptr;  // optional, layout like q
   int64_t gate_row_stride = 0;
   int64_t gate_head_stride = 0;
-  const float* k_cache = nullptr;  // [capacity][kv_row_stride]
-  const float* v_cache = nullptr;  // [capacity][kv_row_stride]
-  int64_t kv_row_stride = 0;       // kv head j at j·head_dim
-  int64_t capacity = 0;            // rows of the cache
+  const void* k_cache = nullptr;  // [capacity][kv_row_stride] kv_dtype
+  const void* v_cache = nullptr;  // [capacity][kv_row_stride] kv_dtype
+  int64_t kv_row_stride = 0;      // elements; kv head j at j·head_dim
+  DType kv_dtype = DType::kF32;   // kF32 or kBF16
+  int64_t capacity = 0;           // rows of the cache
   int64_t first_position = 0;
   float* out = nullptr;  // [T][out_row_stride], head h at h·head_dim
   int64_t out_row_stride = 0;
   float scale = 1.0f;
   // Session batch (see above); all three arrays [rows], backend memory.
   const int32_t* positions = nullptr;
-  const float* const* k_caches = nullptr;
-  const float* const* v_caches = nullptr;
+  const void* const* k_caches = nullptr;
+  const void* const* v_caches = nullptr;
   int64_t max_position = 0;
 };
 

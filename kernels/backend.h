@@ -144,9 +144,14 @@ class Backend {
   // FAILED_PRECONDITION when a row's logits hold NaN or inf.
   virtual absl::Status SampleRows(const SampleRowsParams& p);
 
+  // Element type of the model's KV caches on this backend (AttentionParams
+  // kv_dtype, ScatterRowsParams dst_dtype): kF32 or kBF16.
+  virtual DType KvCacheDType() const { return DType::kF32; }
+
   // ---- Prefill forms (see the contract above).
   // Whether they are the exact ops (then prefill == token-by-token decode
-  // bit for bit); false where they round to bf16 (within the tolerance).
+  // bit for bit); false where they round differently (bf16 operands, the
+  // chunked delta rule), within the tolerance.
   virtual bool ExactPrefill() const { return true; }
   // Matmul with x rounded to one bf16 term after its fused norm or SwiGLU
   // (on a backend that does so; the default is Matmul itself).

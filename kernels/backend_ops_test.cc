@@ -420,6 +420,113 @@ TEST_P(BackendOpsTest, ScatterRowsBlock) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// bf16 of x, rounded to nearest with ties to even, from the two bf16
+// neighbours of x in double (independent of the bit trick the backends use).
+uint16_t NearestBf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  const uint16_t down = static_cast<uint16_t>(bits >> 16);
+  if ((bits & 0xffffu) == 0) return down;
+  const uint16_t up = static_cast<uint16_t>(down + 1);  // away from zero
+  // (infinity stands at 2^128 for rounding, as in IEEE 754)
+  auto widen = [](uint16_t h) {
+    const uint32_t b = uint32_t{h} << 16;
+    float f;
+    std::memcpy(&f, &b, 4);
+    return std::isinf(f) ? std::copysign(std::ldexp(1.0, 128), f) : double(f);
+  };
+  const double dd = std::fabs(double(x) - widen(down)),
+               du = std::fabs(widen(up) - double(x));
+  if (dd != du) return dd < du ? down : up;
+  return (down & 1) == 0 ? down : up;
+}
+
+// A bf16 destination (a bf16 KV cache) holds each value rounded to nearest
+// even, ties included; an Attention over it equals, bit for bit, one over an
+// fp32 cache holding the same rounded values (the bf16 read is exact).
+TEST_P(BackendOpsTest, Bf16KvCacheRoundsAndReadsExactly) {
+  const int rows = 6, nh = 4, nkv = 2, hd = 24, cols = nkv * hd;
+  // Ties and edges first: 1 + 2^-8 (tie, to even 1), 1 + 3·2^-8 (tie, up),
+  // a subnormal (1e-40 rounds to the smallest bf16 subnormal), the largest
+  // finite float (rounds to inf), zero and -0.
+  {
+    const std::vector<float> special = {
+        1.00390625f, 1.01171875f, 1e-40f, std::numeric_limits<float>::max(),
+        0.0f,        -0.0f};
+    Buffer eb = Up(special);
+    auto db = backend_->Allocate(special.size() * 2);
+    ASSERT_TRUE(db.ok());
+    ScatterRowsParams sp;
+    sp.rows = 1;
+    sp.cols = static_cast<int64_t>(special.size());
+    sp.src = eb.f32();
+    sp.src_stride = sp.dst_row_stride = sp.cols;
+    sp.dst_base = db->data();
+    sp.dst_dtype = DType::kBF16;
+    ASSERT_TRUE(backend_->ScatterRows(sp).ok());
+    std::vector<uint16_t> got(special.size());
+    ASSERT_TRUE(
+        backend_->CopyToHost(got.data(), db->data(), got.size() * 2).ok());
+    const std::vector<uint16_t> want = {0x3f80, 0x3f82, 0x0001,
+                                        0x7f80, 0x0000, 0x8000};
+    EXPECT_EQ(got, want);
+    for (size_t i = 0; i < special.size(); ++i) {
+      EXPECT_EQ(NearestBf16(special[i]), want[i]) << "the test's reference";
+    }
+  }
+  const std::vector<float> src = Random(rows * cols, &rng_, -3, 3);
+  Buffer sb = Up(src);
+  auto kb = backend_->Allocate(rows * cols * 2);
+  ASSERT_TRUE(kb.ok());
+  ScatterRowsParams sp;
+  sp.rows = rows;
+  sp.cols = cols;
+  sp.src = sb.f32();
+  sp.src_stride = cols;
+  sp.dst_base = kb->data();
+  sp.dst_row_stride = cols;
+  sp.dst_dtype = DType::kBF16;
+  ASSERT_TRUE(backend_->ScatterRows(sp).ok());
+  std::vector<uint16_t> stored(rows * cols);
+  ASSERT_TRUE(
+      backend_->CopyToHost(stored.data(), kb->data(), stored.size() * 2).ok());
+  std::vector<float> widened(stored.size());
+  for (size_t i = 0; i < stored.size(); ++i) {
+    ASSERT_EQ(stored[i], NearestBf16(src[i])) << "element " << i;
+    const uint32_t b = uint32_t{stored[i]} << 16;
+    std::memcpy(&widened[i], &b, 4);
+  }
+
+  std::vector<float> q = Random(rows * nh * hd, &rng_, -2, 2);
+  Buffer qb = Up(q), fb = Up(widened),
+         o16 = Up(std::vector<float>(rows * nh * hd)),
+         o32 = Up(std::vector<float>(rows * nh * hd));
+  AttentionParams p;
+  p.rows = rows;
+  p.num_heads = nh;
+  p.num_kv_heads = nkv;
+  p.head_dim = hd;
+  p.q = qb.f32();
+  p.q_row_stride = nh * hd;
+  p.q_head_stride = hd;
+  p.kv_row_stride = cols;
+  p.capacity = rows;
+  p.out_row_stride = nh * hd;
+  p.scale = 0.2f;
+  AttentionParams p16 = p, p32 = p;
+  p16.k_cache = p16.v_cache = kb->data();
+  p16.kv_dtype = DType::kBF16;
+  p16.out = o16.f32();
+  p32.k_cache = p32.v_cache = fb.f32();
+  p32.out = o32.f32();
+  ASSERT_TRUE(backend_->Attention(p16).ok());
+  ASSERT_TRUE(backend_->Attention(p32).ok());
+  EXPECT_EQ(Down(o16, rows * nh * hd), Down(o32, rows * nh * hd));
+  p16.kv_dtype = DType::kF16;
+  EXPECT_EQ(backend_->Attention(p16).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // AttentionInputs is its six ops in order (q_norm, k_norm, RoPE of q and k,
 // the K and V scatters): the same bits as issuing them one by one. A bad
 // part is refused before any part runs: nothing is written.

@@ -96,6 +96,7 @@ class ForwardingBackend : public Backend {
   absl::Status AttentionInputs(const AttentionInputsParams& p) override {
     return inner_->AttentionInputs(p);
   }
+  DType KvCacheDType() const override { return inner_->KvCacheDType(); }
   bool ExactPrefill() const override { return inner_->ExactPrefill(); }
   absl::Status PrefillMatmul(const MatmulParams& p) override {
     return inner_->PrefillMatmul(p);

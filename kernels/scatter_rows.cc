@@ -13,6 +13,8 @@ absl::Status Validate(const ScatterRowsParams& p) {
   SS_KERNEL_CHECK(p.dst_first_row >= 0, "scatter_rows: negative first row");
   SS_KERNEL_CHECK(p.src_stride >= p.cols && p.dst_row_stride >= p.cols,
                   "scatter_rows: stride < cols");
+  SS_KERNEL_CHECK(p.dst_dtype == DType::kF32 || p.dst_dtype == DType::kBF16,
+                  "scatter_rows: the destination is fp32 or bf16");
   return absl::OkStatus();
 }
 

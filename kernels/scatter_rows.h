@@ -6,13 +6,16 @@
 // consecutive rows of one buffer instead:
 //   dst_base + (dst_first_row + t)·dst_row_stride  ←  src + t·src_stride
 // (a strided block copy: one session's new keys into its cache).
-// Destinations must not overlap each other or src.
+// Destinations must not overlap each other or src. The destination rows
+// hold dst_dtype elements: fp32 (a copy), or bf16 (each value rounded to
+// nearest even: a bf16 KV cache, kernels/attention.h).
 #ifndef SPECSERVE_KERNELS_SCATTER_ROWS_H_
 #define SPECSERVE_KERNELS_SCATTER_ROWS_H_
 
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/types.h"
 
 namespace specserve::kernels {
 
@@ -21,11 +24,12 @@ struct ScatterRowsParams {
   int64_t cols = 0;
   const float* src = nullptr;  // [rows][src_stride]
   int64_t src_stride = 0;
-  float* const* dst = nullptr;        // [rows] base pointers
+  void* const* dst = nullptr;         // [rows] base pointers
   const int32_t* dst_rows = nullptr;  // [rows] row index within dst[t]
-  int64_t dst_row_stride = 0;
-  float* dst_base = nullptr;  // the one destination when dst is null
+  int64_t dst_row_stride = 0;         // elements
+  void* dst_base = nullptr;           // the one destination when dst is null
   int64_t dst_first_row = 0;
+  DType dst_dtype = DType::kF32;  // kF32 or kBF16
 };
 
 absl::Status Validate(const ScatterRowsParams& p);

@@ -41,6 +41,10 @@ class Helper {
   static float* const* Table(const Buffer& b) {
     return static_cast<float* const*>(b.data());
   }
+  // The same table as cache pointers (ScatterRows, Attention).
+  static void* const* CacheTable(const Buffer& b) {
+    return static_cast<void* const*>(b.data());
+  }
 
  private:
   Backend* be_;
@@ -111,13 +115,13 @@ void ExpectSessionBatchMatchesAlone(Backend* be, unsigned seed) {
     sk.cols = kv_dim;
     sk.src = kb.f32();
     sk.src_stride = kv_dim;
-    sk.dst = Helper::Table(kt);
+    sk.dst = Helper::CacheTable(kt);
     sk.dst_rows = positions;
     sk.dst_row_stride = kv_dim;
     ASSERT_TRUE(be->ScatterRows(sk).ok());
     ScatterRowsParams sv = sk;
     sv.src = vb.f32();
-    sv.dst = Helper::Table(vt);
+    sv.dst = Helper::CacheTable(vt);
     ASSERT_TRUE(be->ScatterRows(sv).ok());
     AttentionParams at;
     at.rows = B;
@@ -135,8 +139,8 @@ void ExpectSessionBatchMatchesAlone(Backend* be, unsigned seed) {
     at.out_row_stride = nh * hd;
     at.scale = 0.17f;
     at.positions = positions;
-    at.k_caches = Helper::Table(kt);
-    at.v_caches = Helper::Table(vt);
+    at.k_caches = Helper::CacheTable(kt);
+    at.v_caches = Helper::CacheTable(vt);
     at.max_position = 700;
     ASSERT_TRUE(be->Attention(at).ok());
     const std::vector<float> out = h.Down(ob.f32(), B * nh * hd);

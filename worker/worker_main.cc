@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,10 @@ ABSL_FLAG(bool, cuda_graphs, true,
           "On cuda:N, record each step shape once as a CUDA graph and replay "
           "it (results are bit-identical either way); the CPU runs op by op.");
 ABSL_FLAG(int, threads, 0, "CPU backend threads (0 = one per core).");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "Element type of the attention KV caches: fp32, bf16 (half the "
+          "bytes; keys and values rounded to nearest even), or auto (the "
+          "backend's default, fp32).");
 ABSL_FLAG(int64_t, memory_budget_mb, -1,
           "Device memory for session caches before idle sessions are "
           "offloaded to host memory (0: offload every idle session). -1: on "
@@ -79,9 +84,21 @@ namespace {
 // The backend named by --device: cpu, or cuda:N in a --config=cuda build.
 absl::StatusOr<std::unique_ptr<specserve::kernels::Backend>> MakeBackend(
     const std::string& device) {
+  using specserve::kernels::DType;
+  const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype);
+  std::optional<DType> kv_dtype;
+  if (kv == "fp32") {
+    kv_dtype = DType::kF32;
+  } else if (kv == "bf16") {
+    kv_dtype = DType::kBF16;
+  } else if (kv != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_cache_dtype must be fp32, bf16 or auto, got '", kv, "'"));
+  }
   if (device == "cpu") {
     specserve::kernels::cpu::CpuBackendOptions options;
     options.num_threads = absl::GetFlag(FLAGS_threads);
+    if (kv_dtype) options.kv_cache_dtype = *kv_dtype;
     return std::unique_ptr<specserve::kernels::Backend>(
         new specserve::kernels::cpu::CpuBackend(options));
   }
@@ -93,7 +110,10 @@ absl::StatusOr<std::unique_ptr<specserve::kernels::Backend>> MakeBackend(
         "--device must be 'cpu' or 'cuda:N' (N >= 0), got '", device, "'"));
   }
 #ifdef SPECSERVE_WITH_CUDA
-  return specserve::kernels::cuda::CreateCudaBackend(n);
+  specserve::kernels::cuda::CudaBackendOptions options;
+  options.device = n;
+  if (kv_dtype) options.kv_cache_dtype = *kv_dtype;
+  return specserve::kernels::cuda::CreateCudaBackend(options);
 #else
   return absl::UnimplementedError(absl::StrCat(
       "--device ", device,

@@ -8,7 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/chunked_delta_rule.h"
 #include "kernels/cpu/conv1d.h"
+#include "kernels/cpu/convert.h"
 #include "kernels/cpu/embed.h"
 #include "kernels/cpu/gated_delta_rule.h"
 #include "kernels/cpu/matmul.h"
@@ -25,7 +27,9 @@ constexpr size_t kAlignment = 64;
 }  // namespace
 
 CpuBackend::CpuBackend(const CpuBackendOptions& options)
-    : can_record_(options.recording) {
+    : can_record_(options.recording),
+      chunked_prefill_(options.chunked_prefill),
+      kv_cache_dtype_(options.kv_cache_dtype) {
   int n = options.num_threads;
   if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
   if (n <= 0) n = 1;
@@ -291,18 +295,41 @@ absl::Status CpuBackend::GatedDeltaRule(const GatedDeltaRuleParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::PrefillGatedDeltaRule(const GatedDeltaRuleParams& p) {
+  if (!chunked_prefill_ || p.states != nullptr || p.state_out_stride != 0) {
+    return GatedDeltaRule(p);
+  }
+  SS_RETURN_IF_ERROR(Validate(p));
+  SS_KERNEL_CHECK(p.position >= 0,
+                  "prefill gated_delta_rule: negative position");
+  if (recording_.active()) {
+    return Record([this, p] { return PrefillGatedDeltaRule(p); });
+  }
+  cpu::ChunkedGatedDeltaRule(p, pool_.get());
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::ScatterRows(const ScatterRowsParams& p) {
   SS_RETURN_IF_ERROR(Validate(p));
   if (recording_.active()) return Record([this, p] { return ScatterRows(p); });
+  const size_t elem = DTypeSize(p.dst_dtype);
   for (int64_t t = 0; t < p.rows; ++t) {
-    float* row;
+    char* row;
     if (p.dst != nullptr) {
       SS_KERNEL_CHECK(p.dst_rows[t] >= 0, "scatter_rows: negative row");
-      row = p.dst[t] + p.dst_rows[t] * p.dst_row_stride;
+      row = static_cast<char*>(p.dst[t]) +
+            p.dst_rows[t] * p.dst_row_stride * elem;
     } else {
-      row = p.dst_base + (p.dst_first_row + t) * p.dst_row_stride;
+      row = static_cast<char*>(p.dst_base) +
+            (p.dst_first_row + t) * p.dst_row_stride * elem;
     }
-    std::memmove(row, p.src + t * p.src_stride, p.cols * sizeof(float));
+    const float* src = p.src + t * p.src_stride;
+    if (p.dst_dtype == DType::kBF16) {
+      uint16_t* out = reinterpret_cast<uint16_t*>(row);
+      for (int64_t i = 0; i < p.cols; ++i) out[i] = cpu::FloatToBf16(src[i]);
+    } else {
+      std::memmove(row, src, p.cols * sizeof(float));
+    }
   }
   return absl::OkStatus();
 }

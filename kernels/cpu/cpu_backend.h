@@ -25,6 +25,21 @@ struct CpuBackendOptions {
   // the CPU, so a serving CPU backend runs op by op; the model tests turn
   // this on to check that recorded steps bake in nothing step-specific.
   bool recording = false;
+  // PrefillGatedDeltaRule runs the chunked form (chunked_delta_rule.h: the
+  // algorithm of the CUDA prefill and of transformers' no-cache forward)
+  // on one session's tokens (a single state slot; anything else runs the
+  // exact rule), and ExactPrefill() is false: a prompt's prefill is then
+  // within the chunked form's fp32 tolerance of token-by-token decode, not
+  // equal to it, yet deterministic, row-invariant and the same bits for
+  // passes cut at multiples of kPrefillDeltaRuleChunk positions. For tests
+  // of the chunked algorithm (HF parity, an oracle for the CUDA form). Off,
+  // every prefill form is the exact op and prefill == decode bit for bit,
+  // which the exactness tests rely on.
+  bool chunked_prefill = false;
+  // Element type of the model's KV caches (Backend::KvCacheDType): fp32, the
+  // reference; bf16 rounds each key and value as CUDA's bf16 cache does,
+  // so the CPU checks that configuration too.
+  DType kv_cache_dtype = DType::kF32;
 };
 
 class CpuBackend : public Backend {
@@ -70,6 +85,11 @@ class CpuBackend : public Backend {
   absl::Status Softmax(const SoftmaxParams& p) override;
   absl::Status ScatterRows(const ScatterRowsParams& p) override;
 
+  // Prefill forms: the exact ops unless CpuBackendOptions.chunked_prefill.
+  bool ExactPrefill() const override { return !chunked_prefill_; }
+  DType KvCacheDType() const override { return kv_cache_dtype_; }
+  absl::Status PrefillGatedDeltaRule(const GatedDeltaRuleParams& p) override;
+
  protected:
   void Free(void* data) override;
 
@@ -79,6 +99,8 @@ class CpuBackend : public Backend {
 
   std::unique_ptr<ThreadPool> pool_;
   const bool can_record_;
+  const bool chunked_prefill_;
+  const DType kv_cache_dtype_;
   RecordingState recording_{"cpu"};
   std::vector<std::function<absl::Status()>> recorded_;
 };

@@ -18,6 +18,10 @@
 // A session batch (p.positions) reads each row's position and caches from
 // the arrays; the launch is sized by max_position, and blocks past a row's
 // own chunk count exit, so row t runs exactly the one-row call's code.
+// A bf16 cache (p.kv_dtype) is read widened to fp32, exactly, and the same
+// arithmetic follows.
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -59,8 +63,8 @@ struct Batch {
 // programmatic wait (TableEntry, common.cuh).
 struct RowCaches {
   int64_t n;  // visible rows
-  const float* k;
-  const float* v;
+  const void* k;
+  const void* v;
 };
 __device__ __forceinline__ RowCaches RowCachesOf(const AttentionParams& p,
                                                  int64_t t) {
@@ -90,25 +94,32 @@ __device__ __forceinline__ void PrefetchChunk(const AttentionParams& p,
                                               const RowCaches& rc,
                                               ChunkRange range, int64_t kvh) {
   constexpr int kRows = 64;        // rows prefetched at most
-  constexpr int kLineFloats = 32;  // a 128-byte line
+  constexpr int kLineBytes = 128;  // one L2 line
+  const int64_t elem = p.kv_dtype == DType::kBF16 ? 2 : 4;
   const int64_t rows = min(range.end - range.begin, int64_t{kRows});
   const int lines =
-      static_cast<int>((p.head_dim + kLineFloats - 1) / kLineFloats);
+      static_cast<int>((p.head_dim * elem + kLineBytes - 1) / kLineBytes);
 #pragma unroll 1
   for (int i = threadIdx.x; i < rows * 2 * lines; i += kThreads) {
     const int64_t r = range.begin + i / (2 * lines);
     const int w = i % (2 * lines);
-    const float* base =
-        (w < lines ? rc.k : rc.v) + r * p.kv_row_stride + kvh * p.head_dim;
-    PrefetchL2(base + (w % lines) * kLineFloats);
+    const char* base = static_cast<const char*>(w < lines ? rc.k : rc.v) +
+                       (r * p.kv_row_stride + kvh * p.head_dim) * elem;
+    PrefetchL2(base + (w % lines) * kLineBytes);
   }
+}
+
+// One cache element as fp32 (a bf16 element widens exactly).
+__device__ __forceinline__ float CacheElem(const float* x) { return *x; }
+__device__ __forceinline__ float CacheElem(const __nv_bfloat16* x) {
+  return __bfloat162float(*x);
 }
 
 // G query heads of one KV head per block (heads h0 .. h0+G-1): the keys and
 // values are loaded once for the G heads, and each head's arithmetic is
 // exactly the one-head block's (the same keys per warp, the same fmaf and
 // warp-sum order, the same merges), so G does not change any bits.
-template <int DPL, int G>
+template <typename KvT, int DPL, int G>
 __global__ void __launch_bounds__(kThreads)
     AttentionPartialKernel(AttentionParams p, Batch b) {
   __shared__ float sm_m[G][kWarps], sm_l[G][kWarps];
@@ -133,8 +144,8 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int hd = static_cast<int>(p.head_dim);
-  const float* k_cache = rc.k;
-  const float* v_cache = rc.v;
+  const KvT* k_cache = static_cast<const KvT*>(rc.k);
+  const KvT* v_cache = static_cast<const KvT*>(rc.v);
   float qv[G][DPL];
 #pragma unroll
   for (int i = 0; i < G; ++i) {
@@ -162,13 +173,13 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
       const int64_t rr = r + g;
-      const float* k = k_cache + rr * p.kv_row_stride + kvh * hd;
-      const float* v = v_cache + rr * p.kv_row_stride + kvh * hd;
+      const KvT* k = k_cache + rr * p.kv_row_stride + kvh * hd;
+      const KvT* v = v_cache + rr * p.kv_row_stride + kvh * hd;
 #pragma unroll
       for (int jj = 0; jj < DPL; ++jj) {
         const int e = lane + 32 * jj;
-        kv[g][jj] = rr < end && e < hd ? k[e] : 0.0f;
-        vv[g][jj] = rr < end && e < hd ? v[e] : 0.0f;
+        kv[g][jj] = rr < end && e < hd ? CacheElem(k + e) : 0.0f;
+        vv[g][jj] = rr < end && e < hd ? CacheElem(v + e) : 0.0f;
       }
     }
     float s[G][kGroup];
@@ -368,7 +379,7 @@ int HeadsPerBlock(const AttentionParams& p, int64_t slots) {
   return 1;
 }
 
-template <int DPL>
+template <typename KvT, int DPL>
 absl::Status RunBatches(const AttentionParams& p, const Workspace& ws,
                         cudaStream_t stream) {
   const size_t per_row = AttentionWorkspaceBytesPerRow(p);
@@ -389,16 +400,16 @@ absl::Status RunBatches(const AttentionParams& p, const Workspace& ws,
     const dim3 grid(b.max_chunks, static_cast<unsigned>(p.num_heads / g),
                     static_cast<unsigned>(rows_here));
     const dim3 block(kThreads);
-    auto partial = AttentionPartialKernel<DPL, 1>;
+    auto partial = AttentionPartialKernel<KvT, DPL, 1>;
     switch (g) {
       case 6:
-        partial = AttentionPartialKernel<DPL, 6>;
+        partial = AttentionPartialKernel<KvT, DPL, 6>;
         break;
       case 3:
-        partial = AttentionPartialKernel<DPL, 3>;
+        partial = AttentionPartialKernel<KvT, DPL, 3>;
         break;
       case 2:
-        partial = AttentionPartialKernel<DPL, 2>;
+        partial = AttentionPartialKernel<KvT, DPL, 2>;
         break;
       default:
         break;
@@ -413,6 +424,15 @@ absl::Status RunBatches(const AttentionParams& p, const Workspace& ws,
       return s;
   }
   return absl::OkStatus();
+}
+
+template <typename KvT>
+absl::Status RunHeadDim(const AttentionParams& p, const Workspace& ws,
+                        cudaStream_t stream) {
+  if (p.head_dim <= 32) return RunBatches<KvT, 1>(p, ws, stream);
+  if (p.head_dim <= 64) return RunBatches<KvT, 2>(p, ws, stream);
+  if (p.head_dim <= 128) return RunBatches<KvT, 4>(p, ws, stream);
+  return RunBatches<KvT, 8>(p, ws, stream);
 }
 
 }  // namespace
@@ -432,10 +452,10 @@ absl::Status LaunchAttention(const AttentionParams& p, const Workspace& ws,
   if (p.num_heads > 65535) {
     return absl::UnimplementedError("attention: more than 65535 heads");
   }
-  if (p.head_dim <= 32) return RunBatches<1>(p, ws, stream);
-  if (p.head_dim <= 64) return RunBatches<2>(p, ws, stream);
-  if (p.head_dim <= 128) return RunBatches<4>(p, ws, stream);
-  return RunBatches<8>(p, ws, stream);
+  if (p.kv_dtype == DType::kBF16) {
+    return RunHeadDim<__nv_bfloat16>(p, ws, stream);
+  }
+  return RunHeadDim<float>(p, ws, stream);
 }
 
 }  // namespace specserve::kernels::cuda

@@ -4,8 +4,9 @@
 // (RopePosition and RopeRotate, row_formulas.cuh: RopeKernel's) and writes
 // it back in place; a key head's warp also writes the rotated key and the
 // same head of the new value into the cache rows ScatterRows would
-// (ScatterRowDst). Every element goes through the same fp32 operations as
-// in the six separate ops, so the bits are theirs.
+// (ScatterRowDst, fp32 or rounded to a bf16 cache as ScatterRows stores).
+// Every element goes through the same fp32 operations as in the six
+// separate ops, so the bits are theirs.
 //
 // Fused only when the six Params describe that layout (FusesAttentionInputs);
 // otherwise the backend runs the six ops.
@@ -70,12 +71,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   PdlWait();  // x, the positions and the caches' rows: after it
   if (!live) return;
   float* x = r.x + t * r.row_stride + h * r.head_stride;
-  float* cache = nullptr;
-  if (is_k) cache = ScatterRowDst(p.k_scatter, t) + h * dim;
+  ScatterRow cache{nullptr, false}, vrow{nullptr, false};
+  if (is_k) {
+    cache = ScatterRowDst(p.k_scatter, t).At(h * dim);
+    vrow = ScatterRowDst(p.v_scatter, t).At(h * dim);
+  }
   const float pos = half > 0 ? RopePosition(r, t) : 0.0f;
   const float* v =
       is_k ? p.v_scatter.src + t * p.v_scatter.src_stride + h * dim : nullptr;
-  float* vrow = is_k ? ScatterRowDst(p.v_scatter, t) + h * dim : nullptr;
 
   if constexpr (E > 0) {
     float xv[E], vv[E], yv[E];
@@ -104,8 +107,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       if (i < dim) {
         x[i] = yv[e];
         if (is_k) {
-          cache[i] = yv[e];
-          vrow[i] = vv[e];
+          cache.Store(i, yv[e]);
+          vrow.Store(i, vv[e]);
         }
       }
     }
@@ -120,18 +123,18 @@ __global__ void __launch_bounds__(kWarps * 32)
         RopeRotate(x1, x2, pos, r.inv_freq[i], &y1, &y2);
         x[i] = y1;
         x[i + half] = y2;
-        if (cache != nullptr) {
-          cache[i] = y1;
-          cache[i + half] = y2;
+        if (is_k) {
+          cache.Store(i, y1);
+          cache.Store(i + half, y2);
         }
       } else if (i >= 2 * half) {
         const float y = NormedElem(x[i], inv, n.weight, i, n.plus_one);
         x[i] = y;
-        if (cache != nullptr) cache[i] = y;
+        if (is_k) cache.Store(i, y);
       }
     }
     if (is_k) {
-      for (int64_t i = lane; i < dim; i += 32) vrow[i] = v[i];
+      for (int64_t i = lane; i < dim; i += 32) vrow.Store(i, v[i]);
     }
   }
 }

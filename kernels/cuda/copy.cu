@@ -39,8 +39,7 @@ __global__ void __launch_bounds__(kScatterThreads)
   const int64_t c =
       static_cast<int64_t>(blockIdx.x) * kScatterThreads + threadIdx.x;
   if (c >= p.cols) return;
-  float* row = ScatterRowDst(p, t);
-  row[c] = p.src[t * p.src_stride + c];
+  ScatterRowDst(p, t).Store(c, p.src[t * p.src_stride + c]);
 }
 
 }  // namespace

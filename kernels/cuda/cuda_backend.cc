@@ -66,6 +66,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
     return absl::InvalidArgumentError(
         "cuda: matmul_x_splits must be 0, 2 or 3");
   }
+  if (options.kv_cache_dtype != DType::kF32 &&
+      options.kv_cache_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError("cuda: kv_cache_dtype is fp32 or bf16");
+  }
   const size_t counter_bytes = MmaMatmulCounters() * sizeof(int);
   SS_ASSIGN_OR_RETURN(DeviceMemory counters, AllocateDevice(counter_bytes));
   SS_CUDA_RETURN_IF_ERROR(cudaMemset(counters.get(), 0, counter_bytes),
@@ -73,10 +77,12 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
   SS_ASSIGN_OR_RETURN(DeviceMemory x_frags, AllocateDevice(kMatmulXFragBytes));
   SS_ASSIGN_OR_RETURN(PinnedMemory flag, AllocatePinned(sizeof(int)));
   *static_cast<int*>(flag.get()) = 0;
-  return std::unique_ptr<Backend>(new CudaBackend(
+  std::unique_ptr<CudaBackend> backend(new CudaBackend(
       options.device, std::move(stream), std::move(workspace),
       options.workspace_bytes, std::move(counters), std::move(x_frags),
       options.matmul_x_splits, std::move(flag)));
+  backend->kv_cache_dtype_ = options.kv_cache_dtype;
+  return std::unique_ptr<Backend>(std::move(backend));
 }
 
 CudaBackend::CudaBackend(int device, CudaStream stream, DeviceMemory workspace,

@@ -50,6 +50,13 @@ struct CudaBackendOptions {
   // instructions than 3, which is exact (x = hi + mid + lo); 0 keeps every
   // matmul on the CUDA-core kernel. Part of the reduction order.
   int matmul_x_splits = 2;
+  // Element type of the model's KV caches (Backend::KvCacheDType): bf16
+  // halves their bytes and what decode attention reads; its keys and values
+  // are the fp32 ones rounded to nearest even, which is also what prefill
+  // attention feeds its tensor cores, so a prompt's bits do not change.
+  // fp32 keeps the caches exact. fp32 stays the default until the bf16
+  // kernels have run on a GPU (docs/DESIGN.md "KV cache type").
+  DType kv_cache_dtype = DType::kF32;
 };
 
 // Number of usable CUDA devices; 0 when there is no driver or no GPU.
@@ -117,6 +124,7 @@ class CudaBackend : public Backend {
   absl::Status Argmax(const ArgmaxParams& p) override;
   absl::Status LogSumExp(const LogSumExpParams& p) override;
   absl::Status Softmax(const SoftmaxParams& p) override;
+  DType KvCacheDType() const override { return kv_cache_dtype_; }
   bool ExactPrefill() const override { return false; }
   absl::Status PrefillMatmul(const MatmulParams& p) override;
   absl::Status PrefillAttention(const AttentionParams& p) override;
@@ -165,6 +173,7 @@ class CudaBackend : public Backend {
   // The prefill matmul's bf16 x (ops.h LaunchPrefillMatmul).
   GrowingScratch prefill_x_;
   const int matmul_x_splits_;
+  DType kv_cache_dtype_ = DType::kF32;  // set by CreateCudaBackend
   // One pinned int the Embed kernel sets to 1 on a bad id (host-mapped).
   PinnedMemory error_flag_;
   RecordingState recording_{"cuda"};

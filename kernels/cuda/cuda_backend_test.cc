@@ -555,8 +555,8 @@ TEST_F(CudaBackendTest, AttentionInputsFusedEqualsTheSixOps) {
               p.q_rope.positions = p.k_rope.positions =
                   static_cast<int32_t*>(posd.V(true));
               p.k_scatter.dst_rows = p.v_scatter.dst_rows = p.q_rope.positions;
-              p.k_scatter.dst = static_cast<float* const*>(kpd.V(true));
-              p.v_scatter.dst = static_cast<float* const*>(vpd.V(true));
+              p.k_scatter.dst = static_cast<void* const*>(kpd.V(true));
+              p.v_scatter.dst = static_cast<void* const*>(vpd.V(true));
             } else {
               p.q_rope.first_position = p.k_rope.first_position = pos[0];
               p.k_scatter.dst_base = kc.F(true);

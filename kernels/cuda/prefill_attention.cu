@@ -20,14 +20,15 @@
 // The output is o · (1 / l) (⊙ sigmoid(gate)), the exact kernel's formulas,
 // l summed over a row's 4 lanes at the end.
 //
-// Staging. The cache is fp32: each thread copies 4-float pieces of it
-// (cp.async) into its own 16-byte slots of a ring in shared memory and,
-// half a key block later, converts its own pieces to bf16 in the k or v
-// tile (no barrier guards the ring; the bytes in flight wait in shared
-// memory, not in registers). Keys are copied during step 1 and converted
-// during step 3 of the block before theirs; values are copied during step 3
-// of the block before and converted during step 1 of their own. Rows past
-// the tile's last position are zeros.
+// Staging. Each thread copies 4-element pieces of the cache (cp.async;
+// 16 bytes of an fp32 cache, 8 of a bf16 one) into its own 16-byte slots
+// of a ring in shared memory and, half a key block later, converts its own
+// pieces to bf16 (a bf16 cache's are already) in the k or v tile (no barrier
+// guards the ring; the bytes in flight wait in shared memory, not in
+// registers). Keys are copied during step 1 and converted during step 3 of the
+// block before theirs; values are copied during step 3 of the block before and
+// converted during step 1 of their own. Rows past the tile's last position are
+// zeros.
 //
 // Row invariance. A row's arithmetic depends only on its q row, its position
 // and the cache rows 0..position: the key blocks sit at fixed absolute
@@ -231,6 +232,50 @@ __device__ __forceinline__ void StoreQuad(uint32_t addr, float4 v) {
                "r"(PackBf16(v.x, v.y)), "r"(PackBf16(v.z, v.w)));
 }
 
+// Four cache elements from src into shared memory at dst, asynchronously
+// (zeros when !valid): fp32 as CopyQuad; bf16 as 8 bytes (one copy when
+// kVec: 8-byte aligned, else two 4-byte copies).
+template <bool kVec>
+__device__ __forceinline__ void CopyPiece(uint32_t dst, const float* src,
+                                          bool valid) {
+  CopyQuad<kVec>(dst, src, valid);
+}
+template <bool kVec>
+__device__ __forceinline__ void CopyPiece(uint32_t dst,
+                                          const __nv_bfloat16* src,
+                                          bool valid) {
+  if constexpr (kVec) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst),
+                 "l"(src), "r"(valid ? 8 : 0)
+                 : "memory");
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      asm volatile(
+          "cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst + 4 * i),
+          "l"(src + 2 * i), "r"(valid ? 4 : 0)
+          : "memory");
+    }
+  }
+}
+
+// A staged piece (CopyPiece) into a bf16 tile at addr: fp32 rounded to bf16
+// (__float2bfloat16_rn), bf16 as it is: the same bits, since a bf16 cache
+// holds the fp32 values rounded the same way.
+__device__ __forceinline__ void StagedToTile(uint32_t addr, uint32_t slot,
+                                             float) {
+  StoreQuad(addr, LoadShared(slot));
+}
+__device__ __forceinline__ void StagedToTile(uint32_t addr, uint32_t slot,
+                                             __nv_bfloat16) {
+  uint32_t lo, hi;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n"
+               : "=r"(lo), "=r"(hi)
+               : "r"(slot));
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(addr), "r"(lo),
+               "r"(hi));
+}
+
 // The online softmax of one key block (keys kb..kb+63) for a warp's 16
 // rows, given S = q·kᵀ in C fragments (s[i][e]: row g + 8·(e / 2), key
 // kb + 8i + 2·q4 + e % 2): scales S, masks keys past each row's position
@@ -283,7 +328,7 @@ __device__ __forceinline__ void OnlineSoftmax(
 }
 
 // kVec: the cache rows are 16-byte aligned (one copy per piece).
-template <int D, bool kVec>
+template <typename KvT, int D, bool kVec>
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillAttentionKernel(AttentionParams p, Tiling tiling) {
   using S = Shape<D>;
@@ -339,29 +384,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   // branches: past the last key block the copies are zeros (key > last_key)
   // and the conversions fill tiles nobody reads.
   const int64_t row_step = S::kRowStep * p.kv_row_stride;
-  const float* k_at =
-      p.k_cache + row_base * p.kv_row_stride + kvh * D + 4 * quad;
-  const float* v_at =
-      p.v_cache + row_base * p.kv_row_stride + kvh * D + 4 * quad;
+  const KvT* k_at = static_cast<const KvT*>(p.k_cache) +
+                    row_base * p.kv_row_stride + kvh * D + 4 * quad;
+  const KvT* v_at = static_cast<const KvT*>(p.v_cache) +
+                    row_base * p.kv_row_stride + kvh * D + 4 * quad;
   const uint32_t k_tile = kv_sm, v_tile = kv_sm + S::kTileBytes;
   const uint32_t stage_sm = kv_sm + 2 * S::kTileBytes + 16 * tid;
   auto slot = [&](int c) { return stage_sm + c * (16 * kThreads); };
   // Piece c (row row_base + c·kRowStep) of the key block at kb.
-  auto copy = [&](const float*& at, int c, int kb) {
-    CopyQuad<kVec>(slot(c), at, kb + row_base + c * S::kRowStep <= last_key);
+  auto copy = [&](const KvT*& at, int c, int kb) {
+    CopyPiece<kVec>(slot(c), at, kb + row_base + c * S::kRowStep <= last_key);
     at += row_step;
   };
   auto convert_k = [&](int c) {
-    StoreQuad(k_tile + Sw128Offset<kKeys>(row_base + c * S::kRowStep, quad),
-              LoadShared(slot(c)));
+    StagedToTile(k_tile + Sw128Offset<kKeys>(row_base + c * S::kRowStep, quad),
+                 slot(c), KvT{});
   };
   auto convert_v = [&](int c) {
-    StoreQuad(v_tile + QuadOffset<D>(row_base + c * S::kRowStep, quad),
-              LoadShared(slot(c)));
+    StagedToTile(v_tile + QuadOffset<D>(row_base + c * S::kRowStep, quad),
+                 slot(c), KvT{});
   };
   // Step c of a phase: converts slot c (`convert`), then copies the next
   // piece from `at` (key block kb) into it.
-  auto step = [&](int c, auto convert, const float*& at, int kb) {
+  auto step = [&](int c, auto convert, const KvT*& at, int kb) {
     CpAsyncWait<S::kPieces - 1>();
     convert(c);
     copy(at, c, kb);
@@ -510,8 +555,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 bool Aligned16(const void* ptr) {
   return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
 }
+bool AlignedTo(const void* ptr, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+}
 
-template <int D>
+template <typename KvT, int D>
 absl::Status Run(const AttentionParams& p, cudaStream_t stream) {
   Tiling tiling;
   tiling.heads_per_block = (p.num_heads / p.num_kv_heads) % 2 == 0 ? 2 : 1;
@@ -523,10 +571,18 @@ absl::Status Run(const AttentionParams& p, cudaStream_t stream) {
   tiling.tiles = static_cast<int>(tiles);
   tiling.q_vec =
       Aligned16(p.q) && p.q_row_stride % 4 == 0 && p.q_head_stride % 4 == 0;
-  const bool kv_vec =
-      Aligned16(p.k_cache) && Aligned16(p.v_cache) && p.kv_row_stride % 4 == 0;
-  const auto kernel = kv_vec ? PrefillAttentionKernel<D, true>
-                             : PrefillAttentionKernel<D, false>;
+  // A piece is 4 elements: one copy when both caches hold it aligned.
+  constexpr uintptr_t kPiece = 4 * sizeof(KvT);
+  const bool kv_vec = AlignedTo(p.k_cache, kPiece) &&
+                      AlignedTo(p.v_cache, kPiece) && p.kv_row_stride % 4 == 0;
+  if (sizeof(KvT) == 2 &&
+      !(AlignedTo(p.k_cache, 4) && AlignedTo(p.v_cache, 4) &&
+        p.kv_row_stride % 2 == 0)) {
+    return absl::UnimplementedError(
+        "prefill attention: a bf16 cache with odd rows or unaligned");
+  }
+  const auto kernel = kv_vec ? PrefillAttentionKernel<KvT, D, true>
+                             : PrefillAttentionKernel<KvT, D, false>;
   constexpr int kSmem = Shape<D>::kSmemBytes;
   // (per launch: the limit belongs to the current device)
   SS_CUDA_RETURN_IF_ERROR(
@@ -535,6 +591,22 @@ absl::Status Run(const AttentionParams& p, cudaStream_t stream) {
       "prefill attention shared memory limit");
   kernel<<<static_cast<unsigned>(blocks), kThreads, kSmem, stream>>>(p, tiling);
   return LaunchStatus("prefill attention launch");
+}
+
+template <typename KvT>
+absl::Status RunHeadDim(const AttentionParams& p, cudaStream_t stream) {
+  switch (p.head_dim) {
+    case 64:
+      return Run<KvT, 64>(p, stream);
+    case 128:
+      return Run<KvT, 128>(p, stream);
+    case 256:
+      return Run<KvT, 256>(p, stream);
+    default:
+      return absl::UnimplementedError(
+          absl::StrCat("prefill attention: head_dim ", p.head_dim,
+                       " unsupported (64, 128 or 256)"));
+  }
 }
 
 }  // namespace
@@ -549,18 +621,8 @@ absl::Status LaunchPrefillAttention(const AttentionParams& p,
   if (p.first_position + p.rows > kMaxPositions) {
     return absl::UnimplementedError("prefill attention: positions past 2^31");
   }
-  switch (p.head_dim) {
-    case 64:
-      return Run<64>(p, stream);
-    case 128:
-      return Run<128>(p, stream);
-    case 256:
-      return Run<256>(p, stream);
-    default:
-      return absl::UnimplementedError(
-          absl::StrCat("prefill attention: head_dim ", p.head_dim,
-                       " unsupported (64, 128 or 256)"));
-  }
+  if (p.kv_dtype == DType::kBF16) return RunHeadDim<__nv_bfloat16>(p, stream);
+  return RunHeadDim<float>(p, stream);
 }
 
 }  // namespace specserve::kernels::cuda

@@ -319,8 +319,8 @@ TEST_F(PrefillAttentionTest, Refusals) {
   Buffer table = Floats(true, std::vector<float>(16, 0.0f));
   AttentionParams batch = good;
   batch.positions = reinterpret_cast<const int32_t*>(table.data());
-  batch.k_caches = reinterpret_cast<const float* const*>(table.data());
-  batch.v_caches = reinterpret_cast<const float* const*>(table.data());
+  batch.k_caches = reinterpret_cast<const void* const*>(table.data());
+  batch.v_caches = reinterpret_cast<const void* const*>(table.data());
   batch.max_position = 7;
   EXPECT_EQ(LaunchPrefillAttention(batch, nullptr).code(),
             absl::StatusCode::kUnimplemented);
@@ -419,6 +419,73 @@ TEST_F(PrefillAttentionTest, Speed) {
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   cudaStreamDestroy(stream);
+}
+
+// A bf16 KV cache: the GPU's scatter stores the CPU's bytes (nearest even);
+// prefill attention over it gives the fp32 cache's bits (that kernel rounds
+// an fp32 cache to bf16 the same way); decode attention over it gives the
+// bits of an fp32 cache holding the widened values.
+TEST_F(PrefillAttentionTest, Bf16CacheKeepsTheBits) {
+  for (Heads h : {kQwen27B, kSmall}) {
+    const Problem pr = Make(h, 300, 45, /*gated=*/true);
+    const std::string what = absl::StrCat("hd=", h.hd, " nh=", h.nh);
+    const Uploaded u = Upload(true, pr);
+    const int64_t n = pr.capacity * pr.kv_stride;
+    // Both caches to bf16 on the GPU, and k on the CPU for the bytes.
+    auto to_bf16 = [&](Backend* be, const Buffer& src) {
+      auto dst = be->Allocate(n * 2);
+      EXPECT_TRUE(dst.ok());
+      ScatterRowsParams sp;
+      sp.rows = pr.capacity;
+      sp.cols = sp.src_stride = sp.dst_row_stride = pr.kv_stride;
+      sp.src = src.f32();
+      sp.dst_base = dst->data();
+      sp.dst_dtype = DType::kBF16;
+      EXPECT_TRUE(be->ScatterRows(sp).ok());
+      std::vector<uint16_t> host(n);
+      EXPECT_TRUE(be->CopyToHost(host.data(), dst->data(), n * 2).ok());
+      return std::make_pair(std::move(*dst), host);
+    };
+    auto [k16, k_bytes] = to_bf16(gpu_.get(), u.k);
+    auto [v16, v_bytes] = to_bf16(gpu_.get(), u.v);
+    const Buffer cpu_k = Floats(false, pr.k);
+    EXPECT_EQ(k_bytes, to_bf16(cpu_.get(), cpu_k).second) << what;
+
+    Buffer out32 = Poisoned(true, pr.rows, pr),
+           out16 = Poisoned(true, pr.rows, pr);
+    AttentionParams p32 = Params(pr, u, 0, pr.rows, out32.f32());
+    AttentionParams p16 = p32;
+    p16.out = out16.f32();
+    p16.k_cache = k16.data();
+    p16.v_cache = v16.data();
+    p16.kv_dtype = DType::kBF16;
+    ASSERT_TRUE(gpu_->PrefillAttention(p32).ok());
+    ASSERT_TRUE(gpu_->PrefillAttention(p16).ok());
+    std::vector<float> a = Down(true, out32), b = Down(true, out16);
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4))
+        << what << ": prefill attention, bf16 cache vs fp32 cache";
+
+    // Decode attention: bf16 cache vs the widened values in fp32.
+    auto widen = [](const std::vector<uint16_t>& x) {
+      std::vector<float> f(x.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        const uint32_t bits = uint32_t{x[i]} << 16;
+        std::memcpy(&f[i], &bits, 4);
+      }
+      return f;
+    };
+    const Buffer kw = Floats(true, widen(k_bytes)),
+                 vw = Floats(true, widen(v_bytes));
+    AttentionParams d32 = p32, d16 = p16;
+    d32.k_cache = kw.f32();
+    d32.v_cache = vw.f32();
+    ASSERT_TRUE(gpu_->Attention(d32).ok());
+    ASSERT_TRUE(gpu_->Attention(d16).ok());
+    a = Down(true, out32);
+    b = Down(true, out16);
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4))
+        << what << ": decode attention, bf16 cache vs widened fp32";
+  }
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 #ifndef SPECSERVE_KERNELS_CUDA_ROW_FORMULAS_CUH_
 #define SPECSERVE_KERNELS_CUDA_ROW_FORMULAS_CUH_
 
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 #include "kernels/rms_norm.h"
@@ -53,12 +55,33 @@ __device__ __forceinline__ const float* GateRow(const GatedRmsNormParams& p,
                               : r * p.z_stride);
 }
 
-// Row t's destination of a scatter (kernels/scatter_rows.h).
-__device__ __forceinline__ float* ScatterRowDst(const ScatterRowsParams& p,
-                                                int64_t t) {
-  return p.dst != nullptr
-             ? p.dst[t] + int64_t{p.dst_rows[t]} * p.dst_row_stride
-             : p.dst_base + (p.dst_first_row + t) * p.dst_row_stride;
+// A destination row of a scatter (kernels/scatter_rows.h): element i
+// stores x as fp32, or rounded to bf16 (nearest even) in a bf16 cache.
+struct ScatterRow {
+  void* row;
+  bool bf16;
+
+  // The row from element `offset` on.
+  __device__ __forceinline__ ScatterRow At(int64_t offset) const {
+    return {static_cast<char*>(row) + offset * (bf16 ? 2 : 4), bf16};
+  }
+  __device__ __forceinline__ void Store(int64_t i, float x) const {
+    if (bf16) {
+      static_cast<__nv_bfloat16*>(row)[i] = __float2bfloat16_rn(x);
+    } else {
+      static_cast<float*>(row)[i] = x;
+    }
+  }
+};
+
+// Row t's destination of a scatter.
+__device__ __forceinline__ ScatterRow ScatterRowDst(const ScatterRowsParams& p,
+                                                    int64_t t) {
+  const bool bf16 = p.dst_dtype == DType::kBF16;
+  const int64_t row =
+      p.dst != nullptr ? int64_t{p.dst_rows[t]} : p.dst_first_row + t;
+  void* base = p.dst != nullptr ? p.dst[t] : p.dst_base;
+  return ScatterRow{base, bf16}.At(row * p.dst_row_stride);
 }
 
 }  // namespace specserve::kernels::cuda

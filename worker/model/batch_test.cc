@@ -28,6 +28,9 @@ using testing::SameBytes;
 std::vector<std::string> ModelParams() {
   std::vector<std::string> p = testing::TestModelDirs();
   p.push_back("models/specserve-tiny-py");
+  for (kernels::DType kv : {kernels::DType::kF32, kernels::DType::kBF16}) {
+    p.push_back(testing::WithKvCache("tests/models/tiny_a", kv));
+  }
   return p;
 }
 
@@ -270,7 +273,10 @@ TEST_P(BatchTest, ByteAccounting) {
   const ModelConfig& c = model_->config();
   const int capacity = 40, cols = 8;
   const uint64_t f = sizeof(float);
-  const uint64_t kv = 2ull * capacity * c.num_key_value_heads * c.head_dim * f;
+  // KV elements are the backend's cache type (2 bytes for bf16).
+  const uint64_t kv_elem = kernels::DTypeSize(model_->kv_cache_dtype());
+  const uint64_t kv =
+      2ull * capacity * c.num_key_value_heads * c.head_dim * kv_elem;
   const uint64_t rec = static_cast<uint64_t>(c.linear_num_value_heads) *
                        c.linear_key_head_dim * c.linear_value_head_dim * f;
   const uint64_t conv =
@@ -288,7 +294,7 @@ TEST_P(BatchTest, ByteAccounting) {
   auto snap = model_->Offload(s.get());
   ASSERT_TRUE(snap.ok());
   const uint64_t rows_bytes =
-      6ull * c.num_key_value_heads * c.head_dim * f;  // one K or V, 6 rows
+      6ull * c.num_key_value_heads * c.head_dim * kv_elem;  // K or V, 6 rows
   EXPECT_EQ((*snap)->bytes(),
             c.num_full_attention_layers() * 2 * rows_bytes +
                 num_linear_ * (rec + conv) +

@@ -92,11 +92,13 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w,
   at.gate_row_stride = W;
   at.gate_head_stride = 2 * hd;
   at.kv_row_stride = kv_dim;
+  at.kv_dtype = kv_dtype_;
   at.out_row_stride = nh * hd;
   at.scale = scale;
   if (batch != nullptr) {
     // One call per op over all sessions (per-row positions and caches).
     kernels::AttentionInputsParams in = inputs_of(0, rows);
+    in.k_scatter.dst_dtype = in.v_scatter.dst_dtype = kv_dtype_;
     in.q_rope.positions = in.k_rope.positions = batch->positions;
     in.k_scatter.dst = batch->k;
     in.v_scatter.dst = batch->v;
@@ -119,17 +121,18 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w,
       // The slice's keys and values go to its cache rows [start, start+rows).
       kernels::AttentionInputsParams in = inputs_of(s.row0, s.rows);
       in.q_rope.first_position = in.k_rope.first_position = s.start;
-      in.k_scatter.dst_base = kv.k.f32();
-      in.v_scatter.dst_base = kv.v.f32();
+      in.k_scatter.dst_base = kv.k.data();
+      in.v_scatter.dst_base = kv.v.data();
+      in.k_scatter.dst_dtype = in.v_scatter.dst_dtype = kv_dtype_;
       in.k_scatter.dst_first_row = in.v_scatter.dst_first_row = s.start;
       SS_RETURN_IF_ERROR(be.AttentionInputs(in));
 
       at.rows = s.rows;
       at.q = q + s.row0 * W;
       at.gate = q + s.row0 * W + hd;
-      at.k_cache = kv.k.f32();
-      at.v_cache = kv.v.f32();
-      at.capacity = static_cast<int64_t>(kv.k.bytes() / sizeof(float)) / kv_dim;
+      at.k_cache = kv.k.data();
+      at.v_cache = kv.v.data();
+      at.capacity = static_cast<int64_t>(kv.k.bytes() / kv_row_bytes());
       at.first_position = s.start;
       at.out = ws.attn.f32() + s.row0 * nh * hd;
       SS_RETURN_IF_ERROR(prefill ? be.PrefillAttention(at) : be.Attention(at));

@@ -52,9 +52,13 @@ constexpr char kSyntheticConfig[] = R"({
 })";
 
 std::string MakeModelDir(const std::string& param) {
-  if (param != kSyntheticModel) return testing::RepoPath(param);
+  if (param.substr(0, param.find('@')) != kSyntheticModel) {
+    return testing::ModelDirOf(param);
+  }
   namespace mf = model_files;
-  const std::string dir = mf::testing::FreshDir(kSyntheticModel);
+  std::string name = param;  // one folder per parameter
+  std::replace(name.begin(), name.end(), '@', '_');
+  const std::string dir = mf::testing::FreshDir(name);
   auto config = mf::ParseModelConfig(kSyntheticConfig, "synthetic config");
   CHECK(config.ok()) << config.status();
   mf::testing::TinyModelOptions o;
@@ -70,6 +74,11 @@ std::string MakeModelDir(const std::string& param) {
 std::vector<std::string> ModelParams() {
   std::vector<std::string> p = testing::TestModelDirs();
   p.push_back(kSyntheticModel);
+  // Both KV cache types on every backend (the default is one of them).
+  for (kernels::DType kv : {kernels::DType::kF32, kernels::DType::kBF16}) {
+    p.push_back(testing::WithKvCache("tests/models/tiny_a", kv));
+    p.push_back(testing::WithKvCache(kSyntheticModel, kv));
+  }
   return p;
 }
 

@@ -34,8 +34,7 @@ absl::Status Model::ForkState(const ModelState& src, const TrunkCheckpoint* at,
                                               dst->capacity_, " rows"));
   }
   kernels::Backend& be = *backend_;
-  const size_t row_bytes = static_cast<size_t>(config_.num_key_value_heads) *
-                           config_.head_dim * sizeof(float);
+  const size_t row_bytes = kv_row_bytes();
   // Rows below pos are never rewritten while `src` lives (every pass writes
   // rows >= the committed length), so they are the rows of the history at
   // pos even when `at` is an earlier checkpoint.

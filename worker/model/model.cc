@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::FromCheckpoint(
   m->config_ = checkpoint->config();
   m->checkpoint_ = std::move(checkpoint);
   m->backend_ = backend;
+  m->kv_dtype_ = backend->KvCacheDType();
   const ModelConfig& c = m->config_;
   if (c.linear_conv_kernel_dim < 2 &&
       c.num_full_attention_layers() < c.num_hidden_layers) {
@@ -37,6 +38,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::FromCheckpoint(
   SS_RETURN_IF_ERROR(m->LoadWeights());
   SS_RETURN_IF_ERROR(m->EnsureWorkspace());
   return m;
+}
+
+size_t Model::kv_row_bytes() const {
+  return static_cast<size_t>(config_.num_key_value_heads) * config_.head_dim *
+         kernels::DTypeSize(kv_dtype_);
 }
 
 absl::Status Model::EnsureWorkspace() {
@@ -191,6 +197,10 @@ absl::Status Model::TrunkOps(absl::Span<ModelState* const> states,
     return reinterpret_cast<float* const*>(layer_batch.table +
                                            entry * layer_batch.sessions);
   };
+  auto kv_table = [&](size_t entry) {
+    return reinterpret_cast<void* const*>(layer_batch.table +
+                                          entry * layer_batch.sessions);
+  };
   size_t kv_i = 0, lin_i = 0;
   std::vector<KvCache*> kvs(states.size());
   std::vector<LinearCache*> linear(states.size());
@@ -198,8 +208,8 @@ absl::Status Model::TrunkOps(absl::Span<ModelState* const> states,
     if (layer.type == LayerType::kFullAttention) {
       for (size_t i = 0; i < states.size(); ++i) kvs[i] = &states[i]->kv_[kv_i];
       if (batch != nullptr) {
-        layer_batch.k = table(2 * kv_i);
-        layer_batch.v = table(2 * kv_i + 1);
+        layer_batch.k = kv_table(2 * kv_i);
+        layer_batch.v = kv_table(2 * kv_i + 1);
       }
       ++kv_i;
       SS_RETURN_IF_ERROR(

@@ -125,6 +125,8 @@ struct ModelWeights {
 
 // Keys/values of one full-attention layer, post k_norm and RoPE.
 // Row r holds position r. Rows >= the owner's length are scratch.
+// Elements are the backend's KV cache type (Backend::KvCacheDType: fp32, or
+// bf16 rounded to nearest even as the rows are written).
 struct KvCache {
   Buffer k;  // [capacity][nkv·hd]
   Buffer v;  // [capacity][nkv·hd]
@@ -228,17 +230,18 @@ struct TrunkCheckpoint {
 
 // Host copy of a session's live rows (Model::Offload), plain memory: what
 // Model::Restore needs to rebuild the state. Shapes in the notation above;
-// kv_dim = nkv·hd.
+// kv_dim = nkv·hd. KV rows are the cache's bytes as stored (fp32 or bf16
+// elements, Model::kv_cache_dtype), so a restore is exact.
 struct HostStateSnapshot {
   int length = 0;      // committed trunk rows
   int mtp_length = 0;  // valid MTP rows (0 without draft state)
   // Per full-attention layer, rows [0, length): [length][kv_dim].
-  std::vector<std::vector<float>> k;
-  std::vector<std::vector<float>> v;
+  std::vector<std::vector<uint8_t>> k;
+  std::vector<std::vector<uint8_t>> v;
   std::vector<std::vector<float>> recurrent;  // per linear layer [nv][dk][dv]
   std::vector<std::vector<float>> conv;  // per linear layer [conv_dim][Kc−1]
-  std::vector<float> mtp_k;              // [mtp_length][kv_dim]
-  std::vector<float> mtp_v;              // [mtp_length][kv_dim]
+  std::vector<uint8_t> mtp_k;            // [mtp_length][kv_dim]
+  std::vector<uint8_t> mtp_v;            // [mtp_length][kv_dim]
 
   // Host bytes held.
   uint64_t bytes() const;
@@ -335,6 +338,11 @@ class Model {
   const model_files::Checkpoint& checkpoint() const { return *checkpoint_; }
   kernels::Backend* backend() const { return backend_; }
   bool has_mtp() const { return weights_.has_mtp; }
+  // Element type of the KV caches: the backend's (Backend::KvCacheDType),
+  // fixed at load.
+  kernels::DType kv_cache_dtype() const { return kv_dtype_; }
+  // Bytes of one position's keys (or values) in one layer's cache.
+  size_t kv_row_bytes() const;
   // Bytes of weights one decode step reads (trunk matrices + lm_head).
   uint64_t decode_weight_bytes() const;
 
@@ -562,8 +570,8 @@ class Model {
     const uint64_t* table = nullptr;     // the uploaded table (workspace.h)
     const int32_t* positions = nullptr;  // [B]
     int max_position = 0;
-    float* const* k = nullptr;  // [B] this layer's K caches (full attention)
-    float* const* v = nullptr;
+    void* const* k = nullptr;  // [B] this layer's K caches (full attention)
+    void* const* v = nullptr;
     float* const* conv = nullptr;       // [B] conv states (linear attention)
     float* const* recurrent = nullptr;  // [B] recurrent states
   };
@@ -667,6 +675,7 @@ class Model {
                             absl::Span<const int32_t> tokens) const;
 
   ModelConfig config_;
+  kernels::DType kv_dtype_ = kernels::DType::kF32;
   std::unique_ptr<model_files::Checkpoint> checkpoint_;
   kernels::Backend* backend_ = nullptr;
   ModelWeights weights_;

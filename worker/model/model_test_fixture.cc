@@ -19,7 +19,7 @@ bool SameBytes(const std::vector<float>& a, const std::vector<float>& b) {
 
 void ModelTest::SetUp() {
   std::string why;
-  backend_ = MakeTestBackend(&why);
+  backend_ = MakeTestBackend(&why, KvCacheDTypeOf(GetParam()));
   if (backend_ == nullptr) GTEST_SKIP() << why;
   if (options_.require_recording) {
     ASSERT_TRUE(backend_->CanRecord()) << TestBackendName() << " cannot record";

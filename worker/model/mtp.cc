@@ -125,8 +125,8 @@ absl::Status Model::MtpRowRecorded(ModelState* state,
   SessionBatch batch;
   batch.sessions = 1;
   batch.table = dev;
-  batch.k = reinterpret_cast<float* const*>(dev);
-  batch.v = reinterpret_cast<float* const*>(dev + 1);
+  batch.k = reinterpret_cast<void* const*>(dev);
+  batch.v = reinterpret_cast<void* const*>(dev + 1);
   batch.positions = reinterpret_cast<const int32_t*>(dev + 2);
   batch.max_position = GraphBucketLast(row);
   ModelState* const one[] = {state};

@@ -80,8 +80,8 @@ absl::Status Model::MtpDraftBatch(absl::Span<ModelState* const> states,
   SessionBatch batch;
   batch.sessions = B;
   batch.table = dev;
-  batch.k = reinterpret_cast<float* const*>(dev);
-  batch.v = reinterpret_cast<float* const*>(dev + B);
+  batch.k = reinterpret_cast<void* const*>(dev);
+  batch.v = reinterpret_cast<void* const*>(dev + B);
   batch.positions = reinterpret_cast<const int32_t*>(dev + 2 * B);
   batch.max_position = max_position;
   SS_RETURN_IF_ERROR(MtpOps(states[0], B, positions[0], &batch));

@@ -26,8 +26,11 @@ uint64_t TrunkCheckpoint::host_bytes() const {
 }
 
 uint64_t HostStateSnapshot::bytes() const {
-  uint64_t n = (mtp_k.size() + mtp_v.size()) * sizeof(float);
-  for (const auto* part : {&k, &v, &recurrent, &conv}) {
+  uint64_t n = mtp_k.size() + mtp_v.size();
+  for (const auto* part : {&k, &v}) {
+    for (const std::vector<uint8_t>& x : *part) n += x.size();
+  }
+  for (const auto* part : {&recurrent, &conv}) {
     for (const std::vector<float>& x : *part) n += x.size() * sizeof(float);
   }
   return n;
@@ -56,6 +59,18 @@ absl::Status ToDevice(kernels::Backend& be, const std::vector<float>& x,
   CHECK_LE(x.size() * sizeof(float), b.bytes()) << "checked by Restore";
   return be.CopyToDevice(b.data(), x.data(), x.size() * sizeof(float));
 }
+// The first `n` bytes of `b` (cache rows as stored), to the host.
+absl::Status BytesToHost(kernels::Backend& be, const Buffer& b, size_t n,
+                         std::vector<uint8_t>* out) {
+  CHECK_LE(n, b.bytes()) << "row count past the buffer";
+  out->resize(n);
+  return be.CopyToHost(out->data(), b.data(), n);
+}
+absl::Status BytesToDevice(kernels::Backend& be, const std::vector<uint8_t>& x,
+                           const Buffer& b) {
+  CHECK_LE(x.size(), b.bytes()) << "checked by Restore";
+  return be.CopyToDevice(b.data(), x.data(), x.size());
+}
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HostStateSnapshot>> Model::Offload(
@@ -66,8 +81,7 @@ absl::StatusOr<std::unique_ptr<HostStateSnapshot>> Model::Offload(
         "offload: a verify is pending (commit or discard it first)");
   }
   kernels::Backend& be = *backend_;
-  const size_t kv_dim =
-      static_cast<size_t>(config_.num_key_value_heads) * config_.head_dim;
+  const size_t row_bytes = kv_row_bytes();
   auto snap = std::make_unique<HostStateSnapshot>();
   snap->length = state->length_;
   const bool mtp = state->mtp_kv_.k.data() != nullptr;
@@ -76,8 +90,10 @@ absl::StatusOr<std::unique_ptr<HostStateSnapshot>> Model::Offload(
   snap->k.resize(state->kv_.size());
   snap->v.resize(state->kv_.size());
   for (size_t i = 0; i < state->kv_.size(); ++i) {
-    SS_RETURN_IF_ERROR(ToHost(be, state->kv_[i].k, rows * kv_dim, &snap->k[i]));
-    SS_RETURN_IF_ERROR(ToHost(be, state->kv_[i].v, rows * kv_dim, &snap->v[i]));
+    SS_RETURN_IF_ERROR(
+        BytesToHost(be, state->kv_[i].k, rows * row_bytes, &snap->k[i]));
+    SS_RETURN_IF_ERROR(
+        BytesToHost(be, state->kv_[i].v, rows * row_bytes, &snap->v[i]));
   }
   snap->recurrent.resize(state->linear_.size());
   snap->conv.resize(state->linear_.size());
@@ -91,9 +107,9 @@ absl::StatusOr<std::unique_ptr<HostStateSnapshot>> Model::Offload(
   }
   if (mtp) {
     SS_RETURN_IF_ERROR(
-        ToHost(be, state->mtp_kv_.k, mtp_rows * kv_dim, &snap->mtp_k));
+        BytesToHost(be, state->mtp_kv_.k, mtp_rows * row_bytes, &snap->mtp_k));
     SS_RETURN_IF_ERROR(
-        ToHost(be, state->mtp_kv_.v, mtp_rows * kv_dim, &snap->mtp_v));
+        BytesToHost(be, state->mtp_kv_.v, mtp_rows * row_bytes, &snap->mtp_v));
   }
   // Every copy has landed (CopyToHost returns after the data is on the
   // host); now the backend memory goes back.
@@ -113,7 +129,7 @@ absl::Status Model::Restore(ModelState* state,
         "restore: a verify is pending (commit or discard it first)");
   }
   const ModelConfig& c = config_;
-  const size_t kv_dim = static_cast<size_t>(c.num_key_value_heads) * c.head_dim;
+  const size_t row_bytes = kv_row_bytes();
   const size_t num_full = c.num_full_attention_layers();
   const size_t num_linear = c.num_hidden_layers - num_full;
   const size_t rec = static_cast<size_t>(c.linear_num_value_heads) *
@@ -126,11 +142,11 @@ absl::Status Model::Restore(ModelState* state,
               snap.recurrent.size() == num_linear &&
               snap.conv.size() == num_linear &&
               (snap.mtp_length == 0 || weights_.has_mtp) &&
-              snap.mtp_k.size() == snap.mtp_length * kv_dim &&
-              snap.mtp_v.size() == snap.mtp_length * kv_dim;
+              snap.mtp_k.size() == snap.mtp_length * row_bytes &&
+              snap.mtp_v.size() == snap.mtp_length * row_bytes;
   for (size_t i = 0; fits && i < num_full; ++i) {
-    fits = snap.k[i].size() == snap.length * kv_dim &&
-           snap.v[i].size() == snap.length * kv_dim;
+    fits = snap.k[i].size() == snap.length * row_bytes &&
+           snap.v[i].size() == snap.length * row_bytes;
   }
   for (size_t i = 0; fits && i < num_linear; ++i) {
     fits = snap.recurrent[i].size() == rec && snap.conv[i].size() == conv;
@@ -154,8 +170,8 @@ absl::Status Model::Restore(ModelState* state,
   }
   kernels::Backend& be = *backend_;
   for (size_t i = 0; i < num_full; ++i) {
-    SS_RETURN_IF_ERROR(ToDevice(be, snap.k[i], target->kv_[i].k));
-    SS_RETURN_IF_ERROR(ToDevice(be, snap.v[i], target->kv_[i].v));
+    SS_RETURN_IF_ERROR(BytesToDevice(be, snap.k[i], target->kv_[i].k));
+    SS_RETURN_IF_ERROR(BytesToDevice(be, snap.v[i], target->kv_[i].v));
   }
   for (size_t i = 0; i < num_linear; ++i) {
     SS_RETURN_IF_ERROR(
@@ -164,8 +180,8 @@ absl::Status Model::Restore(ModelState* state,
   }
   const bool mtp = target->mtp_kv_.k.data() != nullptr;
   if (mtp) {
-    SS_RETURN_IF_ERROR(ToDevice(be, snap.mtp_k, target->mtp_kv_.k));
-    SS_RETURN_IF_ERROR(ToDevice(be, snap.mtp_v, target->mtp_kv_.v));
+    SS_RETURN_IF_ERROR(BytesToDevice(be, snap.mtp_k, target->mtp_kv_.k));
+    SS_RETURN_IF_ERROR(BytesToDevice(be, snap.mtp_v, target->mtp_kv_.v));
   }
   if (target == &fresh) {
     state->kv_ = std::move(fresh.kv_);

@@ -31,8 +31,7 @@ absl::Status Model::AllocateCaches(ModelState* s) const {
   const ModelConfig& c = config_;
   kernels::Backend& be = *backend_;
   const bool draft = !s->draft_freed_;
-  const size_t kv_floats =
-      static_cast<size_t>(s->capacity_) * c.num_key_value_heads * c.head_dim;
+  const size_t kv_bytes = static_cast<size_t>(s->capacity_) * kv_row_bytes();
   const size_t rec = static_cast<size_t>(c.linear_num_value_heads) *
                      c.linear_key_head_dim * c.linear_value_head_dim;
   const size_t conv =
@@ -41,8 +40,8 @@ absl::Status Model::AllocateCaches(ModelState* s) const {
   for (LayerType t : c.layer_types) {
     if (t == LayerType::kFullAttention) {
       KvCache kv;
-      SS_ASSIGN_OR_RETURN(kv.k, be.AllocateFloats(kv_floats));
-      SS_ASSIGN_OR_RETURN(kv.v, be.AllocateFloats(kv_floats));
+      SS_ASSIGN_OR_RETURN(kv.k, be.Allocate(kv_bytes));
+      SS_ASSIGN_OR_RETURN(kv.v, be.Allocate(kv_bytes));
       s->kv_.push_back(std::move(kv));
     } else {
       LinearCache lc;
@@ -57,8 +56,8 @@ absl::Status Model::AllocateCaches(ModelState* s) const {
     }
   }
   if (weights_.has_mtp && draft) {
-    SS_ASSIGN_OR_RETURN(s->mtp_kv_.k, be.AllocateFloats(kv_floats));
-    SS_ASSIGN_OR_RETURN(s->mtp_kv_.v, be.AllocateFloats(kv_floats));
+    SS_ASSIGN_OR_RETURN(s->mtp_kv_.k, be.Allocate(kv_bytes));
+    SS_ASSIGN_OR_RETURN(s->mtp_kv_.v, be.Allocate(kv_bytes));
   }
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 #define SPECSERVE_WORKER_MODEL_TEST_BACKEND_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "kernels/backend.h"
@@ -19,7 +20,11 @@ namespace specserve::model::testing {
 // A fresh backend; nullptr with `*skip_reason` set when this build's backend
 // cannot run here (the CUDA one without a visible GPU). A backend that
 // exists but fails to start is a test failure, not a skip: it CHECK-fails.
-std::unique_ptr<kernels::Backend> MakeTestBackend(std::string* skip_reason);
+// `kv_cache_dtype` overrides the backend's KV cache element type
+// (Backend::KvCacheDType); without it the backend's default.
+std::unique_ptr<kernels::Backend> MakeTestBackend(
+    std::string* skip_reason,
+    std::optional<kernels::DType> kv_cache_dtype = std::nullopt);
 
 // "cpu" or "cuda": the backend MakeTestBackend gives in this binary.
 const char* TestBackendName();

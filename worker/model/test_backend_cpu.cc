@@ -5,9 +5,11 @@
 
 namespace specserve::model::testing {
 
-std::unique_ptr<kernels::Backend> MakeTestBackend(std::string*) {
+std::unique_ptr<kernels::Backend> MakeTestBackend(
+    std::string*, std::optional<kernels::DType> kv_cache_dtype) {
   kernels::cpu::CpuBackendOptions options;
   options.recording = true;
+  if (kv_cache_dtype) options.kv_cache_dtype = *kv_cache_dtype;
   return std::make_unique<kernels::cpu::CpuBackend>(options);
 }
 

@@ -57,7 +57,10 @@ std::vector<std::string> DefaultAndTestModels() {
 std::string PathParamName(const ::testing::TestParamInfo<std::string>& info) {
   const std::string& path = info.param;
   std::string name = path.substr(path.find_last_of('/') + 1);
-  name = name.substr(0, name.find('.'));
+  const size_t at = name.find('@');
+  const std::string suffix = at == std::string::npos ? "" : name.substr(at + 1);
+  name = name.substr(0, std::min(name.find('.'), at));
+  if (!suffix.empty()) name += "_" + suffix;
   for (char& c : name) {
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   }
@@ -77,8 +80,28 @@ std::string DefaultModelDir() {
   return RepoPath("models/specserve-tiny-py");
 }
 
+namespace {
+constexpr char kBf16Kv[] = "@bf16_kv";
+constexpr char kFp32Kv[] = "@fp32_kv";
+bool EndsWith(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() &&
+         s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+}  // namespace
+
+std::string WithKvCache(const std::string& model, kernels::DType dtype) {
+  return model + (dtype == kernels::DType::kBF16 ? kBf16Kv : kFp32Kv);
+}
+
+std::optional<kernels::DType> KvCacheDTypeOf(const std::string& param) {
+  if (EndsWith(param, kBf16Kv)) return kernels::DType::kBF16;
+  if (EndsWith(param, kFp32Kv)) return kernels::DType::kF32;
+  return std::nullopt;
+}
+
 std::string ModelDirOf(const std::string& param) {
-  return param == "models/default" ? DefaultModelDir() : RepoPath(param);
+  const std::string model = param.substr(0, param.find('@'));
+  return model == "models/default" ? DefaultModelDir() : RepoPath(model);
 }
 
 std::unique_ptr<ModelState> NewStateOrFail(Model* m, int capacity,

@@ -5,12 +5,14 @@
 #define SPECSERVE_WORKER_MODEL_TEST_DATA_H_
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
+#include "kernels/types.h"
 #include "worker/model/model.h"
 
 namespace specserve::model::testing {
@@ -42,8 +44,15 @@ std::vector<int32_t> RandomTokens(int n, int vocab, std::mt19937* rng);
 std::string DefaultModelDir();
 
 // Absolute path of a model parameter of DefaultAndTestModels():
-// DefaultModelDir() for "models/default", RepoPath otherwise.
+// DefaultModelDir() for "models/default", RepoPath otherwise. A parameter
+// may end in a KV cache suffix (WithKvCache), which names no folder.
 std::string ModelDirOf(const std::string& param);
+
+// `model` as a test parameter whose backend keeps its KV caches in `dtype`
+// ("tests/models/tiny_a@bf16_kv"), so a suite covers both cache types on
+// any backend; KvCacheDTypeOf reads it back (nullopt: the backend default).
+std::string WithKvCache(const std::string& model, kernels::DType dtype);
+std::optional<kernels::DType> KvCacheDTypeOf(const std::string& param);
 
 // A new state of `m` (`capacity` positions, verify rounds of up to
 // `verify_columns`); nullptr with a test failure when it cannot be made.

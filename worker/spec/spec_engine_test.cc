@@ -97,6 +97,10 @@ std::vector<int32_t> RandomTokens(std::mt19937* rng, int n, int vocab) {
 std::vector<std::string> ModelDirs() {
   std::vector<std::string> dirs = model::testing::TestModelDirs();
   dirs.push_back("models/specserve-tiny-py");  // models/default
+  // Both KV cache types on every backend (the default is one of them).
+  for (kernels::DType kv : {kernels::DType::kF32, kernels::DType::kBF16}) {
+    dirs.push_back(model::testing::WithKvCache("tests/models/tiny_a", kv));
+  }
   return dirs;
 }
 
@@ -104,10 +108,11 @@ class SpecEngineTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     std::string why;
-    backend_ = model::testing::MakeTestBackend(&why);
+    backend_ = model::testing::MakeTestBackend(
+        &why, model::testing::KvCacheDTypeOf(GetParam()));
     if (backend_ == nullptr) GTEST_SKIP() << why;
     auto loaded =
-        Model::Load(model::testing::RepoPath(GetParam()), backend_.get());
+        Model::Load(model::testing::ModelDirOf(GetParam()), backend_.get());
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     model_ = std::move(*loaded);
     vocab_ = model_->config().vocab_size;
