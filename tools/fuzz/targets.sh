@@ -95,6 +95,7 @@ FUZZ_SRCS_burst_request=(
   kernels/cpu/conv1d.cc
   kernels/cpu/cpu_backend.cc
   kernels/cpu/embed.cc
+  kernels/cpu/chunked_delta_rule.cc
   kernels/cpu/gated_delta_rule.cc
   kernels/cpu/matmul.cc
   kernels/cpu/reduce.cc

@@ -365,6 +365,7 @@ TEST_P(SpecEngineTest, SampledOutputIgnoresSplitsDemotionAndRebuild) {
       std::vector<int32_t> history = prompt;
       Collected got;
       bool rebuilt = false;
+      size_t rebuilt_at = 0;  // tokens sent before the rebuild
       const int k = 1 + (trial + schedule) % 4;
       while (static_cast<int>(got.tokens.size()) < kNew) {
         BurstParams q = p;
@@ -380,13 +381,22 @@ TEST_P(SpecEngineTest, SampledOutputIgnoresSplitsDemotionAndRebuild) {
         }
         if (schedule == 2 && !rebuilt && got.tokens.size() >= kNew / 2) {
           rebuilt = true;
+          rebuilt_at = got.tokens.size();
           // Rebuilt from the history the client was sent, as after a lost
           // worker: a fresh session prefilled with it.
           s = engine.Admit("rebuilt", 128, history).value();
         }
       }
       got.tokens.resize(kNew);
-      EXPECT_EQ(got.tokens, want)
+      std::vector<int32_t> expected = want;
+      if (rebuilt && !backend_->ExactPrefill()) {
+        // A rebuild's prefill is within the prefill tolerance of the
+        // original decode, not equal to it (docs/DESIGN.md "Prefill
+        // tolerance"): sampled tokens may part after it, never before.
+        got.tokens.resize(rebuilt_at);
+        expected.resize(rebuilt_at);
+      }
+      EXPECT_EQ(got.tokens, expected)
           << "trial " << trial << " schedule " << schedule << " k " << k;
     }
   }
