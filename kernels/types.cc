@@ -1,5 +1,7 @@
 #include "kernels/types.h"
 
+#include <string>
+
 #include "glog/logging.h"
 #include "kernels/backend.h"
 
@@ -27,6 +29,19 @@ const char* DTypeName(DType dtype) {
       return "bf16";
   }
   return "?";
+}
+
+bool ParseCacheDType(const char* name, DType* out) {
+  const std::string text = name == nullptr ? "" : name;
+  if (text == "fp32") {
+    *out = DType::kF32;
+    return true;
+  }
+  if (text == "bf16") {
+    *out = DType::kBF16;
+    return true;
+  }
+  return false;
 }
 
 const char* WeightLayoutName(WeightLayout layout) {

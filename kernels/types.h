@@ -16,6 +16,10 @@ enum class DType { kF32, kF16, kBF16 };
 size_t DTypeSize(DType dtype);
 const char* DTypeName(DType dtype);
 
+// The cache element type a command-line flag names: "fp32" or "bf16". Any
+// other text (including "auto", which each tool resolves itself) is false.
+bool ParseCacheDType(const char* name, DType* out);
+
 class Backend;
 
 // Move-only owner of `bytes` bytes of backend memory. Empty (data()==nullptr)

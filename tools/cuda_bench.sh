@@ -273,12 +273,19 @@ for step in "${steps[@]}"; do
 done
 prompt=1,324,313,2765,5811,7,2365,11,1871,323,258,744,269,1479,1
 for dev in cuda:0 cpu; do
+  # fp32 KV on both: the CPU oracle's cache type (bf16 is compared below)
   timeout 30 "$carry/specgen" --model models/default --prompt-ids "$prompt" --max-new 128 \
-    --ignore-eos --device "$dev" > "/tmp/cb_sg_${dev%%:*}.txt" 2>&1
+    --ignore-eos --device "$dev" --kv_cache_dtype=fp32 > "/tmp/cb_sg_${dev%%:*}.txt" 2>&1
 done
 g=$(sed -n 's/^ids: //p' /tmp/cb_sg_cuda.txt); c=$(sed -n 's/^ids: //p' /tmp/cb_sg_cpu.txt)
 { echo "== specgen cuda:0 vs cpu"; grep -E "^prefill|^decode" /tmp/cb_sg_cuda.txt; } >> "$out/checks.log"
 if [ -n "$g" ] && [ "$g" = "$c" ]; then note "specgen ids cuda == cpu" 0; else note "specgen ids cuda == cpu" 1; fi
+# Informational: how far bf16-KV greedy decode (the worker's default on
+# CUDA) follows fp32-KV decode on models/default.
+timeout 200 python3 tools/cuda_bench/kv_dtype_agreement.py --specgen "$carry/specgen" \
+  --model models/default --device cuda:0 --max-new 128 --out "$out" > /dev/null 2>&1
+echo "== bf16-KV vs fp32-KV greedy: rc=$? ($(tail -1 "$out/kv_dtype_agreement.txt" 2>/dev/null))" \
+  >> "$out/checks.log"
 # The worker serves on the GPU: --device cuda:0 comes up (listening line),
 # cuda:9 fails cleanly.
 {

@@ -47,8 +47,8 @@ ABSL_FLAG(bool, cuda_graphs, true,
 ABSL_FLAG(int, threads, 0, "CPU backend threads (0 = one per core).");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "Element type of the attention KV caches: fp32, bf16 (half the "
-          "bytes; keys and values rounded to nearest even), or auto (the "
-          "backend's default, fp32).");
+          "bytes; keys and values rounded to nearest even), or auto (bf16 on "
+          "cuda:N, fp32 on the CPU, the exactness oracle).");
 ABSL_FLAG(int64_t, memory_budget_mb, -1,
           "Device memory for session caches before idle sessions are "
           "offloaded to host memory (0: offload every idle session). -1: on "
@@ -87,10 +87,8 @@ absl::StatusOr<std::unique_ptr<specserve::kernels::Backend>> MakeBackend(
   using specserve::kernels::DType;
   const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype);
   std::optional<DType> kv_dtype;
-  if (kv == "fp32") {
-    kv_dtype = DType::kF32;
-  } else if (kv == "bf16") {
-    kv_dtype = DType::kBF16;
+  if (DType parsed; specserve::kernels::ParseCacheDType(kv.c_str(), &parsed)) {
+    kv_dtype = parsed;
   } else if (kv != "auto") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--kv_cache_dtype must be fp32, bf16 or auto, got '", kv, "'"));
@@ -112,7 +110,7 @@ absl::StatusOr<std::unique_ptr<specserve::kernels::Backend>> MakeBackend(
 #ifdef SPECSERVE_WITH_CUDA
   specserve::kernels::cuda::CudaBackendOptions options;
   options.device = n;
-  if (kv_dtype) options.kv_cache_dtype = *kv_dtype;
+  options.kv_cache_dtype = kv_dtype.value_or(DType::kBF16);
   return specserve::kernels::cuda::CreateCudaBackend(options);
 #else
   return absl::UnimplementedError(absl::StrCat(

@@ -85,9 +85,11 @@ double EventMs(cudaStream_t stream, int warm, int reps, Fn fn) {
   return Median(ms);
 }
 
-std::unique_ptr<Backend> MakeBackend(int splits) {
+std::unique_ptr<Backend> MakeBackend(int splits,
+                                     kernels::DType kv_cache = kernels::DType::kBF16) {
   kernels::cuda::CudaBackendOptions o;
   o.matmul_x_splits = splits;
+  o.kv_cache_dtype = kv_cache;
   auto b = kernels::cuda::CreateCudaBackend(o);
   BENCH_CHECK(b.status());
   return std::move(*b);
@@ -109,6 +111,9 @@ double CopyGBs(CudaBackend* be, size_t bytes) {
 struct Ctx {
   double copy_gbs = 0;
   int model_splits = 2;  // --x_splits: bf16 terms per x in the models' matmuls
+  // --kv_cache_dtype=fp32|bf16: the models' attention KV caches (bf16 is
+  // specserve_worker's default on CUDA).
+  kernels::DType kv_dtype = kernels::DType::kBF16;
   bool leave_out = false;  // --leave_out: LeaveOutSweep after (a)
   bool decode_only = false;       // --decode_only: the 27B shape's (a) alone
   bool quick_sweep = false;  // --quick_sweep (MatmulSweep)
@@ -335,7 +340,7 @@ void PrefillBench(Ctx* ctx, model::Model* m, RandomWeightsBackend* rb, double fl
 
 void ModelBench(Ctx* ctx, const std::string& dir) {
   BENCH_CHECK(WriteSyntheticCheckpoint(Qwen35_27BConfigJson(), dir));
-  auto owner = MakeBackend(ctx->model_splits);
+  auto owner = MakeBackend(ctx->model_splits, ctx->kv_dtype);
   auto* be = static_cast<CudaBackend*>(owner.get());
   RandomWeightsBackend rb(be, 0.02f);
   const auto t0 = std::chrono::steady_clock::now();
@@ -538,7 +543,7 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
 
 // ---- 4. the default model.
 void DefaultModel(Ctx* ctx, const std::string& dir) {
-  auto owner = MakeBackend(ctx->model_splits);
+  auto owner = MakeBackend(ctx->model_splits, ctx->kv_dtype);
   auto loaded = model::Model::Load(dir, owner.get());
   BENCH_CHECK(loaded.status());
   auto& m = *loaded;
@@ -568,7 +573,7 @@ void DefaultModel(Ctx* ctx, const std::string& dir) {
 // (d) plain (k = 0) vs speculative (k = 1..4) greedy bursts through the
 // engine on `dir`: tokens/s, acceptance, and spec == plain token for token.
 void EngineBench(Ctx* ctx, const std::string& dir) {
-  auto owner = MakeBackend(ctx->model_splits);
+  auto owner = MakeBackend(ctx->model_splits, ctx->kv_dtype);
   auto loaded = model::Model::Load(dir, owner.get());
   BENCH_CHECK(loaded.status());
   auto& m = *loaded;
@@ -653,6 +658,11 @@ int Main(int argc, char** argv) {
     if (a == "--decode_only") decode_only = true;
     if (a == "--prefill_only") ctx.prefill_only = true;
     if (a.rfind("--x_splits=", 0) == 0) model_splits = std::stoi(a.substr(11));
+    if (a.rfind("--kv_cache_dtype=", 0) == 0 &&
+        !kernels::ParseCacheDType(a.c_str() + 17, &ctx.kv_dtype)) {
+      std::fprintf(stderr, "cuda_bench: --kv_cache_dtype is fp32 or bf16, got %s\n", a.c_str() + 17);
+      return 2;
+    }
   }
   if (kernels::cuda::CudaDeviceCount() == 0) {
     std::printf("cuda_bench: no CUDA device visible\n");
@@ -663,6 +673,7 @@ int Main(int argc, char** argv) {
   ctx.decode_only = decode_only;
   ctx.quick_sweep = ctx_quick;
   ctx.out["model_x_splits"] = model_splits;
+  ctx.out["kv_cache_dtype"] = kernels::DTypeName(ctx.kv_dtype);
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   {

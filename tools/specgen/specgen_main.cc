@@ -38,6 +38,7 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,9 @@ ABSL_FLAG(bool, ignore_eos, false, "keep generating past an EOS token");
 ABSL_FLAG(int, threads, 0, "CPU threads (0 = one per core)");
 ABSL_FLAG(std::string, device, "cpu",
           "compute backend: cpu, or cuda:N (GPU N; needs --config=cuda)");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "attention KV cache type: fp32, bf16 or auto (bf16 on cuda:N, fp32 "
+          "on the CPU), as specserve_worker's flag");
 ABSL_FLAG(int, spec_k, 0,
           "draft depth of speculative rounds (0 = plain decode)");
 ABSL_FLAG(int, burst, 32, "tokens per burst on the engine path (0 = one)");
@@ -205,9 +209,20 @@ absl::StatusOr<std::vector<Turn>> BuildTurns(LazyTokenizer* tok) {
 // The backend named by --device.
 absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(
     const std::string& device) {
+  const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype);
+  std::optional<kernels::DType> kv_dtype;
+  if (kernels::DType parsed; kernels::ParseCacheDType(kv.c_str(), &parsed)) {
+    kv_dtype = parsed;
+  } else if (kv != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_cache_dtype must be fp32, bf16 or auto, got '", kv, "'"));
+  }
   if (device == "cpu") {
-    return std::unique_ptr<kernels::Backend>(new kernels::cpu::CpuBackend(
-        kernels::cpu::CpuBackendOptions{absl::GetFlag(FLAGS_threads)}));
+    kernels::cpu::CpuBackendOptions options;
+    options.num_threads = absl::GetFlag(FLAGS_threads);
+    if (kv_dtype) options.kv_cache_dtype = *kv_dtype;
+    return std::unique_ptr<kernels::Backend>(
+        new kernels::cpu::CpuBackend(options));
   }
   absl::string_view index = device;
   int n = -1;
@@ -217,7 +232,10 @@ absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(
         "--device '", device, "': expected cpu or cuda:N (N >= 0)"));
   }
 #ifdef SPECSERVE_WITH_CUDA
-  return kernels::cuda::CreateCudaBackend(n);
+  kernels::cuda::CudaBackendOptions options;
+  options.device = n;
+  options.kv_cache_dtype = kv_dtype.value_or(kernels::DType::kBF16);
+  return kernels::cuda::CreateCudaBackend(options);
 #else
   return absl::UnimplementedError(
       absl::StrCat("--device ", device,
