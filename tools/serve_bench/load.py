@@ -47,14 +47,15 @@ def proc_cpu_seconds(pid):
 
 class Record:
     __slots__ = ("start", "ttft", "end", "tokens", "messages", "status",
-                 "error", "finish", "completion_tokens", "rounds", "drafted",
-                 "accepted", "demoted")
+                 "error", "finish", "completion_tokens", "prompt_tokens",
+                 "cached_prompt_tokens", "rounds", "drafted", "accepted", "demoted")
 
     def __init__(self):
         self.start = self.ttft = self.end = None
         self.tokens = self.messages = 0
         self.status, self.error, self.finish = "OK", "", ""
-        self.completion_tokens = None
+        # From the final event's usage (None without one).
+        self.completion_tokens = self.prompt_tokens = self.cached_prompt_tokens = None
         self.rounds = self.drafted = self.accepted = 0
         self.demoted = False
 
@@ -73,6 +74,8 @@ class Record:
                 "tokens": self.tokens, "messages": self.messages,
                 "status": self.status, "error": self.error[:200],
                 "finish": self.finish, "completion_tokens": self.completion_tokens,
+                "prompt_tokens": self.prompt_tokens,
+                "cached_prompt_tokens": self.cached_prompt_tokens,
                 "spec": {"rounds": self.rounds, "drafted": self.drafted,
                          "accepted": self.accepted, "demoted": self.demoted}}
 
@@ -142,6 +145,8 @@ class LoadClient:
                     f = ev.final
                     rec.finish = self._finish_names.get(f.finish_reason, str(f.finish_reason))
                     rec.completion_tokens = f.usage.completion_tokens
+                    rec.prompt_tokens = f.usage.prompt_tokens
+                    rec.cached_prompt_tokens = f.usage.cached_prompt_tokens
                     s = f.spec_stats
                     rec.rounds, rec.drafted, rec.accepted = s.rounds, s.drafted, s.accepted
                     rec.demoted = s.demoted

@@ -142,6 +142,10 @@ def _f(x, fmt="%.1f"):
     return "-" if x is None else fmt % x
 
 
+def _mib(x):
+    return _f(None if x is None else x / 2.0 ** 20, "%.1f")
+
+
 def _errs(r):
     e = r.get("errors") or {}
     text = ", ".join("%s %d" % kv for kv in sorted(e.items())) or "0"
@@ -299,6 +303,84 @@ def tables(result):
                  (r.get("window_tokens_per_message") or 1) > 1.05)) if bad]
             if why:
                 out.append("NOTE (prompt %d): %s." % (r["prompt_tokens"], "; ".join(why)))
+        out.append("")
+    sp = [r for r in rows if r["kind"] == "shared_prefix"]
+    if sp:
+        out.append("## Shared prefix (one request alone, then N at once that share its "
+                   "P-token prefix, each with its own suffix)")
+        out.append("")
+        out.append("Bars: the N's TTFT p50 <= %g ms; cached_prompt_tokens >= P for every one "
+                   "of the N (the scheduler checkpoints a request only at its prompt's end and "
+                   "its committed end: with first = suffix no position of the first request "
+                   "is a prefix of the others' prompts); held once: the worker's device bytes "
+                   "per request of the N < the prefix's K/V bytes." % sp[0]["ttft_bar_ms"])
+        out.append("")
+
+        def ok(flag, text):
+            return text if flag is None else "%s (%s)" % (text, "ok" if flag else "OVER")
+
+        def cached(r):
+            if r.get("cached_min") is None:
+                return ok(r.get("cached_ok"), "-")
+            return ok(r.get("cached_ok"), "%d / %g / %d (%d of %d >= %d)" % (
+                r["cached_min"], r["cached_median"], r["cached_max"],
+                r["cached_at_target"], r["clients"], r["cached_target"]))
+
+        def held(r):
+            if r.get("per_request_bytes") is None:
+                return "-"
+            return ok(r.get("held_once"), "%s MiB, %s x prefix K/V%s" % (
+                _mib(r["per_request_bytes"]), _f(r.get("per_request_over_prefix_kv"), "%.2f"),
+                "" if r.get("per_request_clean") else " (not clean)"))
+
+        table(["prefix P", "suffix", "first", "N", "errors", "first TTFT", "first cached",
+               "TTFT p50 (bar <= %g)" % sp[0]["ttft_bar_ms"], "TTFT p99", "TTFT max",
+               "cached min / median / max (bar >= P)", "source MiB", "per request (held once)",
+               "parked per request MiB", "prefix K/V MiB",
+               "worker MiB before / first / peak / after", "GPU GiB"],
+              [[str(r["prefix_tokens"]), str(r["suffix_tokens"]), r["first"],
+                str(r["clients"]), _errs(r), _f(r.get("first_ttft_ms")),
+                _f(r.get("first_cached_prompt_tokens"), "%d"),
+                ok(r.get("ttft_ok"), _f(r.get("ttft_p50_ms"))), _f(r.get("ttft_p99_ms")),
+                _f(r.get("ttft_max_ms")), cached(r),
+                _mib(r.get("source_bytes")) + ("" if r.get("source_bytes") is None else
+                                               " (%s)" % r.get("source_from")),
+                held(r), _mib(r.get("after_per_session_bytes")), _mib(r.get("prefix_kv_bytes")),
+                " / ".join(_mib((r.get("memory") or {}).get(k, {}).get("used"))
+                           for k in ("before", "after_first")) + " / " +
+                _mib(r.get("peak_used_bytes")) + " / " +
+                _mib((r.get("memory") or {}).get("after", {}).get("used")),
+                cpu(r)[3]] for r in sp])
+        out.append("TTFT in ms. first: the first request's prompt (suffix: the prefix + its "
+                   "own suffix; prefix: the prefix alone), max_tokens %d, alone; the N: "
+                   "max_tokens %d, sent at once once it has ended. Memory: the worker's "
+                   "GetWorkerInfo memory_used_bytes (device bytes of its sessions' caches "
+                   "and checkpoints; no RPC gives one session's bytes). source = after the "
+                   "first - before (parked), or while it ran when the cache released an "
+                   "older session as it parked (running); per request = (peak - after the "
+                   "first) / the sessions added, at the sample with the most sessions during "
+                   "the N; parked per request = (after - after the first) / the sessions "
+                   "added; prefix K/V = "
+                   "P x full-attention layers x 2 x kv heads x head dim x %d bytes (%s)." % (
+                       sp[0]["first_max_tokens"], sp[0]["max_tokens"],
+                       sp[0]["kv_element_bytes"], sp[0].get("kv_dtype_note") or "?"))
+        for r in sp:
+            why = [w for w, bad in (
+                ("the first request's session count delta was %s, not 1 (a cache-owned "
+                 "session was released or offloaded meanwhile) and no sample caught it "
+                 "running: source bytes are net" % r.get("source_sessions_delta"),
+                 r.get("source_clean") is False),
+                ("the peak sample saw %s of %d sessions added, %s of the N ended: per-request "
+                 "bytes are net" % (r.get("peak_sessions_added"), r["clients"],
+                                    r.get("peak_ended_before")),
+                 r.get("per_request_clean") is False),
+                ("worker memory unreadable: %s" % r.get("memory_error"),
+                 r.get("memory_error")),
+                ("the first request got cached_prompt_tokens %s (expected 0)" %
+                 r.get("first_cached_prompt_tokens"), r.get("first_cached_prompt_tokens"))) if bad]
+            if why:
+                out.append("NOTE (P %d, first %s): %s." % (r["prefix_tokens"], r["first"],
+                                                         "; ".join(why)))
         out.append("")
     for r in result.get("restarts") or []:
         out.append("servers restarted " + r)

@@ -24,6 +24,10 @@ Steps (full and --quick, on the GPU):
      prefill under load (prefill_load.py): an 8,192-token prompt's TTFT
      sent while 8 plain streams decode, beside its solo TTFT, and the
      streams' inter-token gaps meanwhile beside their solo step;
+     with --shared-prefix P (off by default): N = 32 requests at once that
+     share one P-token prefix, after one request alone that brought it
+     (shared_prefix.py): their TTFT and cached_prompt_tokens, and the
+     worker's memory before, between and after;
   5. $OUT/serve_bench.json (every figure, every request) and
      $OUT/serve_bench.txt (the markdown tables), rewritten after each row,
      plus cuda_bench.{json,txt} and the servers' log tails.
@@ -32,8 +36,8 @@ Steps (full and --quick, on the GPU):
 GPU, --devices, default cuda:0..N-1): plain decode rows at each per-GPU
 concurrency c of --concurrency, first with one worker at c, then with N
 workers at N * c, so each N-worker figure stands beside N x the one-worker
-figure of the same run. Speculative, TTFT and prefill-under-load rows are
-not run in this mode.
+figure of the same run. Speculative, TTFT, prefill-under-load and
+shared-prefix rows are not run in this mode.
 
 --smoke runs the same code on the CPU in seconds: a tiny random checkpoint
 (make_checkpoint.py --shape tiny, numpy), bazel-bin's binaries
@@ -60,6 +64,7 @@ import load  # noqa: E402
 import make_checkpoint  # noqa: E402
 import prefill_load  # noqa: E402
 import report  # noqa: E402
+import shared_prefix  # noqa: E402
 from reflect import ServerApi  # noqa: E402
 
 _PORT_RE = re.compile(rb"listening on port (\d+)")
@@ -190,6 +195,17 @@ def parse_args(argv):
                     help="max_tokens of those streams: well past the prefill, "
                     "which the row cancels them after (default 4096; --smoke: "
                     "2048)")
+    ap.add_argument("--shared-prefix", type=ints, default=[], metavar="P[,P2...]",
+                    help="prefix tokens of the shared_prefix rows (shared_prefix.py), "
+                    "one row per P and --shared-prefix-first variant (default: none)")
+    ap.add_argument("--shared-prefix-clients", type=int, default=32,
+                    help="requests sent at once after the first (default 32)")
+    ap.add_argument("--shared-prefix-suffix", type=int, default=64,
+                    help="distinct random suffix tokens per request (default 64)")
+    ap.add_argument("--shared-prefix-first", default="suffix,prefix",
+                    help="the first request's prompt: suffix (the prefix + its own "
+                    "suffix), prefix (the prefix alone) or both, one row each "
+                    "(default suffix,prefix)")
     ap.add_argument("--row-seconds", type=float,
                     help="target seconds per decode row (default 25; --quick 4)")
     ap.add_argument("--ttft-seconds", type=float,
@@ -241,6 +257,12 @@ def parse_args(argv):
     if args.prefill_under_load is None:
         args.prefill_under_load = [256] if s else [8192]
     args.prefill_under_load = [p for p in args.prefill_under_load if p > 0]
+    args.shared_prefix = [p for p in args.shared_prefix if p > 0]
+    args.shared_prefix_first = [v for v in args.shared_prefix_first.split(",") if v]
+    if set(args.shared_prefix_first) - set(shared_prefix.VARIANTS):
+        ap.error("--shared-prefix-first: %s" % " and/or ".join(shared_prefix.VARIANTS))
+    if args.shared_prefix_clients < 1 or args.shared_prefix_suffix < 1:
+        ap.error("--shared-prefix-clients and --shared-prefix-suffix: at least 1")
     args.load_streams = args.load_streams or (3 if s else 8)
     args.load_max_tokens = args.load_max_tokens or (2048 if s else 4096)
     # prefill_load: solo TTFT requests after the warm-up, and the seconds of
@@ -301,9 +323,12 @@ def make_model(args, result):
 
 def row_context(args, kind, p, n_tok):
     """The most rows one request of a plan row takes (prompt + max_tokens):
-    a prefill_load row's are its prompt's (max_tokens 1) or its streams'."""
+    a prefill_load row's are its prompt's (max_tokens 1) or its streams';
+    a shared_prefix row's the prefix + a suffix + max_tokens."""
     if kind == "prefill_load":
         return max(p + 1, args.prompt_tokens + n_tok)
+    if kind == "shared_prefix":
+        return p + args.shared_prefix_suffix + n_tok
     return p + n_tok
 
 
@@ -381,9 +406,11 @@ def start_servers(args, result, servers, n_workers=1):
     for device, waddr in zip(args.devices, waddrs):
         log("worker %s on %s after %.1f s" % (waddr, device, time.monotonic() - t0))
     # Every request of a row runs at once: a prefill_load row's prefill
-    # beside its streams, too (a queued one would wait for a stream's end).
+    # beside its streams, too (a queued one would wait for a stream's end),
+    # and a shared_prefix row's N.
     max_running = max([c * n_workers for c in args.concurrency] +
-                      [c + 1 for kind, _, c, _, _, _ in plan(args) if kind == "prefill_load"])
+                      [c + 1 for kind, _, c, _, _, _ in plan(args) if kind == "prefill_load"] +
+                      [c for kind, _, c, _, _, _ in plan(args) if kind == "shared_prefix"])
     # A carried scheduler brings the shared libraries it loads (libcpp-httplib
     # and its dependencies: tools/cuda_bench.sh prepare) in lib/ beside it.
     env = None
@@ -411,6 +438,10 @@ def start_servers(args, result, servers, n_workers=1):
         time.sleep(0.2)
     log("scheduler %s ready after %.1f s" % (saddr, time.monotonic() - t0))
     result["model"] = model_info_dict(info.model)
+    # A --scheduler-arg=--max_running=N comes later on the command line and
+    # wins: report the limit the scheduler runs with.
+    max_running = int(next((a.split("=", 1)[1] for a in reversed(args.scheduler_arg)
+                            if a.startswith("--max_running=")), max_running))
     result["meta"].update(worker_address=",".join(waddrs), scheduler_address=saddr,
                           max_running=max_running, startup_s=time.monotonic() - t0,
                           worker_pid=started[0].popen.pid, scheduler_pid=s.popen.pid,
@@ -434,7 +465,9 @@ def write_results(args, result):
 
 
 def plan(args):
-    """[(kind, spec, concurrency, prompt tokens, max tokens, workers)]."""
+    """[(kind, spec, concurrency, prompt tokens, max tokens, workers)]; a
+    shared_prefix row's spec is its first-request variant (a str), its
+    concurrency N, its prompt tokens the prefix's."""
     if args.workers > 1:
         return [("decode", False, c * n, args.prompt_tokens, args.max_tokens, n)
                 for n in (1, args.workers) for c in args.concurrency]
@@ -447,6 +480,10 @@ def plan(args):
     # concurrency: the decoding streams; max tokens: theirs (the prefill's is 1).
     for p in args.prefill_under_load:
         rows.append(("prefill_load", False, args.load_streams, p, args.load_max_tokens, 1))
+    for p in args.shared_prefix:
+        for first in args.shared_prefix_first:
+            rows.append(("shared_prefix", first, args.shared_prefix_clients, p,
+                         shared_prefix.SHARED_MAX_TOKENS, 1))
     return rows
 
 
@@ -518,7 +555,8 @@ def run_rows(args, result, t_start, servers):
     vocab = int(result["model"]["vocab_size"])
     restarts = 0
     for i, (kind, spec, c, p, n_tok, n_workers) in enumerate(rows):
-        name = "%s%s c=%d prompt=%d%s" % (kind, "/spec" if spec else "", c, p,
+        tag = ("/first=" + spec) if isinstance(spec, str) else "/spec" if spec else ""
+        name = "%s%s c=%d prompt=%d%s" % (kind, tag, c, p,
                                           " workers=%d" % n_workers if args.workers > 1 else "")
         if n_workers != n_live:
             # The scaling rows' second half: the same load spread over more workers.
@@ -575,6 +613,15 @@ def run_rows(args, result, t_start, servers):
                     stream_max_tokens=n_tok, vocab=vocab, seed=args.seed * 1000 + i,
                     solo_repeats=args.solo_repeats, baseline_s=args.baseline_s,
                     pids=pids, hard_s=hard_s)
+            elif kind == "shared_prefix":
+                kv_bytes, kv_note = shared_prefix.kv_element_bytes(args.worker_arg,
+                                                                   args.devices[0])
+                s = shared_prefix.run_row(
+                    client, result["meta"]["worker_address"].split(",")[0],
+                    prefix_tokens=p, clients=c, suffix_tokens=args.shared_prefix_suffix,
+                    first=spec, vocab=vocab, seed=args.seed * 1000 + i,
+                    model=result["model"], kv_element_bytes=kv_bytes, kv_dtype_note=kv_note,
+                    pids=pids, hard_s=hard_s)
             else:
                 s = load.run_row(
                     client, concurrency=c, prompt_tokens=p, max_tokens=n_tok, spec=spec,
@@ -599,6 +646,14 @@ def run_rows(args, result, t_start, servers):
                         report._f(s.get("gap_p99_over_step"), "%.2f"), s["step_bar"],
                         report._f(s.get("ttft_load_ms")), report._f(s.get("solo_ttft_ms")),
                         report._f(s.get("ttft_over_solo"), "%.2f"), s["ttft_bar"]))
+        elif kind == "shared_prefix":
+            what = ("first TTFT %s ms (cached %s), the %d: TTFT p50 %s ms (bar %g), "
+                    "cached min %s (target %d), per-request %s MiB, source %s MiB," % (
+                        report._f(s.get("first_ttft_ms")), s.get("first_cached_prompt_tokens"),
+                        c, report._f(s.get("ttft_p50_ms")), s["ttft_bar_ms"],
+                        s.get("cached_min"), s["cached_target"],
+                        report._mib(s.get("per_request_bytes")),
+                        report._mib(s.get("source_bytes"))))
         else:
             what = "%sTTFT p50 %s ms," % (
                 "%.1f tok/s, TPOT p50 %s ms, " % (s["tok_s"], report._f(s["tpot_p50_ms"], "%.2f"))
