@@ -53,6 +53,13 @@ void SessionPool::UnlinkLocked(Entry* e) {
   e->in_lru = false;
 }
 
+void SessionPool::AwaitNoReadersLocked(const std::string& id) {
+  for (auto it = entries_.find(id);
+       it != entries_.end() && it->second.readers > 0; it = entries_.find(id)) {
+    readers_done_.Wait(&mu_);
+  }
+}
+
 absl::StatusOr<SessionPool::Lease> SessionPool::Insert(
     std::unique_ptr<spec::SpecSession> session, std::string owner) {
   const std::string id = session->id();
@@ -73,6 +80,7 @@ absl::StatusOr<SessionPool::Lease> SessionPool::Insert(
 absl::StatusOr<SessionPool::Lease> SessionPool::Acquire(
     const std::string& id, absl::string_view owner) {
   absl::MutexLock lock(&mu_);
+  AwaitNoReadersLocked(id);
   auto it = entries_.find(id);
   if (it == entries_.end()) {
     auto evicted = evicted_.find(id);
@@ -130,22 +138,38 @@ absl::Status SessionPool::RestoreLocked(Entry* e) {
 
 absl::Status SessionPool::WithIdle(const std::string& id,
                                    absl::string_view owner, const IdleFn& fn) {
+  spec::SpecSession* session = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end() ||
+        !telemetry::ConstantTimeEquals(it->second.owner, owner)) {
+      return NotOnThisWorker(id);
+    }
+    Entry& e = it->second;
+    if (e.busy) {
+      return absl::AbortedError(
+          absl::StrCat("session ", id, " is running a request on this worker"));
+    }
+    SS_RETURN_IF_ERROR(RestoreLocked(&e));
+    ++e.readers;
+    UnlinkLocked(&e);  // not evictable while read
+    session = e.session.get();
+  }
+  // Outside the pool: std::map nodes keep their address, and the entry
+  // stays (Release and Acquire wait for its readers).
+  absl::Status s = fn(*session);
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(id);
-  if (it == entries_.end() ||
-      !telemetry::ConstantTimeEquals(it->second.owner, owner)) {
-    return NotOnThisWorker(id);
-  }
+  CHECK(it != entries_.end() && it->second.session.get() == session)
+      << "session " << id << " left the pool while read";
   Entry& e = it->second;
-  if (e.busy) {
-    return absl::AbortedError(
-        absl::StrCat("session ", id, " is running a request on this worker"));
+  if (--e.readers == 0) {
+    // A source that was read is recently used: the last to be offloaded.
+    TouchLocked(id, &e);
+    readers_done_.SignalAll();
+    EnforceBudgetsLocked();
   }
-  SS_RETURN_IF_ERROR(RestoreLocked(&e));
-  absl::Status s = fn(*e.session);
-  // A source that was read is recently used: the last to be offloaded.
-  TouchLocked(id, &e);
-  EnforceBudgetsLocked();
   return s;
 }
 
@@ -169,6 +193,7 @@ void SessionPool::Return(spec::SpecSession* session, bool discard) {
 absl::Status SessionPool::Release(const std::string& id,
                                   absl::string_view owner) {
   absl::MutexLock lock(&mu_);
+  AwaitNoReadersLocked(id);
   auto it = entries_.find(id);
   if (it == entries_.end() ||
       !telemetry::ConstantTimeEquals(it->second.owner, owner)) {
@@ -329,7 +354,7 @@ int SessionPool::ReleaseIdle() {
   absl::MutexLock lock(&mu_);
   int n = 0;
   for (auto it = entries_.begin(); it != entries_.end();) {
-    if (it->second.busy) {
+    if (it->second.busy || it->second.readers > 0) {
       ++it;
       continue;
     }

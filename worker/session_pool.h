@@ -68,10 +68,13 @@ class SessionPool {
   absl::Status Release(const std::string& id, absl::string_view owner = "");
 
   // Runs `fn` on the idle session `id` of `owner` (its caches restored
-  // first when offloaded) with the pool held, so nothing can lease the
-  // session meanwhile: a request for it waits for `fn` instead of being
-  // refused (how ForkSession reads a source another request may want next).
-  // `fn` must not call the pool. NOT_FOUND as Acquire, ABORTED while leased.
+  // first when offloaded) as one of its readers: several readers run at
+  // once, the pool stays free for every other session, and while any reads,
+  // the session is neither offloaded nor dropped, and Acquire and Release
+  // of it wait for the readers instead of being refused (how ForkSession
+  // reads a source many new requests fork at once, and another request may
+  // want next). `fn` only reads the session. NOT_FOUND as Acquire, ABORTED
+  // while leased.
   using IdleFn = std::function<absl::Status(const spec::SpecSession&)>;
   absl::Status WithIdle(const std::string& id, absl::string_view owner,
                         const IdleFn& fn);
@@ -112,7 +115,8 @@ class SessionPool {
   std::optional<Listing> TryList() const;
   uint64_t epoch() const;
   // Frees every idle (not leased) session; returns how many. Leased ones
-  // (a burst running) are left: they are idle again once it ends.
+  // (a burst running) and ones being read (WithIdle) are left: they are
+  // idle again once that ends.
   int ReleaseIdle();
 
   // Exclusive use of one session; returns it to the pool when destroyed.
@@ -142,6 +146,9 @@ class SessionPool {
     std::unique_ptr<spec::SpecSession> session;
     std::string owner;
     bool busy = false;
+    // WithIdle calls reading it now; while > 0 it is out of lru_ (never
+    // evicted) and Acquire/Release wait on readers_done_.
+    int readers = 0;
     Residency residency = Residency::kResident;
     // When offloaded; the session's checkpoint then holds its own host copy
     // (model::TrunkCheckpoint::offloaded).
@@ -168,11 +175,16 @@ class SessionPool {
   void TouchLocked(const std::string& id, Entry* e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnlinkLocked(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until session `id` is unknown or has no readers.
+  void AwaitNoReadersLocked(const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SessionPoolOptions options_;
   spec::ModelExecutor* const executor_;
 
   mutable absl::Mutex mu_;
+  // Signalled whenever an entry's last reader leaves.
+  absl::CondVar readers_done_;
   // stats()'s answer while mu_ is held elsewhere.
   mutable absl::Mutex published_mu_;
   mutable Stats published_stats_ ABSL_GUARDED_BY(published_mu_);

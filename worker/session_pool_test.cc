@@ -3,13 +3,17 @@
 // are exclusive, and telemetry carries across resumes.
 #include "worker/session_pool.h"
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "worker/model/model.h"
@@ -386,6 +390,57 @@ TEST(SessionPoolMemoryTest, OffloadMovesTheCheckpointToHostMemory) {
   }
   // The checkpoint came back bit-identical: the rewind continues exactly.
   EXPECT_EQ(outputs[0], outputs[1]);
+}
+
+TEST_F(SessionPoolTest, ReadersShareTheSourceAndLeaveThePoolFree) {
+  // Many requests fork one parked source at once (automatic prefix reuse):
+  // they read it together, the pool serves every other session meanwhile,
+  // and a lease or release of the source waits for the readers.
+  SessionPoolOptions o;
+  o.device_budget_bytes = 0;  // every idle session is offloaded...
+  SessionPool pool(o, executor_.get());
+  for (const char* id : {"src", "other"}) {
+    auto s = engine_->Admit(id, 128, Prompt(8));
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE(pool.Insert(std::move(*s)).ok());
+  }
+  absl::Notification inside, go;
+  std::thread reader([&] {
+    EXPECT_TRUE(pool.WithIdle("src", "",
+                              [&](const spec::SpecSession& s) {
+                                inside.Notify();
+                                go.WaitForNotification();
+                                return absl::OkStatus();
+                              })
+                    .ok());
+  });
+  inside.WaitForNotification();
+  // ...but not one being read: it was restored for the reader and stays.
+  EXPECT_EQ(pool.ResidencyOf("src").value(), Residency::kResident);
+  int second = 0;
+  EXPECT_TRUE(pool.WithIdle("src", "",
+                            [&](const spec::SpecSession& s) {
+                              ++second;
+                              return absl::OkStatus();
+                            })
+                  .ok());
+  EXPECT_EQ(second, 1);
+  EXPECT_TRUE(pool.Acquire("other").ok());
+  EXPECT_EQ(pool.ReleaseIdle(), 1);  // "other"; "src" is being read
+  std::atomic<bool> leased{false};
+  std::thread acquirer([&] {
+    auto lease = pool.Acquire("src");
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    leased = true;
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(leased);  // waits for the reader
+  go.Notify();
+  reader.join();
+  acquirer.join();
+  EXPECT_TRUE(leased);
+  EXPECT_TRUE(pool.Release("src").ok());
+  EXPECT_EQ(pool.stats().sessions, 0);
 }
 
 }  // namespace
