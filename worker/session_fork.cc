@@ -4,6 +4,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "glog/logging.h"
 #include "kernels/sampling/sampling.h"
 #include "telemetry/status_macros.h"
 #include "worker/spec/spec_engine.h"
@@ -72,12 +75,24 @@ absl::StatusOr<std::unique_ptr<spec::SpecSession>> ForkSession(
   options.draft_state = drafts;
   std::unique_ptr<model::ModelState> caches;
   auto checkpoint = std::make_unique<spec::TurnCheckpoint>();
+  // Where a fork's time goes (GLOG_v=1): waiting for the model, then the
+  // allocation, the copy and the checkpoint.
+  const absl::Time asked = absl::Now();
+  absl::Time held, allocated, copied;
   SS_RETURN_IF_ERROR(executor->Exclusive([&]() -> absl::Status {
+    held = absl::Now();
     SS_ASSIGN_OR_RETURN(caches, model->NewState(options));
+    allocated = absl::Now();
     SS_RETURN_IF_ERROR(model->ForkState(*src.caches(), at, caches.get()));
+    copied = absl::Now();
     SS_ASSIGN_OR_RETURN(checkpoint->trunk, model->SaveCheckpoint(*caches));
     return absl::OkStatus();
   }));
+  VLOG(1) << "fork " << id << " of " << src.id() << " at " << pos << ": waited "
+          << absl::FormatDuration(held - asked) << ", allocated "
+          << absl::FormatDuration(allocated - held) << ", copied "
+          << absl::FormatDuration(copied - allocated) << ", checkpoint "
+          << absl::FormatDuration(absl::Now() - copied);
   auto s = std::make_unique<spec::SpecSession>(id, std::move(caches), drafts);
   s->committed.assign(prefix.begin(), prefix.end());
   s->last_hidden() = *hidden;

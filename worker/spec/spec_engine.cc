@@ -73,10 +73,16 @@ absl::StatusOr<std::unique_ptr<SpecSession>> SpecEngine::Admit(
   // refused ("Allocate cannot be recorded") or, on a shared stream, land in
   // the recording.
   std::unique_ptr<model::ModelState> caches;
+  const absl::Time asked = absl::Now();
+  absl::Time held;
   SS_RETURN_IF_ERROR(executor_->Exclusive([&]() -> absl::Status {
+    held = absl::Now();
     SS_ASSIGN_OR_RETURN(caches, model_->NewState(options));
     return absl::OkStatus();
   }));
+  // Where an admission's time goes (GLOG_v=1).
+  VLOG(1) << "admit " << id << ": waited " << absl::FormatDuration(held - asked)
+          << ", allocated " << absl::FormatDuration(absl::Now() - held);
   auto s = std::make_unique<SpecSession>(id, std::move(caches), drafts);
   // Prefill is row-invariant: two parts give the bits of one.
   if (checkpoint > 0) {
