@@ -6,8 +6,9 @@
 //     row-invariance and cross-path agreement checks;
 //  3. a random-bf16 model of the Qwen3.5-27B shape built on the GPU
 //     (tools/cuda_bench/random_model.h): (a) decode step at batch 1,
-//     (b) verify of 2..8 columns, (c) DecodeBatch of 1..64 sessions,
-//     (f) prefill of 64..2048 tokens;
+//     (b) verify of 2..8 columns, (c) DecodeBatch of 1..64 sessions
+//     (each B also beside its state-inclusive floor, and B = 1 and 64
+//     again with a bf16 recurrent state), (f) prefill of 64..2048 tokens;
 //  4. decode tokens/s of --default_model (a checkpoint dir), if given, and
 //     (d) plain vs speculative greedy tokens/s through the engine
 //     (SpecEngine bursts, k = 0..4), checking spec == plain token for token.
@@ -85,9 +86,11 @@ double EventMs(cudaStream_t stream, int warm, int reps, Fn fn) {
   return Median(ms);
 }
 
-std::unique_ptr<Backend> MakeBackend(int splits) {
+std::unique_ptr<Backend> MakeBackend(int splits,
+                                     kernels::DType rec = kernels::DType::kF32) {
   kernels::cuda::CudaBackendOptions o;
   o.matmul_x_splits = splits;
+  o.recurrent_state_dtype = rec;
   auto b = kernels::cuda::CreateCudaBackend(o);
   BENCH_CHECK(b.status());
   return std::move(*b);
@@ -333,6 +336,92 @@ void PrefillBench(Ctx* ctx, model::Model* m, RandomWeightsBackend* rb, double fl
   m->set_use_graphs(true);
 }
 
+// One session's bytes per DecodeBatch step besides the weights: every
+// linear layer's recurrent state read and written (its element type, the
+// model's recurrent_state_dtype) and its fp32 conv state read and written;
+// every full-attention layer's K and V rows 0..pos read (kv_rows of them)
+// and row pos written. DecodeBatch runs no MTP head.
+double SessionStepBytes(const model::Model& m, double kv_rows) {
+  const model::ModelConfig& c = m.config();
+  const double full = c.num_full_attention_layers();
+  const double linear = c.num_hidden_layers - full;
+  const double conv =
+      double(c.conv_dim()) * (c.linear_conv_kernel_dim - 1) * sizeof(float);
+  return linear * 2 * (m.recurrent_state_bytes() + conv) +
+         full * 2 * (kv_rows + 1) * m.kv_row_bytes();
+}
+
+// KV rows the median timed call of WallMs(warm, reps) reads at B sessions
+// of `length` committed rows (each call appends one): the state-inclusive
+// floor's context.
+double MedianCallKvRows(int length, int warm, int reps) {
+  return length + warm + reps / 2 + 1;
+}
+
+// The state-inclusive floor of a B-session step: the weights once plus B
+// sessions' state traffic, over the copy bandwidth.
+double StateFloorMs(const Ctx& ctx, const model::Model& m, int b, double kv_rows) {
+  return (static_cast<double>(m.decode_weight_bytes()) + b * SessionStepBytes(m, kv_rows)) /
+         (ctx.copy_gbs * 1e6);
+}
+
+// (c) again on a second model whose recurrent states are bf16: B = 1 and 64
+// sessions of the same prompt, the graphed step and the greedy one, each
+// beside its state-inclusive floor, and beside the fp32 run's (`fp32`: the
+// sweep's entries, by B). The fp32 model is gone by now (two 27B models do
+// not fit beside each other's states).
+void Bf16StateBatch(Ctx* ctx, const std::string& dir, const std::map<int, json>& fp32,
+                    json* j) {
+  auto owner = MakeBackend(ctx->model_splits, kernels::DType::kBF16);
+  RandomWeightsBackend rb(static_cast<CudaBackend*>(owner.get()), 0.02f);
+  auto loaded = model::Model::Load(dir, &rb);
+  BENCH_CHECK(loaded.status());
+  BENCH_CHECK(rb.Synchronize());
+  auto& m = *loaded;
+  std::printf("(c) bf16 recurrent state (%.1f MB per session-layer vs %.1f fp32): B, then fp32 "
+              "and bf16 side by side (st_floor = weights + B x state traffic, over the copy "
+              "bandwidth):\n%6s %9s %9s %9s %9s %9s %9s %10s %10s\n",
+              m->recurrent_state_bytes() / 1e6, 2 * m->recurrent_state_bytes() / 1e6, "B",
+              "fp32_ms", "bf16_ms", "fp32_flr", "bf16_flr", "x_flr32", "x_flr16", "fp32_grdy",
+              "bf16_grdy");
+  model::StateOptions so;
+  so.capacity = 128;
+  so.max_verify_columns = 1;
+  const std::vector<int32_t> prompt = SyntheticPrompt(32);
+  model::ForwardResult r, lean;
+  lean.want_logits = false;
+  std::vector<std::unique_ptr<model::ModelState>> states;
+  json out = json::array();
+  for (int b : {1, 64}) {
+    while (static_cast<int>(states.size()) < b) {
+      auto s = m->NewState(so);
+      BENCH_CHECK(s.status());
+      BENCH_CHECK(m->Prefill(s->get(), prompt, {}, &r));
+      states.push_back(std::move(*s));
+    }
+    for (auto& s : states) {
+      BENCH_CHECK(m->Reset(s.get()));
+      BENCH_CHECK(m->Prefill(s.get(), prompt, {}, &r));
+    }
+    std::vector<model::ModelState*> ptrs;
+    std::vector<int32_t> toks(b, r.argmax[0]);
+    for (int i = 0; i < b; ++i) ptrs.push_back(states[i].get());
+    const double kv_rows = MedianCallKvRows(states[0]->length(), 3, 10);
+    const double ms = WallMs(3, 10, [&] { BENCH_CHECK(m->DecodeBatch(ptrs, toks, &r)); });
+    const double ms_lean =
+        WallMs(2, 10, [&] { BENCH_CHECK(m->DecodeBatch(ptrs, toks, &lean)); });
+    const double floor16 = StateFloorMs(*ctx, *m, b, kv_rows);
+    const json& f = fp32.at(b);
+    const double ms32 = f["ms"], floor32 = f["state_floor_ms"], lean32 = f["greedy_ms"];
+    std::printf("%6d %9.2f %9.2f %9.2f %9.2f %9.3f %9.3f %10.2f %10.2f\n", b, ms32, ms, floor32,
+                floor16, ms32 / floor32, ms / floor16, lean32, ms_lean);
+    out.push_back({{"B", b}, {"ms", ms}, {"greedy_ms", ms_lean}, {"state_floor_ms", floor16},
+                   {"x_state_floor", ms / floor16}, {"fp32_ms", ms32},
+                   {"fp32_state_floor_ms", floor32}, {"fp32_greedy_ms", lean32}});
+  }
+  (*j)["decode_batch_bf16_state"] = out;
+}
+
 void ModelBench(Ctx* ctx, const std::string& dir) {
   BENCH_CHECK(WriteSyntheticCheckpoint(Qwen35_27BConfigJson(), dir));
   auto owner = MakeBackend(ctx->model_splits);
@@ -475,9 +564,13 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
   std::printf("(c) DecodeBatch, B sessions at 32-token contexts (ms with the step's CUDA "
               "graph; eager_ms op by op; calls = backend calls enqueued per step op by op, "
               "enq_ms = host time to enqueue them; greedy_ms without the logits copy, as the "
-              "engine's greedy batched decode runs):\n%6s %9s %9s %11s %9s %9s %7s %9s %10s %9s\n",
-              "B", "ms", "x B=1", "tok/s", "%floor", "eager_ms", "calls", "enq_ms", "greedy_ms",
-              "x B=1");
+              "engine's greedy batched decode runs; st_floor = (weight bytes + B x one "
+              "session's state traffic: recurrent state read + written, conv state, KV rows "
+              "read at the median call's context) / copy bandwidth, x_st = ms / st_floor):\n"
+              "%6s %9s %9s %11s %9s %9s %9s %9s %7s %9s %10s %9s\n",
+              "B", "ms", "x B=1", "tok/s", "%floor", "st_floor", "x_st", "eager_ms", "calls",
+              "enq_ms", "greedy_ms", "x B=1");
+  std::map<int, json> by_b;  // the sweep's entries, for the bf16-state rerun
   json jb = json::array();
   std::vector<std::unique_ptr<model::ModelState>> states;
   so.capacity = 128;
@@ -497,6 +590,8 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
       toks.push_back(next);
     }
     // Each call appends a row; contexts grow from 32 to at most 32 + 13.
+    const double kv_rows = MedianCallKvRows(states[0]->length(), 3, 10);
+    const double st_floor = StateFloorMs(*ctx, *m, b, kv_rows);
     const double ms = WallMs(3, 10, [&] { BENCH_CHECK(m->DecodeBatch(ptrs, toks, &r)); });
     const double ms_lean =
         WallMs(2, 10, [&] { BENCH_CHECK(m->DecodeBatch(ptrs, toks, &lean)); });
@@ -513,12 +608,14 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
       b1 = ms;
       b1_lean = ms_lean;
     }
-    std::printf("%6d %9.2f %9.3f %11.1f %8.1f%% %9.2f %7d %9.2f %10.2f %9.3f\n", b, ms, ms / b1,
-                b * 1e3 / ms, 100 * floor_ms / ms, eager_ms, ops, enq_ms, ms_lean,
-                ms_lean / b1_lean);
+    std::printf("%6d %9.2f %9.3f %11.1f %8.1f%% %9.2f %9.3f %9.2f %7d %9.2f %10.2f %9.3f\n", b,
+                ms, ms / b1, b * 1e3 / ms, 100 * floor_ms / ms, st_floor, ms / st_floor,
+                eager_ms, ops, enq_ms, ms_lean, ms_lean / b1_lean);
     jb.push_back({{"B", b}, {"ms", ms}, {"x_b1", ms / b1}, {"tok_s", b * 1e3 / ms},
+                  {"state_floor_ms", st_floor}, {"x_state_floor", ms / st_floor},
                   {"eager_ms", eager_ms}, {"ops", ops}, {"enqueue_ms", enq_ms},
                   {"greedy_ms", ms_lean}, {"greedy_x_b1", ms_lean / b1_lean}});
+    by_b[b] = jb.back();
     if (b == 64) {
       rb.StartTimeline();
       BENCH_CHECK(m->DecodeBatch(ptrs, toks, &r));
@@ -533,6 +630,11 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
   }
   j["decode_batch"] = jb;
   PrefillBench(ctx, m.get(), &rb, floor_ms, &j);
+  // The fp32 model's memory goes back before the bf16-state model loads.
+  states.clear();
+  st->reset();
+  loaded->reset();
+  Bf16StateBatch(ctx, dir, by_b, &j);
   ctx->out["model_27b"] = j;
 }
 
