@@ -147,6 +147,10 @@ class Backend {
   // Element type of the model's KV caches on this backend (AttentionParams
   // kv_dtype, ScatterRowsParams dst_dtype): kF32 or kBF16.
   virtual DType KvCacheDType() const { return DType::kF32; }
+  // Element type of the model's delta-rule recurrent states
+  // (GatedDeltaRuleParams state_dtype): kF32 or kBF16. The conv states
+  // stay fp32 either way.
+  virtual DType RecurrentStateDType() const { return DType::kF32; }
 
   // ---- Prefill forms (see the contract above).
   // Whether they are the exact ops (then prefill == token-by-token decode

@@ -1076,6 +1076,161 @@ TEST_P(BackendOpsTest, GatedDeltaRuleWithSnapshots) {
   }
 }
 
+float WidenBf16(uint16_t h) {
+  const uint32_t b = uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// A bf16 recurrent state (GatedDeltaRuleParams state_dtype): each token's
+// state is the fp32 rule's one-token update of the widened state before
+// it, rounded to nearest even, and its output is that fp32 update's
+// output; a T-token call (snapshots, or in place) equals T one-token calls
+// bit for bit. With fp32 storage (the default) nothing changes: explicitly
+// kF32 gives the default's bits.
+TEST_P(BackendOpsTest, Bf16RecurrentStateRoundsEveryToken) {
+  struct Shape {
+    int nk, nv, dk, dv;
+  };
+  for (const Shape sh : {Shape{2, 4, 32, 32}, Shape{1, 3, 16, 8}}) {
+    const int rows = 9;
+    const int width = 2 * sh.nk * sh.dk + sh.nv * sh.dv;
+    const int ssize = sh.nv * sh.dk * sh.dv, osize = sh.nv * sh.dv;
+    const std::vector<float> qkv = Random(rows * width, &rng_);
+    const std::vector<float> a = Random(rows * sh.nv, &rng_, -3, 3),
+                             b = Random(rows * sh.nv, &rng_, -3, 3);
+    const std::vector<float> a_log = Random(sh.nv, &rng_, -1, 2),
+                             dt = Random(sh.nv, &rng_);
+    std::vector<uint16_t> st16(ssize);
+    {
+      const std::vector<float> st = Random(ssize, &rng_, -0.5, 0.5);
+      for (int i = 0; i < ssize; ++i) st16[i] = NearestBf16(st[i]);
+    }
+    Buffer qb = Up(qkv), ab = Up(a), bb = Up(b), lb = Up(a_log), db = Up(dt);
+    GatedDeltaRuleParams p;
+    p.rows = rows;
+    p.num_k_heads = sh.nk;
+    p.num_v_heads = sh.nv;
+    p.k_head_dim = sh.dk;
+    p.v_head_dim = sh.dv;
+    p.q = qb.f32();
+    p.k = qb.f32() + sh.nk * sh.dk;
+    p.v = qb.f32() + 2 * sh.nk * sh.dk;
+    p.qkv_stride = width;
+    p.a = ab.f32();
+    p.b = bb.f32();
+    p.ab_stride = sh.nv;
+    p.a_log = lb.f32();
+    p.dt_bias = db.f32();
+    p.out_stride = osize;
+    p.state_dtype = DType::kBF16;
+    auto one_token = [&](const GatedDeltaRuleParams& base, int t) {
+      GatedDeltaRuleParams one = base;
+      one.rows = 1;
+      one.q = base.q + t * width;
+      one.k = base.k + t * width;
+      one.v = base.v + t * width;
+      one.a = base.a + t * sh.nv;
+      one.b = base.b + t * sh.nv;
+      one.state_out_stride = 0;
+      return one;
+    };
+
+    // All tokens in one call, a bf16 snapshot per token.
+    Buffer sb = UpRaw(st16.data(), ssize * 2),
+           ob = Up(std::vector<float>(rows * osize)),
+           snaps = UpRaw(std::vector<uint16_t>(rows * ssize).data(),
+                         rows * ssize * 2);
+    GatedDeltaRuleParams all = p;
+    all.state_in = sb.data();
+    all.state_out = snaps.data();
+    all.state_out_stride = ssize;
+    all.out = ob.f32();
+    ASSERT_TRUE(backend_->GatedDeltaRule(all).ok());
+    const std::vector<float> out_all = Down(ob, rows * osize);
+    std::vector<uint16_t> snap16(rows * ssize);
+    ASSERT_TRUE(
+        backend_->CopyToHost(snap16.data(), snaps.data(), snap16.size() * 2)
+            .ok());
+
+    // Token by token: bf16 in place (decode), and the fp32 rule from the
+    // widened state before each token (the reference for the rounding).
+    std::vector<uint16_t> prev = st16;
+    for (int t = 0; t < rows; ++t) {
+      const std::string what =
+          "dk=" + std::to_string(sh.dk) + " token " + std::to_string(t);
+      Buffer o1 = Up(std::vector<float>(osize));
+      GatedDeltaRuleParams one = one_token(p, t);
+      one.state_in = one.state_out = sb.data();
+      one.out = o1.f32();
+      ASSERT_TRUE(backend_->GatedDeltaRule(one).ok());
+      std::vector<uint16_t> now(ssize);
+      ASSERT_TRUE(backend_->CopyToHost(now.data(), sb.data(), ssize * 2).ok());
+      EXPECT_EQ(0,
+                std::memcmp(now.data(), snap16.data() + t * ssize, ssize * 2))
+          << what << ": state, one call vs token by token";
+      const std::vector<float> out1 = Down(o1, osize);
+      EXPECT_EQ(0,
+                std::memcmp(out1.data(), out_all.data() + t * osize, osize * 4))
+          << what << ": output, one call vs token by token";
+
+      std::vector<float> wide(ssize);
+      for (int i = 0; i < ssize; ++i) wide[i] = WidenBf16(prev[i]);
+      Buffer f32 = Up(wide), of = Up(std::vector<float>(osize));
+      GatedDeltaRuleParams ref = one_token(p, t);
+      ref.state_dtype = DType::kF32;
+      ref.state_in = ref.state_out = f32.data();
+      ref.out = of.f32();
+      ASSERT_TRUE(backend_->GatedDeltaRule(ref).ok());
+      const std::vector<float> next = Down(f32, ssize);
+      for (int i = 0; i < ssize; ++i) {
+        ASSERT_EQ(now[i], NearestBf16(next[i]))
+            << what << ": element " << i << " is not the fp32 update rounded";
+      }
+      EXPECT_EQ(Down(of, osize), out1) << what << ": output of the fp32 update";
+      prev = now;
+    }
+
+    // In place over all tokens: the last snapshot, the same outputs.
+    Buffer sb2 = UpRaw(st16.data(), ssize * 2),
+           ob2 = Up(std::vector<float>(rows * osize));
+    GatedDeltaRuleParams inplace = p;
+    inplace.state_in = inplace.state_out = sb2.data();
+    inplace.out = ob2.f32();
+    ASSERT_TRUE(backend_->GatedDeltaRule(inplace).ok());
+    std::vector<uint16_t> last(ssize);
+    ASSERT_TRUE(backend_->CopyToHost(last.data(), sb2.data(), ssize * 2).ok());
+    EXPECT_EQ(0, std::memcmp(last.data(), snap16.data() + (rows - 1) * ssize,
+                             ssize * 2));
+    EXPECT_EQ(Down(ob2, rows * osize), out_all);
+
+    // fp32 storage: explicitly kF32 gives the default's bits.
+    std::vector<float> wide(ssize);
+    for (int i = 0; i < ssize; ++i) wide[i] = WidenBf16(st16[i]);
+    Buffer s_def = Up(wide), s_f32 = Up(wide),
+           o_def = Up(std::vector<float>(rows * osize)),
+           o_f32 = Up(std::vector<float>(rows * osize));
+    GatedDeltaRuleParams def = p, f32 = p;
+    def.state_dtype = GatedDeltaRuleParams{}.state_dtype;
+    EXPECT_EQ(def.state_dtype, DType::kF32) << "fp32 is the default";
+    def.state_in = def.state_out = s_def.data();
+    def.out = o_def.f32();
+    f32.state_dtype = DType::kF32;
+    f32.state_in = f32.state_out = s_f32.data();
+    f32.out = o_f32.f32();
+    ASSERT_TRUE(backend_->GatedDeltaRule(def).ok());
+    ASSERT_TRUE(backend_->GatedDeltaRule(f32).ok());
+    EXPECT_EQ(Down(s_def, ssize), Down(s_f32, ssize));
+    EXPECT_EQ(Down(o_def, rows * osize), Down(o_f32, rows * osize));
+
+    GatedDeltaRuleParams bad = inplace;
+    bad.state_dtype = DType::kF16;
+    EXPECT_EQ(backend_->GatedDeltaRule(bad).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST_P(BackendOpsTest, SwigluEmbedReduce) {
   for (int n : kSizes) {
     std::vector<float> g = Random(n, &rng_, -4, 4), u = Random(n, &rng_);

@@ -97,6 +97,9 @@ class ForwardingBackend : public Backend {
     return inner_->AttentionInputs(p);
   }
   DType KvCacheDType() const override { return inner_->KvCacheDType(); }
+  DType RecurrentStateDType() const override {
+    return inner_->RecurrentStateDType();
+  }
   bool ExactPrefill() const override { return inner_->ExactPrefill(); }
   absl::Status PrefillMatmul(const MatmulParams& p) override {
     return inner_->PrefillMatmul(p);

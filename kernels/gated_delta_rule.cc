@@ -18,6 +18,8 @@ absl::Status Validate(const GatedDeltaRuleParams& p) {
   SS_KERNEL_CHECK(p.ab_stride >= p.num_v_heads &&
                       p.out_stride >= p.num_v_heads * p.v_head_dim,
                   "gated_delta_rule: stride too small");
+  SS_KERNEL_CHECK(p.state_dtype == DType::kF32 || p.state_dtype == DType::kBF16,
+                  "gated_delta_rule: the state is fp32 or bf16");
   const int64_t state_size = p.num_v_heads * p.k_head_dim * p.v_head_dim;
   SS_KERNEL_CHECK(p.state_out_stride == 0 || p.state_out_stride >= state_size,
                   "gated_delta_rule: state_out_stride < state size");

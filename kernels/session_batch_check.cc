@@ -1,5 +1,6 @@
 #include "kernels/session_batch_check.h"
 
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
@@ -250,7 +251,7 @@ void ExpectSessionBatchMatchesAlone(Backend* be, unsigned seed) {
     g.dt_bias = db.f32();
     g.out = ob.f32();
     g.out_stride = nv * dv;
-    g.states = Helper::Table(rt);
+    g.states = Helper::CacheTable(rt);
     ASSERT_TRUE(be->GatedDeltaRule(g).ok());
     const std::vector<float> y = h.Down(yb.f32(), B * conv_dim),
                              out = h.Down(ob.f32(), B * nv * dv);
@@ -292,6 +293,52 @@ void ExpectSessionBatchMatchesAlone(Backend* be, unsigned seed) {
                  "delta out " + tag);
       ExpectSame(h.Down(rs.f32(), rstate), h.Down(rs_batch[s].f32(), rstate),
                  "delta state " + tag);
+    }
+
+    // The rule again on bf16 states (state_dtype), from the batch's conv
+    // outputs (the lone ones' bits, checked above): batched == alone.
+    // (rstate is even: the bf16 states compare as floats' bytes.)
+    std::vector<Buffer> r16_batch, r16_alone;
+    std::vector<float*> r16p;
+    for (int s = 0; s < B; ++s) {
+      std::vector<uint16_t> bits(rstate);
+      for (int i = 0; i < rstate; ++i) {
+        uint32_t u;
+        std::memcpy(&u, &rs0[s][i], 4);
+        bits[i] = static_cast<uint16_t>(u >> 16);  // any bf16 is a state
+      }
+      r16_batch.push_back(h.Up(bits.data(), rstate * 2));
+      r16_alone.push_back(h.Up(bits.data(), rstate * 2));
+      r16p.push_back(r16_batch.back().f32());
+    }
+    Buffer rt16 = h.Pointers(r16p),
+           ob16 = h.Up(std::vector<float>(B * nv * dv));
+    GatedDeltaRuleParams g16 = g;
+    g16.state_dtype = DType::kBF16;
+    g16.states = Helper::CacheTable(rt16);
+    g16.out = ob16.f32();
+    ASSERT_TRUE(be->GatedDeltaRule(g16).ok());
+    const std::vector<float> out16 = h.Down(ob16.f32(), B * nv * dv);
+    for (int s = 0; s < B; ++s) {
+      const std::string tag = "bf16 state, session " + std::to_string(s);
+      Buffer o1 = h.Up(std::vector<float>(nv * dv));
+      GatedDeltaRuleParams g1 = g16;
+      g1.rows = 1;
+      g1.q = g16.q + s * conv_dim;
+      g1.k = g16.k + s * conv_dim;
+      g1.v = g16.v + s * conv_dim;
+      g1.a = g16.a + s * nv;
+      g1.b = g16.b + s * nv;
+      g1.out = o1.f32();
+      g1.states = nullptr;
+      g1.state_in = g1.state_out = r16_alone[s].data();
+      ASSERT_TRUE(be->GatedDeltaRule(g1).ok());
+      ExpectSame(h.Down(o1.f32(), nv * dv),
+                 std::vector<float>(out16.begin() + s * nv * dv,
+                                    out16.begin() + (s + 1) * nv * dv),
+                 "delta out " + tag);
+      ExpectSame(h.Down(r16_alone[s].f32(), rstate / 2),
+                 h.Down(r16_batch[s].f32(), rstate / 2), "delta state " + tag);
     }
   }
 }

@@ -2,7 +2,8 @@
 // Rope, ScatterRows + Attention, Conv1d and GatedDeltaRule (one row per
 // session, per-row positions and cache/state pointers in backend memory)
 // must give, on any backend, results bit-identical (memcmp) to one-row
-// calls on each session alone, including the updated states and caches.
+// calls on each session alone, including the updated states and caches
+// (the delta rule on fp32 and on bf16 states).
 #ifndef SPECSERVE_KERNELS_SESSION_BATCH_CHECK_H_
 #define SPECSERVE_KERNELS_SESSION_BATCH_CHECK_H_
 

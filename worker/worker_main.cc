@@ -26,6 +26,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #endif
 #include "worker/model/model.h"
+#include "worker/model_files/model_config.h"
 #include "worker/request_limits.h"
 #include "worker/restart.h"
 #include "worker/step_costs.h"
@@ -49,6 +50,13 @@ ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "Element type of the attention KV caches: fp32, bf16 (half the "
           "bytes; keys and values rounded to nearest even), or auto (bf16 on "
           "cuda:N, fp32 on the CPU, the exactness oracle).");
+ABSL_FLAG(std::string, recurrent_state_dtype, "auto",
+          "Element type of the linear-attention layers' recurrent (gated "
+          "delta rule) states: fp32, bf16 (half the bytes each decode step "
+          "reads and writes; the state is rounded to nearest even after every "
+          "token, so verify and decode stay bit-identical), or auto (the "
+          "config.json's mamba_ssm_dtype: float32 or bfloat16; fp32 when it "
+          "has none). The conv states stay fp32.");
 ABSL_FLAG(int64_t, memory_budget_mb, -1,
           "Device memory for session caches before idle sessions are "
           "offloaded to host memory (0: offload every idle session). -1: on "
@@ -81,10 +89,36 @@ ABSL_FLAG(std::string, tls_client_ca, "",
 
 namespace {
 
+using specserve::kernels::DType;
+
+// --recurrent_state_dtype: fp32 or bf16, or for auto the model's
+// mamba_ssm_dtype (float32 or bfloat16; float16 is not a state type the
+// kernels keep), fp32 when the config has none or cannot be read.
+absl::StatusOr<DType> RecurrentStateDType(const std::string& model_dir) {
+  const std::string flag = absl::GetFlag(FLAGS_recurrent_state_dtype);
+  if (flag == "fp32") return DType::kF32;
+  if (flag == "bf16") return DType::kBF16;
+  if (flag != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--recurrent_state_dtype must be fp32, bf16 or auto, got '", flag,
+        "'"));
+  }
+  auto config = specserve::model_files::LoadModelConfig(model_dir);
+  // An unreadable config fails the model's load next, with its own message.
+  if (!config.ok()) return DType::kF32;
+  const std::string& ssm = config->mamba_ssm_dtype;
+  if (ssm.empty() || ssm == "float32") return DType::kF32;
+  if (ssm == "bfloat16") return DType::kBF16;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--recurrent_state_dtype=auto: ", model_dir,
+      "/config.json has mamba_ssm_dtype '", ssm,
+      "'; the recurrent state is fp32 or bf16 (float32 or bfloat16), pass "
+      "--recurrent_state_dtype=fp32 or bf16"));
+}
+
 // The backend named by --device: cpu, or cuda:N in a --config=cuda build.
 absl::StatusOr<std::unique_ptr<specserve::kernels::Backend>> MakeBackend(
-    const std::string& device) {
-  using specserve::kernels::DType;
+    const std::string& device, const std::string& model_dir) {
   const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype);
   std::optional<DType> kv_dtype;
   if (DType parsed; specserve::kernels::ParseCacheDType(kv.c_str(), &parsed)) {
@@ -93,10 +127,13 @@ absl::StatusOr<std::unique_ptr<specserve::kernels::Backend>> MakeBackend(
     return absl::InvalidArgumentError(absl::StrCat(
         "--kv_cache_dtype must be fp32, bf16 or auto, got '", kv, "'"));
   }
+  auto rec_dtype = RecurrentStateDType(model_dir);
+  if (!rec_dtype.ok()) return rec_dtype.status();
   if (device == "cpu") {
     specserve::kernels::cpu::CpuBackendOptions options;
     options.num_threads = absl::GetFlag(FLAGS_threads);
     if (kv_dtype) options.kv_cache_dtype = *kv_dtype;
+    options.recurrent_state_dtype = *rec_dtype;
     return std::unique_ptr<specserve::kernels::Backend>(
         new specserve::kernels::cpu::CpuBackend(options));
   }
@@ -111,6 +148,7 @@ absl::StatusOr<std::unique_ptr<specserve::kernels::Backend>> MakeBackend(
   specserve::kernels::cuda::CudaBackendOptions options;
   options.device = n;
   options.kv_cache_dtype = kv_dtype.value_or(DType::kBF16);
+  options.recurrent_state_dtype = *rec_dtype;
   return specserve::kernels::cuda::CreateCudaBackend(options);
 #else
   return absl::UnimplementedError(absl::StrCat(
@@ -153,12 +191,16 @@ int main(int argc, char** argv) {
   }
 
   const std::string device = absl::GetFlag(FLAGS_device);
-  auto backend = MakeBackend(device);
+  auto backend = MakeBackend(device, absl::GetFlag(FLAGS_model));
   if (!backend.ok()) {
     LOG(ERROR) << backend.status().message();
     return 2;
   }
-  LOG(INFO) << "device " << device << ": " << (*backend)->name() << " backend";
+  LOG(INFO) << "device " << device << ": " << (*backend)->name()
+            << " backend, KV cache "
+            << specserve::kernels::DTypeName((*backend)->KvCacheDType())
+            << ", recurrent state "
+            << specserve::kernels::DTypeName((*backend)->RecurrentStateDType());
   // Declared before the model and the service: destroyed after them.
   std::unique_ptr<specserve::kernels::Backend> backend_owner =
       std::move(*backend);

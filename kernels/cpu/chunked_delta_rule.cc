@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "glog/logging.h"
+#include "kernels/cpu/convert.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gated_delta_rule.h"
 
@@ -145,16 +146,38 @@ void RunSegment(const GatedDeltaRuleParams& p, int64_t h, int64_t c0, int64_t n,
 
 void RunHead(const GatedDeltaRuleParams& p, int64_t h) {
   const int64_t head_size = p.k_head_dim * p.v_head_dim;
-  float* S = p.state_out + h * head_size;
-  const float* src = p.state_in + h * head_size;
-  if (src != S) std::memcpy(S, src, head_size * sizeof(float));
+  const bool bf16 = p.state_dtype == DType::kBF16;
   thread_local Scratch sc;
+  thread_local std::vector<float> work;  // bf16 storage: S widened
   sc.Size(p.k_head_dim, p.v_head_dim);
-  // Segments end at the next multiple of kC of the absolute position.
+  float* S;
+  if (bf16) {
+    work.resize(head_size);
+    S = work.data();
+    const uint16_t* src =
+        static_cast<const uint16_t*>(p.state_in) + h * head_size;
+    for (int64_t i = 0; i < head_size; ++i) S[i] = Bf16ToFloat(src[i]);
+  } else {
+    S = static_cast<float*>(p.state_out) + h * head_size;
+    const float* src = static_cast<const float*>(p.state_in) + h * head_size;
+    if (src != S) std::memcpy(S, src, head_size * sizeof(float));
+  }
+  // Segments end at the next multiple of kC of the absolute position. A
+  // bf16 state is rounded where a segment hands it on (the chunk boundaries
+  // and the end), not within a segment.
   for (int64_t c0 = 0; c0 < p.rows;) {
     const int64_t n = std::min(p.rows - c0, kC - (p.position + c0) % kC);
     RunSegment(p, h, c0, n, S, sc);
+    if (bf16) {
+      for (int64_t i = 0; i < head_size; ++i) {
+        S[i] = Bf16ToFloat(FloatToBf16(S[i]));
+      }
+    }
     c0 += n;
+  }
+  if (bf16) {
+    uint16_t* dst = static_cast<uint16_t*>(p.state_out) + h * head_size;
+    for (int64_t i = 0; i < head_size; ++i) dst[i] = FloatToBf16(S[i]);
   }
 }
 

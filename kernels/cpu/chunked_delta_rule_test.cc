@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/convert.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/gated_delta_rule.h"
 
@@ -326,6 +327,65 @@ TEST(ChunkedDeltaRuleTest, CutsAtChunkBoundariesGiveOneCallsBits) {
   }
 }
 
+// A bf16 state (state_dtype): the chunked form runs each segment of the
+// call (cut at the chunk grid) in fp32 from the widened state and rounds
+// the state it hands on to nearest even: the fp32 form over the same
+// segments, the state rounded between them, bit for bit; so cuts at chunk
+// boundaries still give one call's bits.
+TEST(ChunkedDeltaRuleTest, Bf16StateRoundsAtSegmentEnds) {
+  CpuBackend chunked(Chunked());
+  const int64_t position = 37;
+  const int rows = 200;
+  Problem p = Make(kShapes[0], rows, position, kSlow, 91);
+  std::vector<uint16_t> st16(p.state_size);
+  for (int64_t i = 0; i < p.state_size; ++i) {
+    st16[i] = FloatToBf16(p.state[i]);
+  }
+  // bf16, one call, out of place.
+  std::vector<float> out16(rows * p.out_stride, kPoison);
+  std::vector<uint16_t> got16(p.state_size);
+  GatedDeltaRuleParams g = Params(p, 0, rows, nullptr, nullptr, out16.data());
+  g.state_in = st16.data();
+  g.state_out = got16.data();
+  g.state_dtype = DType::kBF16;
+  ASSERT_TRUE(chunked.PrefillGatedDeltaRule(g).ok());
+  // fp32 over the segments, rounding the state between them.
+  std::vector<float> state(p.state_size), out(rows * p.out_stride, kPoison);
+  for (int64_t i = 0; i < p.state_size; ++i) state[i] = Bf16ToFloat(st16[i]);
+  std::vector<int> ends;
+  for (int c = kChunk - position % kChunk; c < rows; c += kChunk) {
+    ends.push_back(c);
+  }
+  ends.push_back(rows);
+  int r0 = 0;
+  for (int r1 : ends) {
+    ASSERT_TRUE(chunked
+                    .PrefillGatedDeltaRule(Params(p, r0, r1 - r0, state.data(),
+                                                  state.data(), out.data()))
+                    .ok());
+    for (float& x : state) x = Bf16ToFloat(FloatToBf16(x));
+    r0 = r1;
+  }
+  EXPECT_TRUE(BitEqual(out, out16)) << "outputs";
+  std::vector<uint16_t> want16(p.state_size);
+  for (int64_t i = 0; i < p.state_size; ++i) want16[i] = FloatToBf16(state[i]);
+  EXPECT_EQ(got16, want16) << "final state";
+  // Cut at the second chunk boundary, in place: the same bits.
+  std::vector<uint16_t> chain = st16;
+  std::vector<float> out_cut(rows * p.out_stride, kPoison);
+  r0 = 0;
+  for (int r1 : {ends[1], rows}) {
+    GatedDeltaRuleParams c =
+        Params(p, r0, r1 - r0, nullptr, nullptr, out_cut.data());
+    c.state_in = c.state_out = chain.data();
+    c.state_dtype = DType::kBF16;
+    ASSERT_TRUE(chunked.PrefillGatedDeltaRule(c).ok());
+    r0 = r1;
+  }
+  EXPECT_TRUE(BitEqual(out_cut, out16)) << "outputs, cut at " << ends[1];
+  EXPECT_EQ(chain, got16) << "state, cut at " << ends[1];
+}
+
 // A token's output depends on nothing after it: a call over a prefix of
 // the rows gives the prefix's bits of the whole call, wherever it ends.
 TEST(ChunkedDeltaRuleTest, PrefixGivesTheSameBits) {
@@ -397,7 +457,7 @@ TEST(ChunkedDeltaRuleTest, FallbacksAreTheExactRule) {
 
   // A session batch of one session's rows, state in place.
   std::vector<float> state = p.state;
-  std::vector<float*> states(p.rows, state.data());
+  std::vector<void*> states(p.rows, state.data());
   g = Params(p, 0, p.rows, nullptr, nullptr, out.data());
   g.states = states.data();
   std::fill(out.begin(), out.end(), kPoison);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/chunked_delta_rule.h"
 #include "kernels/cpu/conv1d.h"
@@ -29,7 +30,11 @@ constexpr size_t kAlignment = 64;
 CpuBackend::CpuBackend(const CpuBackendOptions& options)
     : can_record_(options.recording),
       chunked_prefill_(options.chunked_prefill),
-      kv_cache_dtype_(options.kv_cache_dtype) {
+      kv_cache_dtype_(options.kv_cache_dtype),
+      recurrent_state_dtype_(options.recurrent_state_dtype) {
+  CHECK(recurrent_state_dtype_ == DType::kF32 ||
+        recurrent_state_dtype_ == DType::kBF16)
+      << "cpu: recurrent_state_dtype is fp32 or bf16";
   int n = options.num_threads;
   if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
   if (n <= 0) n = 1;

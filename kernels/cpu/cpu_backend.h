@@ -40,6 +40,12 @@ struct CpuBackendOptions {
   // reference; bf16 rounds each key and value as CUDA's bf16 cache does,
   // so the CPU checks that configuration too.
   DType kv_cache_dtype = DType::kF32;
+  // Element type of the delta rule's recurrent states
+  // (Backend::RecurrentStateDType): fp32, the reference and the
+  // checkpoints' mamba_ssm_dtype; bf16 rounds the state after every token
+  // as CUDA's bf16 state does (kernels/gated_delta_rule.h). fp32 or bf16
+  // only: anything else fails the constructor's CHECK.
+  DType recurrent_state_dtype = DType::kF32;
 };
 
 class CpuBackend : public Backend {
@@ -88,6 +94,7 @@ class CpuBackend : public Backend {
   // Prefill forms: the exact ops unless CpuBackendOptions.chunked_prefill.
   bool ExactPrefill() const override { return !chunked_prefill_; }
   DType KvCacheDType() const override { return kv_cache_dtype_; }
+  DType RecurrentStateDType() const override { return recurrent_state_dtype_; }
   absl::Status PrefillGatedDeltaRule(const GatedDeltaRuleParams& p) override;
 
  protected:
@@ -101,6 +108,7 @@ class CpuBackend : public Backend {
   const bool can_record_;
   const bool chunked_prefill_;
   const DType kv_cache_dtype_;
+  const DType recurrent_state_dtype_;
   RecordingState recording_{"cpu"};
   std::vector<std::function<absl::Status()>> recorded_;
 };

@@ -70,6 +70,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
       options.kv_cache_dtype != DType::kBF16) {
     return absl::InvalidArgumentError("cuda: kv_cache_dtype is fp32 or bf16");
   }
+  if (options.recurrent_state_dtype != DType::kF32 &&
+      options.recurrent_state_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        "cuda: recurrent_state_dtype is fp32 or bf16");
+  }
   const size_t counter_bytes = MmaMatmulCounters() * sizeof(int);
   SS_ASSIGN_OR_RETURN(DeviceMemory counters, AllocateDevice(counter_bytes));
   SS_CUDA_RETURN_IF_ERROR(cudaMemset(counters.get(), 0, counter_bytes),
@@ -82,6 +87,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
       options.workspace_bytes, std::move(counters), std::move(x_frags),
       options.matmul_x_splits, std::move(flag)));
   backend->kv_cache_dtype_ = options.kv_cache_dtype;
+  backend->recurrent_state_dtype_ = options.recurrent_state_dtype;
   return std::unique_ptr<Backend>(std::move(backend));
 }
 

@@ -57,6 +57,13 @@ struct CudaBackendOptions {
   // fp32 keeps the caches exact. fp32 stays the default until the bf16
   // kernels have run on a GPU (docs/DESIGN.md "KV cache type").
   DType kv_cache_dtype = DType::kF32;
+  // Element type of the delta rule's recurrent states
+  // (Backend::RecurrentStateDType): bf16 halves the state each decode step
+  // reads and writes; the kernels round the state after every token
+  // (kernels/gated_delta_rule.h), so verify == decode and batched == alone
+  // still hold bit for bit. fp32, the checkpoints' mamba_ssm_dtype, is the
+  // default (docs/DESIGN.md "Recurrent state type").
+  DType recurrent_state_dtype = DType::kF32;
 };
 
 // Number of usable CUDA devices; 0 when there is no driver or no GPU.
@@ -125,6 +132,7 @@ class CudaBackend : public Backend {
   absl::Status LogSumExp(const LogSumExpParams& p) override;
   absl::Status Softmax(const SoftmaxParams& p) override;
   DType KvCacheDType() const override { return kv_cache_dtype_; }
+  DType RecurrentStateDType() const override { return recurrent_state_dtype_; }
   bool ExactPrefill() const override { return false; }
   absl::Status PrefillMatmul(const MatmulParams& p) override;
   absl::Status PrefillAttention(const AttentionParams& p) override;
@@ -173,7 +181,8 @@ class CudaBackend : public Backend {
   // The prefill matmul's bf16 x (ops.h LaunchPrefillMatmul).
   GrowingScratch prefill_x_;
   const int matmul_x_splits_;
-  DType kv_cache_dtype_ = DType::kF32;  // set by CreateCudaBackend
+  DType kv_cache_dtype_ = DType::kF32;         // set by CreateCudaBackend
+  DType recurrent_state_dtype_ = DType::kF32;  // set by CreateCudaBackend
   // One pinned int the Embed kernel sets to 1 on a bad id (host-mapped).
   PinnedMemory error_flag_;
   RecordingState recording_{"cuda"};

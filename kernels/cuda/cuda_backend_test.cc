@@ -14,11 +14,13 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/convert.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/session_batch_check.h"
@@ -841,6 +843,106 @@ TEST_F(CudaBackendTest, GatedDeltaRuleSnapshotsAndDecode) {
   }
 }
 
+// A bf16 recurrent state (state_dtype): the GPU's T-token call (snapshots)
+// equals T one-token calls in place bit for bit, outputs and state bytes;
+// the GPU and the CPU (the same rounding) agree within tolerance, the
+// states up to a rounding step of bf16.
+TEST_F(CudaBackendTest, GatedDeltaRuleBf16StateSnapshotsAndDecode) {
+  struct Shape {
+    int nk, nv, dk, dv;
+  };
+  for (int rows : {1, 5, 16}) {
+    for (Shape sh : {Shape{1, 3, 7, 3}, Shape{2, 4, 128, 128},
+                     Shape{1, 2, 256, 40}, Shape{2, 2, 64, 33}}) {
+      const std::string what =
+          absl::StrCat("gdn bf16 state rows=", rows, " nk=", sh.nk,
+                       " nv=", sh.nv, " dk=", sh.dk, " dv=", sh.dv);
+      const int width = 2 * sh.nk * sh.dk + sh.nv * sh.dv + 3;
+      const int ssz = sh.nv * sh.dk * sh.dv, os = sh.nv * sh.dv + 1,
+                abs_ = sh.nv + 2;
+      const std::vector<float> qkv = Random(rows * width),
+                               a = Random(rows * abs_, -3, 3),
+                               b = Random(rows * abs_, -3, 3),
+                               a_log = Random(sh.nv, -1, 1), dt = Random(sh.nv),
+                               st = Random(ssz, -0.5, 0.5);
+      std::vector<uint16_t> st16(ssz);
+      for (int i = 0; i < ssz; ++i) st16[i] = cpu::FloatToBf16(st[i]);
+      Dual qd = UpF(qkv), ad = UpF(a), bd = UpF(b), ld = UpF(a_log),
+           dd = UpF(dt), sd = Up(st16.data(), ssz * 2), od = Zeros(rows * os),
+           snaps = Up(std::vector<uint16_t>(size_t(rows) * ssz).data(),
+                      size_t(rows) * ssz * 2);
+      auto params = [&](bool g) {
+        GatedDeltaRuleParams p;
+        p.rows = rows;
+        p.num_k_heads = sh.nk;
+        p.num_v_heads = sh.nv;
+        p.k_head_dim = sh.dk;
+        p.v_head_dim = sh.dv;
+        p.q = qd.F(g);
+        p.k = qd.F(g) + sh.nk * sh.dk;
+        p.v = qd.F(g) + 2 * sh.nk * sh.dk;
+        p.qkv_stride = width;
+        p.a = ad.F(g);
+        p.b = bd.F(g);
+        p.ab_stride = abs_;
+        p.a_log = ld.F(g);
+        p.dt_bias = dd.F(g);
+        p.state_in = sd.V(g);
+        p.state_out = snaps.V(g);
+        p.state_out_stride = ssz;
+        p.state_dtype = DType::kBF16;
+        p.out = od.F(g);
+        p.out_stride = os;
+        return p;
+      };
+      auto state_bytes = [&](const Dual& d, bool g, size_t n, size_t at) {
+        std::vector<uint16_t> h(n);
+        EXPECT_TRUE(B(g)->CopyToHost(h.data(),
+                                     static_cast<const uint16_t*>(d.V(g)) + at,
+                                     n * 2)
+                        .ok());
+        return h;
+      };
+      auto widen = [](const std::vector<uint16_t>& h) {
+        std::vector<float> v(h.size());
+        for (size_t i = 0; i < h.size(); ++i) v[i] = cpu::Bf16ToFloat(h[i]);
+        return v;
+      };
+      std::vector<float> out[2];
+      std::vector<uint16_t> states[2];
+      for (bool g : {false, true}) {
+        ASSERT_TRUE(B(g)->GatedDeltaRule(params(g)).ok()) << what;
+        out[g] = Down(od, g, rows * os);
+        states[g] = state_bytes(snaps, g, size_t(rows) * ssz, 0);
+      }
+      ExpectClose(out[0], out[1], 1e-3, what + " out");
+      ExpectClose(widen(states[0]), widen(states[1]), 1e-2, what + " states");
+      Buffer o1 = GpuZeros(os);
+      for (int t = 0; t < rows; ++t) {
+        GatedDeltaRuleParams p = params(true);
+        p.rows = 1;
+        p.q += t * width;
+        p.k += t * width;
+        p.v += t * width;
+        p.a += t * abs_;
+        p.b += t * abs_;
+        p.state_out = sd.V(true);
+        p.state_out_stride = 0;
+        p.out = o1.f32();
+        ASSERT_TRUE(gpu_->GatedDeltaRule(p).ok());
+        ExpectBitEqual(DownG(o1, sh.nv * sh.dv).data(), out[1].data() + t * os,
+                       sh.nv * sh.dv,
+                       what + " decode out " + std::to_string(t));
+        EXPECT_EQ(
+            state_bytes(sd, true, ssz, 0),
+            std::vector<uint16_t>(states[1].begin() + size_t(t) * ssz,
+                                  states[1].begin() + size_t(t + 1) * ssz))
+            << what << " decode state " << t;
+      }
+    }
+  }
+}
+
 // The fused rule + gated norm (GatedDeltaRuleNormed), with and without the
 // conv before it, against the ops in turn on the GPU, bit for bit (outputs,
 // states, snapshots, conv outputs and conv states): the hot shape at one
@@ -848,159 +950,198 @@ TEST_F(CudaBackendTest, GatedDeltaRuleSnapshotsAndDecode) {
 // group blocks with the conv; also a session batch of one row, the recorded
 // decode step's form) and every other case (the backend's fallback), with
 // snapshots (verify), in place (decode) and on per-session states (a
-// session batch); and against the CPU within tolerance.
+// session batch), on fp32 and on bf16 recurrent states (state_dtype; the
+// conv states stay fp32); and against the CPU with the same state type
+// within tolerance (a bf16 state may differ there by its rounding step).
 TEST_F(CudaBackendTest, GatedDeltaRuleNormedEqualsRuleThenNorm) {
   struct Shape {
     int nk, nv, dk, dv;
   };
   enum Mode { kSnapshots, kInPlace, kSessionBatch };
-  for (int rows : kRows) {
-    for (Shape sh : {Shape{2, 6, 128, 128}, Shape{1, 2, 128, 128},
-                     Shape{2, 8, 128, 128}, Shape{2, 4, 64, 33}}) {
-      for (Mode mode : {kSnapshots, kInPlace, kSessionBatch}) {
-        for (bool conv : {false, true}) {
-          const std::string what = absl::StrCat(
-              "gdn+norm rows=", rows, " nk=", sh.nk, " nv=", sh.nv,
-              " dk=", sh.dk, " dv=", sh.dv, " mode=", mode, " conv=", conv);
-          const int vd = sh.nv * sh.dv, width = 2 * sh.nk * sh.dk + vd + 5;
-          const int C = 2 * sh.nk * sh.dk + vd,
-                    xw = C + 7;  // conv channels; raw row width
-          const int P =
-              vd + sh.nv + 3;  // z row: nv heads of dv, then other columns
-          const int ssz = sh.nv * sh.dk * sh.dv, csz = C * 3, abs_ = sh.nv + 2;
-          const int slots = mode == kInPlace ? 1 : rows;  // states or snapshots
-          const std::vector<float> qkv = Random(rows * width),
-                                   a = Random(rows * abs_, -3, 3),
-                                   b = Random(rows * abs_, -3, 3),
-                                   a_log = Random(sh.nv, -1, 1),
-                                   dt = Random(sh.nv),
-                                   z = Random(rows * P, -4, 4),
-                                   w = Random(sh.dv),
-                                   st = Random(size_t(slots) * ssz, -0.5, 0.5),
-                                   raw = Random(rows * xw, -2, 2),
-                                   cw = Random(C * 4, -1, 1),
-                                   cst = Random(size_t(slots) * csz, -2, 2);
-          Dual qd = UpF(qkv), ad = UpF(a), bd = UpF(b), ld = UpF(a_log),
-               dd = UpF(dt), zd = UpF(z), wd = UpF(w), rawd = UpF(raw),
-               cwd = UpF(cw);
-          // Per run: fresh states, snapshots, per-session tables, conv outputs
-          // and output.
-          struct Run {
-            Dual state, snaps, table, out, cstate, csnaps, ctable, y;
-          };
-          // The rule's or the conv's states by the mode (their params name
-          // the state fields alike).
-          auto set_states = [&](bool g, auto& x, const Dual& state,
-                                const Dual& snaps, const Dual& tab,
-                                size_t size) {
-            if (mode == kSessionBatch) {
-              x.states = static_cast<float* const*>(tab.V(g));
-            } else {
-              x.state_in = state.F(g);
-              x.state_out = mode == kInPlace ? state.F(g) : snaps.F(g);
-              x.state_out_stride = mode == kInPlace ? 0 : size;
-            }
-          };
-          auto params = [&](bool g, const Run& run) {
-            GatedDeltaRuleNormParams p;
-            GatedDeltaRuleParams& r = p.rule;
-            const float* qkv_base = conv ? run.y.F(g) : qd.F(g);
-            r.rows = rows;
-            r.num_k_heads = sh.nk;
-            r.num_v_heads = sh.nv;
-            r.k_head_dim = sh.dk;
-            r.v_head_dim = sh.dv;
-            r.q = qkv_base;
-            r.k = qkv_base + sh.nk * sh.dk;
-            r.v = qkv_base + 2 * sh.nk * sh.dk;
-            r.qkv_stride = width;
-            r.a = ad.F(g);
-            r.b = bd.F(g);
-            r.ab_stride = abs_;
-            r.a_log = ld.F(g);
-            r.dt_bias = dd.F(g);
-            set_states(g, r, run.state, run.snaps, run.table, ssz);
-            r.out = run.out.F(g);
-            r.out_stride = vd;
-            GatedRmsNormParams& n = p.norm;
-            n.rows = rows * sh.nv;
-            n.dim = sh.dv;
-            n.x = n.y = r.out;
-            n.x_stride = n.y_stride = sh.dv;
-            n.z = zd.F(g);
-            n.z_stride = sh.dv;
-            n.z_group = sh.nv;
-            n.z_group_stride = P;
-            n.weight = wd.F(g);
-            n.eps = 1e-6f;
-            if (conv) {
-              Conv1dParams& c = p.conv;
-              c.rows = rows;
-              c.channels = C;
-              c.kernel = 4;
-              c.x = rawd.F(g);
-              c.x_stride = xw;
-              c.y = run.y.F(g);
-              c.y_stride = width;
-              c.weight = cwd.F(g);
-              set_states(g, c, run.cstate, run.csnaps, run.ctable, csz);
-              c.silu = true;
-            }
-            return p;
-          };
-          // A device table of the rows' state pointers, each `size` floats
-          // apart.
-          auto table = [&](const Dual& states, size_t size) {
-            std::vector<float*> ptrs[2];
-            for (bool g : {false, true}) {
-              for (int i = 0; i < rows; ++i)
-                ptrs[g].push_back(states.F(g) + size_t(i) * size);
-            }
-            Dual t = Up(ptrs[0].data(), rows * sizeof(float*));
-            EXPECT_TRUE(gpu_->CopyToDevice(t.g.data(), ptrs[1].data(),
-                                           rows * sizeof(float*))
-                            .ok());
-            return t;
-          };
-          auto fresh = [&]() {
-            Run r{UpF(st),  Zeros(size_t(rows) * ssz),
-                  Dual{},   Zeros(size_t(rows) * vd),
-                  UpF(cst), Zeros(size_t(rows) * csz),
-                  Dual{},   Zeros(size_t(rows) * width)};
-            r.table = table(r.state, ssz);
-            r.ctable = table(r.cstate, csz);
-            return r;
-          };
-          auto results = [&](bool g, const Run& r) {
-            std::vector<float> v = Down(r.out, g, size_t(rows) * vd);
-            auto add = [&](const std::vector<float>& s) {
-              v.insert(v.end(), s.begin(), s.end());
+  for (DType sdt : {DType::kF32, DType::kBF16}) {
+    const bool bf16 = sdt == DType::kBF16;
+    const size_t selem = DTypeSize(sdt);  // bytes of a rule state element
+    for (int rows : kRows) {
+      for (Shape sh : {Shape{2, 6, 128, 128}, Shape{1, 2, 128, 128},
+                       Shape{2, 8, 128, 128}, Shape{2, 4, 64, 33}}) {
+        for (Mode mode : {kSnapshots, kInPlace, kSessionBatch}) {
+          for (bool conv : {false, true}) {
+            const std::string what = absl::StrCat(
+                "gdn+norm rows=", rows, " nk=", sh.nk, " nv=", sh.nv,
+                " dk=", sh.dk, " dv=", sh.dv, " mode=", mode, " conv=", conv,
+                " state=", DTypeName(sdt));
+            const int vd = sh.nv * sh.dv, width = 2 * sh.nk * sh.dk + vd + 5;
+            const int C = 2 * sh.nk * sh.dk + vd,
+                      xw = C + 7;  // conv channels; raw row width
+            const int P =
+                vd + sh.nv + 3;  // z row: nv heads of dv, then other columns
+            const int ssz = sh.nv * sh.dk * sh.dv, csz = C * 3,
+                      abs_ = sh.nv + 2;
+            const int slots =
+                mode == kInPlace ? 1 : rows;  // states or snapshots
+            const std::vector<float> qkv = Random(rows * width),
+                                     a = Random(rows * abs_, -3, 3),
+                                     b = Random(rows * abs_, -3, 3),
+                                     a_log = Random(sh.nv, -1, 1),
+                                     dt = Random(sh.nv),
+                                     z = Random(rows * P, -4, 4),
+                                     w = Random(sh.dv),
+                                     st =
+                                         Random(size_t(slots) * ssz, -0.5, 0.5),
+                                     raw = Random(rows * xw, -2, 2),
+                                     cw = Random(C * 4, -1, 1),
+                                     cst = Random(size_t(slots) * csz, -2, 2);
+            Dual qd = UpF(qkv), ad = UpF(a), bd = UpF(b), ld = UpF(a_log),
+                 dd = UpF(dt), zd = UpF(z), wd = UpF(w), rawd = UpF(raw),
+                 cwd = UpF(cw);
+            // Per run: fresh states, snapshots, per-session tables, conv
+            // outputs and output.
+            struct Run {
+              Dual state, snaps, table, out, cstate, csnaps, ctable, y;
             };
-            add(mode == kSnapshots ? Down(r.snaps, g, size_t(rows) * ssz)
-                                   : Down(r.state, g, size_t(slots) * ssz));
-            if (conv) {
-              add(mode == kSnapshots ? Down(r.csnaps, g, size_t(rows) * csz)
-                                     : Down(r.cstate, g, size_t(slots) * csz));
-              add(Down(r.y, g, size_t(rows) * width));
+            // The rule's or the conv's states by the mode (their params name
+            // the state fields alike).
+            auto set_states = [&](bool g, auto& x, const Dual& state,
+                                  const Dual& snaps, const Dual& tab,
+                                  size_t size) {
+              using Table = std::remove_reference_t<decltype(x.states)>;
+              if (mode == kSessionBatch) {
+                x.states = static_cast<Table>(tab.V(g));
+              } else {
+                x.state_in = state.F(g);
+                x.state_out = mode == kInPlace ? state.F(g) : snaps.F(g);
+                x.state_out_stride = mode == kInPlace ? 0 : size;
+              }
+            };
+            auto params = [&](bool g, const Run& run) {
+              GatedDeltaRuleNormParams p;
+              GatedDeltaRuleParams& r = p.rule;
+              const float* qkv_base = conv ? run.y.F(g) : qd.F(g);
+              r.rows = rows;
+              r.num_k_heads = sh.nk;
+              r.num_v_heads = sh.nv;
+              r.k_head_dim = sh.dk;
+              r.v_head_dim = sh.dv;
+              r.q = qkv_base;
+              r.k = qkv_base + sh.nk * sh.dk;
+              r.v = qkv_base + 2 * sh.nk * sh.dk;
+              r.qkv_stride = width;
+              r.a = ad.F(g);
+              r.b = bd.F(g);
+              r.ab_stride = abs_;
+              r.a_log = ld.F(g);
+              r.dt_bias = dd.F(g);
+              set_states(g, r, run.state, run.snaps, run.table, ssz);
+              r.state_dtype = sdt;
+              r.out = run.out.F(g);
+              r.out_stride = vd;
+              GatedRmsNormParams& n = p.norm;
+              n.rows = rows * sh.nv;
+              n.dim = sh.dv;
+              n.x = n.y = r.out;
+              n.x_stride = n.y_stride = sh.dv;
+              n.z = zd.F(g);
+              n.z_stride = sh.dv;
+              n.z_group = sh.nv;
+              n.z_group_stride = P;
+              n.weight = wd.F(g);
+              n.eps = 1e-6f;
+              if (conv) {
+                Conv1dParams& c = p.conv;
+                c.rows = rows;
+                c.channels = C;
+                c.kernel = 4;
+                c.x = rawd.F(g);
+                c.x_stride = xw;
+                c.y = run.y.F(g);
+                c.y_stride = width;
+                c.weight = cwd.F(g);
+                set_states(g, c, run.cstate, run.csnaps, run.ctable, csz);
+                c.silu = true;
+              }
+              return p;
+            };
+            // A device table of the rows' state pointers, each `size`
+            // elements of `elem` bytes apart.
+            auto table = [&](const Dual& states, size_t size, size_t elem) {
+              std::vector<void*> ptrs[2];
+              for (bool g : {false, true}) {
+                for (int i = 0; i < rows; ++i)
+                  ptrs[g].push_back(static_cast<char*>(states.V(g)) +
+                                    size_t(i) * size * elem);
+              }
+              Dual t = Up(ptrs[0].data(), rows * sizeof(float*));
+              EXPECT_TRUE(gpu_->CopyToDevice(t.g.data(), ptrs[1].data(),
+                                             rows * sizeof(float*))
+                              .ok());
+              return t;
+            };
+            // The rule's states in their storage type (bf16: st rounded).
+            std::vector<uint16_t> st16(st.size());
+            for (size_t i = 0; i < st.size(); ++i) {
+              st16[i] = cpu::FloatToBf16(st[i]);
             }
-            return v;
-          };
-          Run fused = fresh(), apart = fresh(), cpu = fresh();
-          ASSERT_TRUE(gpu_->GatedDeltaRuleNormed(params(true, fused)).ok())
-              << what;
-          const GatedDeltaRuleNormParams pa = params(true, apart);
-          if (conv) {
-            ASSERT_TRUE(gpu_->Conv1d(pa.conv).ok()) << what;
+            auto rule_states = [&](bool zero, size_t n) {
+              if (!bf16) return zero ? Zeros(n) : UpF(st);
+              return zero ? Up(std::vector<uint16_t>(n).data(), n * 2)
+                          : Up(st16.data(), st16.size() * 2);
+            };
+            auto fresh = [&]() {
+              Run r{rule_states(false, 0),
+                    rule_states(true, size_t(rows) * ssz),
+                    Dual{},
+                    Zeros(size_t(rows) * vd),
+                    UpF(cst),
+                    Zeros(size_t(rows) * csz),
+                    Dual{},
+                    Zeros(size_t(rows) * width)};
+              r.table = table(r.state, ssz, selem);
+              r.ctable = table(r.cstate, csz, 4);
+              return r;
+            };
+            // n rule-state elements of `d` as fp32 (bf16 widened exactly).
+            auto down_states = [&](const Dual& d, bool g, size_t n) {
+              if (!bf16) return Down(d, g, n);
+              std::vector<uint16_t> h(n);
+              EXPECT_TRUE(B(g)->CopyToHost(h.data(), d.V(g), n * 2).ok());
+              std::vector<float> v(n);
+              for (size_t i = 0; i < n; ++i) v[i] = cpu::Bf16ToFloat(h[i]);
+              return v;
+            };
+            auto results = [&](bool g, const Run& r) {
+              std::vector<float> v = Down(r.out, g, size_t(rows) * vd);
+              auto add = [&](const std::vector<float>& s) {
+                v.insert(v.end(), s.begin(), s.end());
+              };
+              add(mode == kSnapshots
+                      ? down_states(r.snaps, g, size_t(rows) * ssz)
+                      : down_states(r.state, g, size_t(slots) * ssz));
+              if (conv) {
+                add(mode == kSnapshots
+                        ? Down(r.csnaps, g, size_t(rows) * csz)
+                        : Down(r.cstate, g, size_t(slots) * csz));
+                add(Down(r.y, g, size_t(rows) * width));
+              }
+              return v;
+            };
+            Run fused = fresh(), apart = fresh(), cpu = fresh();
+            ASSERT_TRUE(gpu_->GatedDeltaRuleNormed(params(true, fused)).ok())
+                << what;
+            const GatedDeltaRuleNormParams pa = params(true, apart);
+            if (conv) {
+              ASSERT_TRUE(gpu_->Conv1d(pa.conv).ok()) << what;
+            }
+            ASSERT_TRUE(gpu_->GatedDeltaRule(pa.rule).ok()) << what;
+            ASSERT_TRUE(gpu_->GatedRmsNorm(pa.norm).ok()) << what;
+            const std::vector<float> f = results(true, fused),
+                                     s = results(true, apart);
+            ExpectBitEqual(f.data(), s.data(), f.size(),
+                           what + " fused vs in turn");
+            ASSERT_TRUE(cpu_->GatedDeltaRuleNormed(params(false, cpu)).ok())
+                << what;
+            ExpectClose(results(false, cpu), f, bf16 ? 1e-2 : 1e-4,
+                        what + " cpu vs gpu");
           }
-          ASSERT_TRUE(gpu_->GatedDeltaRule(pa.rule).ok()) << what;
-          ASSERT_TRUE(gpu_->GatedRmsNorm(pa.norm).ok()) << what;
-          const std::vector<float> f = results(true, fused),
-                                   s = results(true, apart);
-          ExpectBitEqual(f.data(), s.data(), f.size(),
-                         what + " fused vs in turn");
-          ASSERT_TRUE(cpu_->GatedDeltaRuleNormed(params(false, cpu)).ok())
-              << what;
-          ExpectClose(results(false, cpu), f, 1e-4, what + " cpu vs gpu");
         }
       }
     }

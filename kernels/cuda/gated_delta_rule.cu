@@ -31,6 +31,12 @@
 // (p.states) gives each row its own blocks (blockIdx.z = row), which run
 // the one-row call's instructions on that row's state, in place.
 //
+// State storage (ST: float, or __nv_bfloat16 for a bf16 state): the state
+// is widened on load, and after each token's o has been accumulated from
+// its fp32 update, every register of S is rounded to ST (RoundState) before
+// the next token, so a verify column and a decode step start from the same
+// value and run the same instructions. fp32: the rounding is the identity.
+//
 // Fused gated norm (GatedDeltaRuleNormed; used for one token of one session
 // of the hot shape, FusesGatedDeltaRuleNorm says why): the two
 // column tiles of a head form a cluster. Per token, warp 0 of each writes
@@ -72,6 +78,7 @@
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/rms_inv.cuh"
 #include "kernels/cuda/row_formulas.cuh"
+#include "kernels/cuda/state_elem.cuh"
 
 namespace specserve::kernels::cuda {
 namespace {
@@ -219,8 +226,8 @@ __device__ __forceinline__ void NormOutputs(const GatedRmsNormParams& n,
 // the one block that updates it.
 // (kConv: at most 128 registers, so that a matmul block of 8 warps at 128,
 // the next kernel, fits beside it on an SM.)
-template <int R, int W, int V, bool kFull, int kDv, bool kNorm = false,
-          bool kConv = false>
+template <typename ST, int R, int W, int V, bool kFull, int kDv,
+          bool kNorm = false, bool kConv = false>
 __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
     GatedDeltaRuleKernel(GatedDeltaRuleParams p, GatedRmsNormParams n,
                          Conv1dParams cv) {
@@ -303,17 +310,22 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
   const int64_t s_off = h * (dk * dv) + row0 * dv + j;
   // A session batch's row t0 updates its own states in place; their
   // pointers come from the tables (TableEntry: safe before the wait).
-  float* const state_row = batch ? TableEntry(p.states, t0) : nullptr;
+  void* const state_row = batch ? TableEntry(p.states, t0) : nullptr;
   float* const conv_row = kConv && batch ? TableEntry(cv.states, t0) : nullptr;
   if constexpr (kConv) {
     // The states may be written by an earlier kernel still in flight, so
     // they are only prefetched into L2 before the wait (PrefetchL2).
-    const float* rs = batch ? state_row : p.state_in;
-    // Each thread one 128-byte line of the block's [R·W rows][kCols] slice
-    // (kCols = 64: two lines per row).
+    const ST* rs = static_cast<const ST*>(batch ? state_row : p.state_in);
+    // Each thread at most one 128-byte line of the block's [R·W rows][kCols]
+    // slice (kCols = 64: two lines per row of fp32, one of bf16).
+    constexpr int kLinesPerRow = kCols * static_cast<int>(sizeof(ST)) / 128;
+    static_assert(kLinesPerRow >= 1, "kConv: whole lines per row");
     const int line = threadIdx.x;
     const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kCols;
-    PrefetchL2(rs + h * (dk * dv) + (line >> 1) * dv + col0 + (line & 1) * 32);
+    if (line < R * W * kLinesPerRow) {
+      PrefetchL2(rs + h * (dk * dv) + (line / kLinesPerRow) * dv + col0 +
+                 (line % kLinesPerRow) * (128 / sizeof(ST)));
+    }
     const float* cs = batch ? conv_row : cv.state_in;
     // The conv windows: 3 floats per channel, the key head's q/k channels
     // (2·dk) and the block's v channels (kCols), contiguous in each.
@@ -329,20 +341,22 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
   }
   PdlWait();  // every other input may be the previous kernel's output
   const int64_t t1 = batch ? t0 + 1 : p.rows;
-  const float* state_in = batch ? state_row : p.state_in;
-  float* state_out = batch ? state_row : p.state_out;
+  const ST* state_in = static_cast<const ST*>(batch ? state_row : p.state_in);
+  ST* state_out = static_cast<ST*>(batch ? state_row : p.state_out);
+  // Two-element accesses need 2·sizeof(ST) alignment.
+  constexpr uintptr_t kPairAlign = 2 * sizeof(ST) - 1;
 
   // This thread's columns of the warp's rows, all loads in flight together.
   float S[R][V];
   {
-    const float* src = state_in + s_off;
+    const ST* src = state_in + s_off;
     if (V == 2 && col[V - 1] &&
-        (reinterpret_cast<uintptr_t>(state_in) & 7) == 0 && dv % 2 == 0) {
+        (reinterpret_cast<uintptr_t>(state_in) & kPairAlign) == 0 &&
+        dv % 2 == 0) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const float2 x = (kFull || row0 + r < dk)
-                             ? *reinterpret_cast<const float2*>(src + r * dv)
-                             : make_float2(0.0f, 0.0f);
+        const float2 x = (kFull || row0 + r < dk) ? LoadState2(src + r * dv)
+                                                  : make_float2(0.0f, 0.0f);
         S[r][0] = x.x;
         S[r][V - 1] = x.y;
       }
@@ -351,8 +365,9 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
       for (int r = 0; r < R; ++r) {
 #pragma unroll
         for (int c = 0; c < V; ++c) {
-          S[r][c] =
-              ((kFull || row0 + r < dk) && col[c]) ? src[r * dv + c] : 0.0f;
+          S[r][c] = ((kFull || row0 + r < dk) && col[c])
+                        ? LoadState(src + r * dv + c)
+                        : 0.0f;
         }
       }
     }
@@ -406,10 +421,11 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
 
   float* kn = qk[warp][0];
   float* qn = qk[warp][1];
-  float* dst = state_out + s_off;
-  const bool vec_out = V == 2 && col[V - 1] &&
-                       (reinterpret_cast<uintptr_t>(state_out) & 7) == 0 &&
-                       p.state_out_stride % 2 == 0 && dv % 2 == 0;
+  ST* dst = state_out + s_off;
+  const bool vec_out =
+      V == 2 && col[V - 1] &&
+      (reinterpret_cast<uintptr_t>(state_out) & kPairAlign) == 0 &&
+      p.state_out_stride % 2 == 0 && dv % 2 == 0;
   if constexpr (kNorm)
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
   for (int64_t t = t0; t < t1; ++t) {
@@ -497,13 +513,18 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
         }
       }
     }
+    // The state the next token reads: the storage type's value.
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int c = 0; c < V; ++c) S[r][c] = RoundState<ST>(S[r][c]);
+    }
     if (p.state_out_stride != 0 || t == t1 - 1) {
       if (vec_out) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           if (kFull || row0 + r < dk) {
-            *reinterpret_cast<float2*>(dst + r * dv) =
-                make_float2(S[r][0], S[r][V - 1]);
+            StoreState2(dst + r * dv, S[r][0], S[r][V - 1]);
           }
         }
       } else {
@@ -511,7 +532,9 @@ __global__ void __launch_bounds__(W * 32, kConv ? 2 : 1)
         for (int r = 0; r < R; ++r) {
 #pragma unroll
           for (int c = 0; c < V; ++c) {
-            if ((kFull || row0 + r < dk) && col[c]) dst[r * dv + c] = S[r][c];
+            if ((kFull || row0 + r < dk) && col[c]) {
+              StoreState(dst + r * dv + c, S[r][c]);
+            }
           }
         }
       }
@@ -545,19 +568,61 @@ dim3 GridOf(const GatedDeltaRuleParams& p, int cols) {
               p.states != nullptr ? static_cast<unsigned>(p.rows) : 1u);
 }
 
-template <int R, int W, int V, bool kFull, int kDv>
+template <typename ST, int R, int W, int V, bool kFull, int kDv>
 void Launch(const GatedDeltaRuleParams& p, cudaStream_t stream) {
-  LaunchPdl(GatedDeltaRuleKernel<R, W, V, kFull, kDv>, GridOf(p, 32 * V),
+  LaunchPdl(GatedDeltaRuleKernel<ST, R, W, V, kFull, kDv>, GridOf(p, 32 * V),
             dim3(W * 32), 0, stream, p, GatedRmsNormParams{}, Conv1dParams{});
 }
 
 // Rows of 32 per warp, W = ceil(dk/32) warps, a column per lane.
-template <int W>
+template <typename ST, int W>
 void LaunchGeneric(const GatedDeltaRuleParams& p, cudaStream_t stream) {
   if (p.k_head_dim == W * 32) {
-    Launch<32, W, 1, true, 0>(p, stream);
+    Launch<ST, 32, W, 1, true, 0>(p, stream);
   } else {
-    Launch<32, W, 1, false, 0>(p, stream);
+    Launch<ST, 32, W, 1, false, 0>(p, stream);
+  }
+}
+
+// The configuration depends on (dk, dv) only: it fixes every summation
+// order, so all calls of one model shape agree bit for bit.
+template <typename ST>
+void LaunchShape(const GatedDeltaRuleParams& p, cudaStream_t stream) {
+  if (p.k_head_dim == 128 && p.v_head_dim == 128) {
+    Launch<ST, 16, 8, 2, true, 128>(p, stream);
+    return;
+  }
+  switch (CeilDiv(p.k_head_dim, 32)) {
+    case 1:
+      return LaunchGeneric<ST, 1>(p, stream);
+    case 2:
+      return LaunchGeneric<ST, 2>(p, stream);
+    case 3:
+      return LaunchGeneric<ST, 3>(p, stream);
+    case 4:
+      return LaunchGeneric<ST, 4>(p, stream);
+    case 5:
+      return LaunchGeneric<ST, 5>(p, stream);
+    case 6:
+      return LaunchGeneric<ST, 6>(p, stream);
+    case 7:
+      return LaunchGeneric<ST, 7>(p, stream);
+    default:
+      return LaunchGeneric<ST, 8>(p, stream);
+  }
+}
+
+template <typename ST>
+void LaunchFused(const GatedDeltaRuleNormParams& p, bool with_conv,
+                 unsigned group, cudaStream_t stream) {
+  if (with_conv) {
+    LaunchPdlCluster(GatedDeltaRuleKernel<ST, 16, 8, 2, true, 128, true, true>,
+                     GridOf(p.rule, 64), dim3(8 * 32), dim3(2, group, 1), 0,
+                     stream, p.rule, p.norm, p.conv);
+  } else {
+    LaunchPdlCluster(GatedDeltaRuleKernel<ST, 16, 8, 2, true, 128, true>,
+                     GridOf(p.rule, 64), dim3(8 * 32), dim3(2, 1, 1), 0, stream,
+                     p.rule, p.norm, Conv1dParams{});
   }
 }
 
@@ -589,18 +654,23 @@ absl::Status LaunchGatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p,
   // otherwise it runs first, on its own. (Validate made its rows the rule's.)
   const unsigned group =
       static_cast<unsigned>(p.rule.num_v_heads / p.rule.num_k_heads);
+  const bool bf16 = p.rule.state_dtype == DType::kBF16;
   if (p.conv.rows > 0 && p.conv.kernel == 4 && group <= 4) {
-    LaunchPdlCluster(GatedDeltaRuleKernel<16, 8, 2, true, 128, true, true>,
-                     GridOf(p.rule, 64), dim3(8 * 32), dim3(2, group, 1), 0,
-                     stream, p.rule, p.norm, p.conv);
+    if (bf16) {
+      LaunchFused<__nv_bfloat16>(p, true, group, stream);
+    } else {
+      LaunchFused<float>(p, true, group, stream);
+    }
     return LaunchStatus("gated_delta_rule_normed (with conv) launch");
   }
   if (p.conv.rows > 0) {
     if (absl::Status s = LaunchConv1d(p.conv, stream); !s.ok()) return s;
   }
-  LaunchPdlCluster(GatedDeltaRuleKernel<16, 8, 2, true, 128, true>,
-                   GridOf(p.rule, 64), dim3(8 * 32), dim3(2, 1, 1), 0, stream,
-                   p.rule, p.norm, Conv1dParams{});
+  if (bf16) {
+    LaunchFused<__nv_bfloat16>(p, false, group, stream);
+  } else {
+    LaunchFused<float>(p, false, group, stream);
+  }
   return LaunchStatus("gated_delta_rule_normed launch");
 }
 
@@ -619,37 +689,10 @@ absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleParams& p,
     return absl::UnimplementedError(
         "gated_delta_rule: session batch of more than 65535 rows");
   }
-  // The configuration depends on (dk, dv) only: it fixes every summation
-  // order, so all calls of one model shape agree bit for bit.
-  if (p.k_head_dim == 128 && p.v_head_dim == 128) {
-    Launch<16, 8, 2, true, 128>(p, stream);
+  if (p.state_dtype == DType::kBF16) {
+    LaunchShape<__nv_bfloat16>(p, stream);
   } else {
-    switch (CeilDiv(p.k_head_dim, 32)) {
-      case 1:
-        LaunchGeneric<1>(p, stream);
-        break;
-      case 2:
-        LaunchGeneric<2>(p, stream);
-        break;
-      case 3:
-        LaunchGeneric<3>(p, stream);
-        break;
-      case 4:
-        LaunchGeneric<4>(p, stream);
-        break;
-      case 5:
-        LaunchGeneric<5>(p, stream);
-        break;
-      case 6:
-        LaunchGeneric<6>(p, stream);
-        break;
-      case 7:
-        LaunchGeneric<7>(p, stream);
-        break;
-      default:
-        LaunchGeneric<8>(p, stream);
-        break;
-    }
+    LaunchShape<float>(p, stream);
   }
   return LaunchStatus("gated_delta_rule launch");
 }

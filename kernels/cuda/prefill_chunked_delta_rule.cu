@@ -45,11 +45,18 @@
 // The inputs are read through the read-only cache: no output may overlap
 // them; state_in may be state_out (a block reads its slice first and
 // writes it last).
+//
+// State storage (ST: float or __nv_bfloat16, GatedDeltaRuleParams
+// state_dtype): widened on load, and the state a chunk hands to the next
+// (and stores at the end) is rounded to ST (RoundState) at the end of each
+// chunk the call holds, the CPU chunked form's points; within a chunk the
+// arithmetic is fp32 as above.
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/state_elem.cuh"
 #include "kernels/gated_delta_rule.h"
 
 namespace specserve::kernels::cuda {
@@ -161,6 +168,7 @@ __device__ __forceinline__ void ForEach(float (&c)[MT][NT][4], F f) {
   }
 }
 
+template <typename ST>
 __global__ void __launch_bounds__(kThreads, 1)
     ChunkedDeltaRuleKernel(const __grid_constant__ GatedDeltaRuleParams p) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -179,13 +187,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float a_coef = -expf(__ldg(p.a_log + h));
   const float dt_bias = __ldg(p.dt_bias + h);
   const float q_scale = 1.0f / sqrtf(static_cast<float>(kDk));
-  const float* const st_in = p.state_in + h * kDk * dv + j0;
-  float* const st_out = p.state_out + h * kDk * dv + j0;
+  const ST* const st_in =
+      static_cast<const ST*>(p.state_in) + h * kDk * dv + j0;
+  ST* const st_out = static_cast<ST*>(p.state_out) + h * kDk * dv + j0;
 
   // The warp's tile of the state: rows 32rb.., columns 32cb.. .
   float S[2][4][4];
   ForEach(S, [&](int r, int c, float& v) {
-    v = st_in[(32 * rb + r) * dv + 32 * cb + c];
+    v = LoadState(st_in + (32 * rb + r) * dv + 32 * cb + c);
   });
 
   const int64_t T = p.rows;
@@ -393,10 +402,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         });
       }
     }
+    // The state handed to the next chunk: the storage type's value.
+    ForEach(S, [&](int, int, float& v) { v = RoundState<ST>(v); });
     __syncthreads();
   }
   ForEach(S, [&](int r, int c, float& v) {
-    st_out[(32 * rb + r) * dv + 32 * cb + c] = v;
+    StoreState(st_out + (32 * rb + r) * dv + 32 * cb + c, v);
   });
 }
 
@@ -423,14 +434,15 @@ absl::Status LaunchPrefillChunkedDeltaRule(const GatedDeltaRuleParams& p,
         "prefill chunked delta rule: negative position");
   }
   const size_t smem = sizeof(Smem);
+  auto kernel = p.state_dtype == DType::kBF16
+                    ? ChunkedDeltaRuleKernel<__nv_bfloat16>
+                    : ChunkedDeltaRuleKernel<float>;
   SS_CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(ChunkedDeltaRuleKernel,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem)),
       "prefill chunked delta rule smem attribute");
   const int64_t blocks = p.num_v_heads * (p.v_head_dim / kJ);
-  ChunkedDeltaRuleKernel<<<static_cast<unsigned>(blocks), kThreads, smem,
-                           stream>>>(p);
+  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
   return LaunchStatus("prefill chunked delta rule launch");
 }
 

@@ -44,6 +44,12 @@
 // order is not the exact kernel's (u and o are summed differently): the two
 // agree within fp32 rounding.
 //
+// State storage (ST: float or __nv_bfloat16, GatedDeltaRuleParams
+// state_dtype): widened on load; each token's o comes from its fp32 update,
+// then every register of S is rounded to ST (RoundState) before the next
+// token, so the state between tokens is the storage type's value and any
+// split of the tokens into calls still gives one call's bits.
+//
 // The inputs (q, k, v, a, b, A_log, dt_bias) are read through the read-only
 // data cache: no output (out, state_out) may overlap them.
 #include <algorithm>
@@ -52,6 +58,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/state_elem.cuh"
 
 namespace specserve::kernels::cuda {
 namespace {
@@ -172,7 +179,7 @@ __host__ __device__ constexpr int HatFloats(int dk, int row_lanes) {
 // a multiple of 4); 32/R columns per warp, dividing dv (the launcher
 // checks). Any number of warps per block (the block only packs them);
 // dynamic shared memory: HatFloats per warp.
-template <int M, int R>
+template <typename ST, int M, int R>
 __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32)
     PrefillGatedDeltaRuleKernel(GatedDeltaRuleParams p) {
   constexpr int dk = 32 * M;
@@ -209,11 +216,13 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32)
 
   // This lane's rows of column j.
   float S[NR];
-  float* const s_col = p.state_out + h * (dk * dv) + (rl * NR) * dv + j;
+  ST* const s_col =
+      static_cast<ST*>(p.state_out) + h * (dk * dv) + (rl * NR) * dv + j;
   {
-    const float* src = p.state_in + h * (dk * dv) + (rl * NR) * dv + j;
+    const ST* src =
+        static_cast<const ST*>(p.state_in) + h * (dk * dv) + (rl * NR) * dv + j;
 #pragma unroll
-    for (int r = 0; r < NR; ++r) S[r] = src[r * dv];
+    for (int r = 0; r < NR; ++r) S[r] = LoadState(src + r * dv);
   }
 
   const float a_coef = -expf(__ldg(p.a_log + h));
@@ -293,6 +302,9 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32)
         o_acc[e] = fmaf(S[r], qv[e], o_acc[e]);
       }
     }
+    // The state the next token reads: the storage type's value.
+#pragma unroll
+    for (int r = 0; r < NR; ++r) S[r] = RoundState<ST>(S[r]);
 
     // Token t + 1 into the other buffer: its last reads were token t − 1's,
     // before the previous iteration's __syncwarp.
@@ -308,7 +320,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32)
   // The next kernel may launch now; it still waits for this grid to finish.
   PdlLetNextLaunch();
 #pragma unroll
-  for (int r = 0; r < NR; ++r) s_col[r * dv] = S[r];
+  for (int r = 0; r < NR; ++r) StoreState(s_col + r * dv, S[r]);
 }
 
 // Row-lanes per column for (dk, dv); with it, (dk, dv) fix every order. At
@@ -328,7 +340,9 @@ int RowLanes(int64_t dk, int64_t dv) {
 // time). Packing changes no arithmetic.
 template <int M, int R>
 absl::Status Launch(const GatedDeltaRuleParams& p, cudaStream_t stream) {
-  auto kernel = PrefillGatedDeltaRuleKernel<M, R>;
+  auto kernel = p.state_dtype == DType::kBF16
+                    ? PrefillGatedDeltaRuleKernel<__nv_bfloat16, M, R>
+                    : PrefillGatedDeltaRuleKernel<float, M, R>;
   int device = 0, sms = 0, smem_per_sm = 0, smem_optin = 0;
   SS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device), "cudaGetDevice");
   SS_CUDA_RETURN_IF_ERROR(

@@ -6,8 +6,9 @@
 // within 1e-4 of max |·| (the chunked form's tf32: 3e-3), NaN-free, every
 // output written; splits of the tokens into calls (at chunk boundaries for
 // the chunked form) give one call's bits; determinism; refusals; and the
-// speed at the 27B shape (printed, never asserted). Every test skips when no
-// CUDA device is visible.
+// speed at the 27B shape (printed, never asserted); a bf16 recurrent state
+// against the CPU with the same state type (and its chunked form). Every
+// test skips when no CUDA device is visible.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/convert.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/ops.h"
@@ -98,8 +100,9 @@ bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // Which implementation runs a call: the CPU, the exact CUDA kernel, the
-// backend's prefill choice, the per-token prefill kernel itself.
-enum class Rule { kCpu, kExact, kPrefill, kPerToken };
+// backend's prefill choice, the per-token prefill kernel itself, the CPU's
+// chunked form (CpuBackendOptions::chunked_prefill).
+enum class Rule { kCpu, kExact, kPrefill, kPerToken, kCpuChunked };
 
 class PrefillGatedDeltaRuleTest : public ::testing::Test {
  protected:
@@ -109,9 +112,16 @@ class PrefillGatedDeltaRuleTest : public ::testing::Test {
     ASSERT_TRUE(b.ok()) << b.status();
     gpu_ = std::move(*b);
     cpu_ = std::make_unique<cpu::CpuBackend>();
+    cpu::CpuBackendOptions chunked;
+    chunked.chunked_prefill = true;
+    cpu_chunked_ = std::make_unique<cpu::CpuBackend>(chunked);
   }
 
-  Backend* B(Rule r) { return r == Rule::kCpu ? cpu_.get() : gpu_.get(); }
+  Backend* B(Rule r) {
+    if (r == Rule::kCpu) return cpu_.get();
+    if (r == Rule::kCpuChunked) return cpu_chunked_.get();
+    return gpu_.get();
+  }
   cudaStream_t stream() {
     return static_cast<CudaBackend*>(gpu_.get())->stream();
   }
@@ -138,7 +148,30 @@ class PrefillGatedDeltaRuleTest : public ::testing::Test {
     p.a_log = Random(s.nv, -1.0f, 0.5f);
     p.dt_bias = Random(s.nv, -0.5f, 0.5f);
     p.state = Random(p.state_size, -0.1f, 0.1f);
+    if (state_dtype_ == DType::kBF16) {  // values a bf16 state holds
+      for (float& x : p.state) x = cpu::Bf16ToFloat(cpu::FloatToBf16(x));
+    }
     return p;
+  }
+
+  // A state in state_dtype_ on `be` (bf16: p.state's values, exactly).
+  Buffer UpState(Backend* be, const std::vector<float>& v) {
+    if (state_dtype_ != DType::kBF16) return Up(be, v);
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = cpu::FloatToBf16(v[i]);
+    auto b = be->Allocate(h.size() * 2);
+    EXPECT_TRUE(b.ok()) << b.status();
+    EXPECT_TRUE(be->CopyToDevice(b->data(), h.data(), h.size() * 2).ok());
+    return std::move(*b);
+  }
+  // n state elements as fp32 (bf16 widened exactly).
+  std::vector<float> DownState(Backend* be, const Buffer& b, size_t n) {
+    if (state_dtype_ != DType::kBF16) return Down(be, b.f32(), n);
+    std::vector<uint16_t> h(n);
+    EXPECT_TRUE(be->CopyToHost(h.data(), b.data(), n * 2).ok());
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = cpu::Bf16ToFloat(h[i]);
+    return v;
   }
 
   Buffer Up(Backend* be, const std::vector<float>& v) {
@@ -161,17 +194,17 @@ class PrefillGatedDeltaRuleTest : public ::testing::Test {
     b.ab = Up(be, p.ab);
     b.a_log = Up(be, p.a_log);
     b.dt_bias = Up(be, p.dt_bias);
-    b.state_in = Up(be, p.state);
+    b.state_in = UpState(be, p.state);
     if (!in_place) {
-      b.state_out = Up(be, std::vector<float>(p.state_size, kPoison));
+      b.state_out = UpState(be, std::vector<float>(p.state_size, kPoison));
     }
     b.out = Up(be, std::vector<float>(p.rows * p.out_stride, kPoison));
     return b;
   }
 
   // Tokens [r0, r0 + rows) of the problem, from the state in b.state_in.
-  static GatedDeltaRuleParams Params(const Problem& p, const Buffers& b,
-                                     bool in_place, int64_t r0, int64_t rows) {
+  GatedDeltaRuleParams Params(const Problem& p, const Buffers& b, bool in_place,
+                              int64_t r0, int64_t rows) const {
     const Shape& s = p.shape;
     GatedDeltaRuleParams g;
     g.rows = rows;
@@ -190,8 +223,9 @@ class PrefillGatedDeltaRuleTest : public ::testing::Test {
     g.ab_stride = p.ab_stride;
     g.a_log = b.a_log.f32();
     g.dt_bias = b.dt_bias.f32();
-    g.state_in = b.state_in.f32();
-    g.state_out = in_place ? b.state_in.f32() : b.state_out.f32();
+    g.state_in = b.state_in.data();
+    g.state_out = in_place ? b.state_in.data() : b.state_out.data();
+    g.state_dtype = state_dtype_;
     g.out = b.out.f32() + r0 * p.out_stride;
     g.out_stride = p.out_stride;
     g.position = p.position + r0;
@@ -210,6 +244,8 @@ class PrefillGatedDeltaRuleTest : public ::testing::Test {
         const absl::Status s = LaunchPrefillGatedDeltaRule(g, stream());
         return s.ok() ? gpu_->Synchronize() : s;
       }
+      case Rule::kCpuChunked:
+        return cpu_chunked_->PrefillGatedDeltaRule(g);
     }
     return absl::InternalError("unknown rule");
   }
@@ -232,9 +268,9 @@ class PrefillGatedDeltaRuleTest : public ::testing::Test {
     Result res;
     res.out = Down(be, b.out.f32(), p.rows * p.out_stride);
     res.state =
-        Down(be, (in_place ? b.state_in : b.state_out).f32(), p.state_size);
+        DownState(be, in_place ? b.state_in : b.state_out, p.state_size);
     if (!in_place) {
-      EXPECT_TRUE(BitEqual(Down(be, b.state_in.f32(), p.state_size), p.state))
+      EXPECT_TRUE(BitEqual(DownState(be, b.state_in, p.state_size), p.state))
           << "state_in changed by an out-of-place call";
     }
     return res;
@@ -242,6 +278,8 @@ class PrefillGatedDeltaRuleTest : public ::testing::Test {
 
   std::unique_ptr<Backend> gpu_;
   std::unique_ptr<Backend> cpu_;
+  std::unique_ptr<Backend> cpu_chunked_;
+  DType state_dtype_ = DType::kF32;  // the states of Make, Upload and Params
   std::mt19937 rng_{20250301};
 };
 
@@ -342,6 +380,51 @@ TEST_F(PrefillGatedDeltaRuleTest, ChunkedCallsAndRepeatsGiveOneCallsBits) {
   }
 }
 
+// A bf16 state (rounded after every token by the per-token kernels, at
+// chunk ends by the chunked forms): the GPU's prefill against the CPU with
+// the same state type (the exact rule; for dk = 128 also the CPU's chunked
+// form, whose rounding points are the GPU's), within a bound that allows
+// the two to round a state element differently; splits give one call's
+// bits (any cuts for the per-token kernel, chunk boundaries for the
+// chunked form).
+TEST_F(PrefillGatedDeltaRuleTest, Bf16StateMatchesCpu) {
+  state_dtype_ = DType::kBF16;
+  constexpr double kBf16Tolerance = 2e-2;
+  for (Shape s : {kQwen27B, kSmall}) {
+    for (int rows : {1, 5, 64, 300}) {
+      const std::string what = Name(s, rows) + " bf16 state";
+      const Problem p = Make(s, rows);
+      const Result cpu = Run(Rule::kCpu, p, /*in_place=*/false);
+      const Result exact = Run(Rule::kExact, p, false);
+      const Result prefill = Run(Rule::kPrefill, p, false);
+      ExpectClose(cpu, exact, what + " exact kernel vs cpu", kBf16Tolerance);
+      ExpectClose(cpu, prefill, what + " prefill vs cpu", kBf16Tolerance);
+      if (Chunked(s)) {
+        ExpectClose(Run(Rule::kCpuChunked, p, false), prefill,
+                    what + " prefill vs cpu chunked", kBf16Tolerance);
+        ExpectClose(cpu, Run(Rule::kPerToken, p, false),
+                    what + " per-token prefill vs cpu", kBf16Tolerance);
+      }
+      const Result in_place = Run(Rule::kPrefill, p, true);
+      EXPECT_TRUE(BitEqual(in_place.out, prefill.out) &&
+                  BitEqual(in_place.state, prefill.state))
+          << what << ": in place and out of place differ";
+    }
+  }
+  Problem p = Make(kSmall, 300);
+  const Result one = Run(Rule::kPrefill, p, true);
+  const Result split = Run(Rule::kPrefill, p, true, {1, 100, 101});
+  EXPECT_TRUE(BitEqual(one.out, split.out) && BitEqual(one.state, split.state))
+      << "bf16 state, per-token prefill split";
+  p = Make(kQwen27B, 300);
+  p.position = 37;
+  const Result one_c = Run(Rule::kPrefill, p, true);
+  const Result split_c = Run(Rule::kPrefill, p, true, {27, 91});
+  EXPECT_TRUE(BitEqual(one_c.out, split_c.out) &&
+              BitEqual(one_c.state, split_c.state))
+      << "bf16 state, chunked prefill split at chunk boundaries";
+}
+
 TEST_F(PrefillGatedDeltaRuleTest, Refusals) {
   const Problem p = Make(kSmall, 4);
   Buffers b = Upload(gpu_.get(), p, /*in_place=*/false);
@@ -352,7 +435,7 @@ TEST_F(PrefillGatedDeltaRuleTest, Refusals) {
   auto tables = gpu_->Allocate(p.rows * sizeof(float*));
   ASSERT_TRUE(tables.ok());
   GatedDeltaRuleParams batch = ok;
-  batch.states = reinterpret_cast<float* const*>(tables->data());
+  batch.states = reinterpret_cast<void* const*>(tables->data());
   batch.state_in = nullptr;
   batch.state_out = nullptr;
   EXPECT_EQ(LaunchPrefillGatedDeltaRule(batch, stream()).code(),
@@ -402,7 +485,7 @@ TEST_F(PrefillGatedDeltaRuleTest, Refusals) {
             absl::StatusCode::kInvalidArgument);
   bad = ok;
   bad.state_out_stride = p.state_size;  // snapshots over state_in
-  bad.state_out = const_cast<float*>(bad.state_in);
+  bad.state_out = const_cast<void*>(bad.state_in);
   EXPECT_EQ(LaunchPrefillGatedDeltaRule(bad, stream()).code(),
             absl::StatusCode::kInvalidArgument);
   // Nothing above launched a faulting kernel.

@@ -31,6 +31,8 @@ std::vector<std::string> ModelParams() {
   for (kernels::DType kv : {kernels::DType::kF32, kernels::DType::kBF16}) {
     p.push_back(testing::WithKvCache("tests/models/tiny_a", kv));
   }
+  p.push_back(testing::WithRecurrentState("tests/models/tiny_a",
+                                          kernels::DType::kBF16));
   return p;
 }
 
@@ -277,8 +279,11 @@ TEST_P(BatchTest, ByteAccounting) {
   const uint64_t kv_elem = kernels::DTypeSize(model_->kv_cache_dtype());
   const uint64_t kv =
       2ull * capacity * c.num_key_value_heads * c.head_dim * kv_elem;
+  // Recurrent state elements likewise (Model::recurrent_state_dtype).
+  const uint64_t rec_elem = kernels::DTypeSize(model_->recurrent_state_dtype());
   const uint64_t rec = static_cast<uint64_t>(c.linear_num_value_heads) *
-                       c.linear_key_head_dim * c.linear_value_head_dim * f;
+                       c.linear_key_head_dim * c.linear_value_head_dim *
+                       rec_elem;
   const uint64_t conv =
       static_cast<uint64_t>(c.conv_dim()) * (c.linear_conv_kernel_dim - 1) * f;
   const uint64_t trunk =

@@ -217,12 +217,13 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
     g.ab_stride = P;
     g.a_log = l.a_log.f32();
     g.dt_bias = l.dt_bias.f32();
+    g.state_dtype = rec_dtype_;
     if (batch != nullptr) {
       g.states = batch->recurrent;
     } else {
-      g.state_in = cache->recurrent.f32();
+      g.state_in = cache->recurrent.data();
       g.state_out =
-          verify ? cache->recurrent_columns.f32() : cache->recurrent.f32();
+          verify ? cache->recurrent_columns.data() : cache->recurrent.data();
       g.state_out_stride = verify ? rec_state : 0;
     }
     g.out = ws.core.f32() + s.row0 * value_dim;

@@ -79,6 +79,11 @@ std::vector<std::string> ModelParams() {
     p.push_back(testing::WithKvCache("tests/models/tiny_a", kv));
     p.push_back(testing::WithKvCache(kSyntheticModel, kv));
   }
+  // A bf16 recurrent state (fp32 is the default, run above).
+  p.push_back(testing::WithRecurrentState("tests/models/tiny_a",
+                                          kernels::DType::kBF16));
+  p.push_back(
+      testing::WithRecurrentState(kSyntheticModel, kernels::DType::kBF16));
   return p;
 }
 

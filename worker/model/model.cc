@@ -30,6 +30,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::FromCheckpoint(
   m->checkpoint_ = std::move(checkpoint);
   m->backend_ = backend;
   m->kv_dtype_ = backend->KvCacheDType();
+  m->rec_dtype_ = backend->RecurrentStateDType();
+  if (m->rec_dtype_ != kernels::DType::kF32 &&
+      m->rec_dtype_ != kernels::DType::kBF16) {
+    return absl::InvalidArgumentError(
+        "model: the recurrent state type is fp32 or bf16");
+  }
   const ModelConfig& c = m->config_;
   if (c.linear_conv_kernel_dim < 2 &&
       c.num_full_attention_layers() < c.num_hidden_layers) {
@@ -38,6 +44,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::FromCheckpoint(
   SS_RETURN_IF_ERROR(m->LoadWeights());
   SS_RETURN_IF_ERROR(m->EnsureWorkspace());
   return m;
+}
+
+size_t Model::recurrent_state_bytes() const {
+  return static_cast<size_t>(config_.linear_num_value_heads) *
+         config_.linear_key_head_dim * config_.linear_value_head_dim *
+         kernels::DTypeSize(rec_dtype_);
 }
 
 size_t Model::kv_row_bytes() const {
@@ -220,7 +232,7 @@ absl::Status Model::TrunkOps(absl::Span<ModelState* const> states,
         linear[i] = &states[i]->linear_[lin_i];
       if (batch != nullptr) {
         layer_batch.conv = table(2 * nf + 2 * lin_i);
-        layer_batch.recurrent = table(2 * nf + 2 * lin_i + 1);
+        layer_batch.recurrent = kv_table(2 * nf + 2 * lin_i + 1);
       }
       ++lin_i;
       // A verify's table (one row per column) is for attention only: the

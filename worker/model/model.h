@@ -134,6 +134,9 @@ struct KvCache {
 
 // State of one linear-attention layer.
 struct LinearCache {
+  // Elements are the backend's recurrent state type
+  // (Backend::RecurrentStateDType: fp32, or bf16 rounded after every token;
+  // kernels/gated_delta_rule.h); the conv state is fp32.
   Buffer recurrent;  // [nv][dk][dv]: S after the last committed token
   Buffer conv;       // [conv_dim][Kc−1]: last Kc−1 raw inputs, newest last
   // Verify captures: the state after each column of the last Verify.
@@ -219,8 +222,9 @@ struct TrunkCheckpoint {
   std::vector<Buffer> recurrent;  // per linear layer [nv][dk][dv]
   std::vector<Buffer> conv;       // per linear layer [conv_dim][Kc−1]
   bool offloaded = false;
-  std::vector<std::vector<float>> host_recurrent;  // while offloaded
-  std::vector<std::vector<float>> host_conv;       // while offloaded
+  // While offloaded: the recurrent states' bytes as stored, the conv's floats.
+  std::vector<std::vector<uint8_t>> host_recurrent;
+  std::vector<std::vector<float>> host_conv;
 
   // Backend bytes the copies hold (0 while offloaded).
   uint64_t bytes() const;
@@ -231,17 +235,19 @@ struct TrunkCheckpoint {
 // Host copy of a session's live rows (Model::Offload), plain memory: what
 // Model::Restore needs to rebuild the state. Shapes in the notation above;
 // kv_dim = nkv·hd. KV rows are the cache's bytes as stored (fp32 or bf16
-// elements, Model::kv_cache_dtype), so a restore is exact.
+// elements, Model::kv_cache_dtype), and so are the recurrent states
+// (Model::recurrent_state_dtype), so a restore is exact.
 struct HostStateSnapshot {
   int length = 0;      // committed trunk rows
   int mtp_length = 0;  // valid MTP rows (0 without draft state)
   // Per full-attention layer, rows [0, length): [length][kv_dim].
   std::vector<std::vector<uint8_t>> k;
   std::vector<std::vector<uint8_t>> v;
-  std::vector<std::vector<float>> recurrent;  // per linear layer [nv][dk][dv]
-  std::vector<std::vector<float>> conv;  // per linear layer [conv_dim][Kc−1]
-  std::vector<uint8_t> mtp_k;            // [mtp_length][kv_dim]
-  std::vector<uint8_t> mtp_v;            // [mtp_length][kv_dim]
+  // Per linear layer: [nv][dk][dv] bytes as stored, and [conv_dim][Kc−1].
+  std::vector<std::vector<uint8_t>> recurrent;
+  std::vector<std::vector<float>> conv;
+  std::vector<uint8_t> mtp_k;  // [mtp_length][kv_dim]
+  std::vector<uint8_t> mtp_v;  // [mtp_length][kv_dim]
 
   // Host bytes held.
   uint64_t bytes() const;
@@ -343,6 +349,11 @@ class Model {
   kernels::DType kv_cache_dtype() const { return kv_dtype_; }
   // Bytes of one position's keys (or values) in one layer's cache.
   size_t kv_row_bytes() const;
+  // Element type of the recurrent states: the backend's
+  // (Backend::RecurrentStateDType), fixed at load.
+  kernels::DType recurrent_state_dtype() const { return rec_dtype_; }
+  // Bytes of one linear layer's recurrent state [nv][dk][dv].
+  size_t recurrent_state_bytes() const;
   // Bytes of weights one decode step reads (trunk matrices + lm_head).
   uint64_t decode_weight_bytes() const;
 
@@ -480,7 +491,8 @@ class Model {
 
   // Host copy of linear-attention layer `index`'s state (index counts the
   // linear layers only): the committed state when column < 0, else the
-  // pending Verify's capture after `column`. For tests and cross-backend
+  // pending Verify's capture after `column`. The recurrent state comes
+  // widened to fp32 (exact for a bf16 state). For tests and cross-backend
   // checks.
   absl::Status ReadLinearState(const ModelState& state, int index, int column,
                                std::vector<float>* recurrent,
@@ -572,8 +584,8 @@ class Model {
     int max_position = 0;
     void* const* k = nullptr;  // [B] this layer's K caches (full attention)
     void* const* v = nullptr;
-    float* const* conv = nullptr;       // [B] conv states (linear attention)
-    float* const* recurrent = nullptr;  // [B] recurrent states
+    float* const* conv = nullptr;      // [B] conv states (linear attention)
+    void* const* recurrent = nullptr;  // [B] recurrent states
   };
 
   Model() = default;
@@ -676,6 +688,7 @@ class Model {
 
   ModelConfig config_;
   kernels::DType kv_dtype_ = kernels::DType::kF32;
+  kernels::DType rec_dtype_ = kernels::DType::kF32;
   std::unique_ptr<model_files::Checkpoint> checkpoint_;
   kernels::Backend* backend_ = nullptr;
   ModelWeights weights_;

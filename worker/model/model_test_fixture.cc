@@ -19,7 +19,8 @@ bool SameBytes(const std::vector<float>& a, const std::vector<float>& b) {
 
 void ModelTest::SetUp() {
   std::string why;
-  backend_ = MakeTestBackend(&why, KvCacheDTypeOf(GetParam()));
+  backend_ = MakeTestBackend(&why, KvCacheDTypeOf(GetParam()),
+                             RecurrentStateDTypeOf(GetParam()));
   if (backend_ == nullptr) GTEST_SKIP() << why;
   if (options_.require_recording) {
     ASSERT_TRUE(backend_->CanRecord()) << TestBackendName() << " cannot record";

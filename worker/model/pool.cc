@@ -19,20 +19,17 @@ uint64_t TrunkCheckpoint::bytes() const {
 
 uint64_t TrunkCheckpoint::host_bytes() const {
   uint64_t n = 0;
-  for (const auto* part : {&host_recurrent, &host_conv}) {
-    for (const std::vector<float>& x : *part) n += x.size() * sizeof(float);
-  }
+  for (const std::vector<uint8_t>& x : host_recurrent) n += x.size();
+  for (const std::vector<float>& x : host_conv) n += x.size() * sizeof(float);
   return n;
 }
 
 uint64_t HostStateSnapshot::bytes() const {
   uint64_t n = mtp_k.size() + mtp_v.size();
-  for (const auto* part : {&k, &v}) {
+  for (const auto* part : {&k, &v, &recurrent}) {
     for (const std::vector<uint8_t>& x : *part) n += x.size();
   }
-  for (const auto* part : {&recurrent, &conv}) {
-    for (const std::vector<float>& x : *part) n += x.size() * sizeof(float);
-  }
+  for (const std::vector<float>& x : conv) n += x.size() * sizeof(float);
   return n;
 }
 
@@ -99,9 +96,8 @@ absl::StatusOr<std::unique_ptr<HostStateSnapshot>> Model::Offload(
   snap->conv.resize(state->linear_.size());
   for (size_t i = 0; i < state->linear_.size(); ++i) {
     const LinearCache& lc = state->linear_[i];
-    SS_RETURN_IF_ERROR(ToHost(be, lc.recurrent,
-                              lc.recurrent.bytes() / sizeof(float),
-                              &snap->recurrent[i]));
+    SS_RETURN_IF_ERROR(BytesToHost(be, lc.recurrent, recurrent_state_bytes(),
+                                   &snap->recurrent[i]));
     SS_RETURN_IF_ERROR(
         ToHost(be, lc.conv, lc.conv.bytes() / sizeof(float), &snap->conv[i]));
   }
@@ -132,8 +128,7 @@ absl::Status Model::Restore(ModelState* state,
   const size_t row_bytes = kv_row_bytes();
   const size_t num_full = c.num_full_attention_layers();
   const size_t num_linear = c.num_hidden_layers - num_full;
-  const size_t rec = static_cast<size_t>(c.linear_num_value_heads) *
-                     c.linear_key_head_dim * c.linear_value_head_dim;
+  const size_t rec = recurrent_state_bytes();
   const size_t conv =
       static_cast<size_t>(c.conv_dim()) * (c.linear_conv_kernel_dim - 1);
   bool fits = snap.length >= 0 && snap.length <= state->capacity_ &&
@@ -175,7 +170,7 @@ absl::Status Model::Restore(ModelState* state,
   }
   for (size_t i = 0; i < num_linear; ++i) {
     SS_RETURN_IF_ERROR(
-        ToDevice(be, snap.recurrent[i], target->linear_[i].recurrent));
+        BytesToDevice(be, snap.recurrent[i], target->linear_[i].recurrent));
     SS_RETURN_IF_ERROR(ToDevice(be, snap.conv[i], target->linear_[i].conv));
   }
   const bool mtp = target->mtp_kv_.k.data() != nullptr;
@@ -202,11 +197,11 @@ absl::Status Model::OffloadCheckpoint(TrunkCheckpoint* checkpoint) const {
     return absl::FailedPreconditionError("checkpoint is already offloaded");
   }
   kernels::Backend& be = *backend_;
-  std::vector<std::vector<float>> recurrent(checkpoint->recurrent.size());
+  std::vector<std::vector<uint8_t>> recurrent(checkpoint->recurrent.size());
   std::vector<std::vector<float>> conv(checkpoint->conv.size());
   for (size_t i = 0; i < recurrent.size(); ++i) {
     const Buffer& b = checkpoint->recurrent[i];
-    SS_RETURN_IF_ERROR(ToHost(be, b, b.bytes() / sizeof(float), &recurrent[i]));
+    SS_RETURN_IF_ERROR(BytesToHost(be, b, b.bytes(), &recurrent[i]));
   }
   for (size_t i = 0; i < conv.size(); ++i) {
     const Buffer& b = checkpoint->conv[i];
@@ -226,9 +221,9 @@ absl::Status Model::ReloadCheckpoint(TrunkCheckpoint* checkpoint) const {
   kernels::Backend& be = *backend_;
   // Allocated aside first, so that a failure leaves it offloaded.
   std::vector<Buffer> recurrent, conv;
-  for (const std::vector<float>& x : checkpoint->host_recurrent) {
-    SS_ASSIGN_OR_RETURN(Buffer b, be.AllocateFloats(x.size()));
-    SS_RETURN_IF_ERROR(ToDevice(be, x, b));
+  for (const std::vector<uint8_t>& x : checkpoint->host_recurrent) {
+    SS_ASSIGN_OR_RETURN(Buffer b, be.Allocate(x.size()));
+    SS_RETURN_IF_ERROR(BytesToDevice(be, x, b));
     recurrent.push_back(std::move(b));
   }
   for (const std::vector<float>& x : checkpoint->host_conv) {

@@ -1,6 +1,8 @@
 // Model's session-state functions: creating and resetting caches, keeping a
 // verified column, checkpoints, and state inspection (model.h).
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
@@ -32,8 +34,7 @@ absl::Status Model::AllocateCaches(ModelState* s) const {
   kernels::Backend& be = *backend_;
   const bool draft = !s->draft_freed_;
   const size_t kv_bytes = static_cast<size_t>(s->capacity_) * kv_row_bytes();
-  const size_t rec = static_cast<size_t>(c.linear_num_value_heads) *
-                     c.linear_key_head_dim * c.linear_value_head_dim;
+  const size_t rec = recurrent_state_bytes();
   const size_t conv =
       static_cast<size_t>(c.conv_dim()) * (c.linear_conv_kernel_dim - 1);
   const size_t cols = s->max_verify_columns_;
@@ -45,11 +46,10 @@ absl::Status Model::AllocateCaches(ModelState* s) const {
       s->kv_.push_back(std::move(kv));
     } else {
       LinearCache lc;
-      SS_ASSIGN_OR_RETURN(lc.recurrent, be.AllocateFloats(rec));
+      SS_ASSIGN_OR_RETURN(lc.recurrent, be.Allocate(rec));
       SS_ASSIGN_OR_RETURN(lc.conv, be.AllocateFloats(conv));
       if (draft) {
-        SS_ASSIGN_OR_RETURN(lc.recurrent_columns,
-                            be.AllocateFloats(cols * rec));
+        SS_ASSIGN_OR_RETURN(lc.recurrent_columns, be.Allocate(cols * rec));
         SS_ASSIGN_OR_RETURN(lc.conv_columns, be.AllocateFloats(cols * conv));
       }
       s->linear_.push_back(std::move(lc));
@@ -117,7 +117,6 @@ absl::Status Model::ReadLinearState(const ModelState& state, int index,
   }
   const LinearCache& lc = state.linear_[index];
   const size_t rec = lc.recurrent.bytes(), cv = lc.conv.bytes();
-  recurrent->resize(rec / sizeof(float));
   conv->resize(cv / sizeof(float));
   const char* rsrc =
       column < 0 ? static_cast<const char*>(lc.recurrent.data())
@@ -127,7 +126,18 @@ absl::Status Model::ReadLinearState(const ModelState& state, int index,
       column < 0
           ? static_cast<const char*>(lc.conv.data())
           : static_cast<const char*>(lc.conv_columns.data()) + column * cv;
-  SS_RETURN_IF_ERROR(backend_->CopyToHost(recurrent->data(), rsrc, rec));
+  if (rec_dtype_ == kernels::DType::kBF16) {
+    std::vector<uint16_t> stored(rec / sizeof(uint16_t));
+    SS_RETURN_IF_ERROR(backend_->CopyToHost(stored.data(), rsrc, rec));
+    recurrent->resize(stored.size());
+    for (size_t i = 0; i < stored.size(); ++i) {
+      const uint32_t bits = uint32_t{stored[i]} << 16;  // exact widening
+      std::memcpy(&(*recurrent)[i], &bits, sizeof(float));
+    }
+  } else {
+    recurrent->resize(rec / sizeof(float));
+    SS_RETURN_IF_ERROR(backend_->CopyToHost(recurrent->data(), rsrc, rec));
+  }
   return backend_->CopyToHost(conv->data(), csrc, cv);
 }
 

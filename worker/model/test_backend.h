@@ -21,10 +21,12 @@ namespace specserve::model::testing {
 // cannot run here (the CUDA one without a visible GPU). A backend that
 // exists but fails to start is a test failure, not a skip: it CHECK-fails.
 // `kv_cache_dtype` overrides the backend's KV cache element type
-// (Backend::KvCacheDType); without it the backend's default.
+// (Backend::KvCacheDType), `recurrent_state_dtype` its recurrent state type
+// (Backend::RecurrentStateDType); without them the backend's defaults.
 std::unique_ptr<kernels::Backend> MakeTestBackend(
     std::string* skip_reason,
-    std::optional<kernels::DType> kv_cache_dtype = std::nullopt);
+    std::optional<kernels::DType> kv_cache_dtype = std::nullopt,
+    std::optional<kernels::DType> recurrent_state_dtype = std::nullopt);
 
 // "cpu" or "cuda": the backend MakeTestBackend gives in this binary.
 const char* TestBackendName();

@@ -6,10 +6,14 @@
 namespace specserve::model::testing {
 
 std::unique_ptr<kernels::Backend> MakeTestBackend(
-    std::string*, std::optional<kernels::DType> kv_cache_dtype) {
+    std::string*, std::optional<kernels::DType> kv_cache_dtype,
+    std::optional<kernels::DType> recurrent_state_dtype) {
   kernels::cpu::CpuBackendOptions options;
   options.recording = true;
   if (kv_cache_dtype) options.kv_cache_dtype = *kv_cache_dtype;
+  if (recurrent_state_dtype) {
+    options.recurrent_state_dtype = *recurrent_state_dtype;
+  }
   return std::make_unique<kernels::cpu::CpuBackend>(options);
 }
 

@@ -7,13 +7,17 @@
 namespace specserve::model::testing {
 
 std::unique_ptr<kernels::Backend> MakeTestBackend(
-    std::string* skip_reason, std::optional<kernels::DType> kv_cache_dtype) {
+    std::string* skip_reason, std::optional<kernels::DType> kv_cache_dtype,
+    std::optional<kernels::DType> recurrent_state_dtype) {
   if (kernels::cuda::CudaDeviceCount() == 0) {
     *skip_reason = "no CUDA device visible";
     return nullptr;
   }
   kernels::cuda::CudaBackendOptions options;
   if (kv_cache_dtype) options.kv_cache_dtype = *kv_cache_dtype;
+  if (recurrent_state_dtype) {
+    options.recurrent_state_dtype = *recurrent_state_dtype;
+  }
   auto backend = kernels::cuda::CreateCudaBackend(options);
   CHECK(backend.ok()) << "a CUDA device is visible but the backend failed: "
                       << backend.status();

@@ -83,6 +83,8 @@ std::string DefaultModelDir() {
 namespace {
 constexpr char kBf16Kv[] = "@bf16_kv";
 constexpr char kFp32Kv[] = "@fp32_kv";
+constexpr char kBf16State[] = "@bf16_state";
+constexpr char kFp32State[] = "@fp32_state";
 bool EndsWith(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() &&
          s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -96,6 +98,16 @@ std::string WithKvCache(const std::string& model, kernels::DType dtype) {
 std::optional<kernels::DType> KvCacheDTypeOf(const std::string& param) {
   if (EndsWith(param, kBf16Kv)) return kernels::DType::kBF16;
   if (EndsWith(param, kFp32Kv)) return kernels::DType::kF32;
+  return std::nullopt;
+}
+
+std::string WithRecurrentState(const std::string& model, kernels::DType dtype) {
+  return model + (dtype == kernels::DType::kBF16 ? kBf16State : kFp32State);
+}
+
+std::optional<kernels::DType> RecurrentStateDTypeOf(const std::string& param) {
+  if (EndsWith(param, kBf16State)) return kernels::DType::kBF16;
+  if (EndsWith(param, kFp32State)) return kernels::DType::kF32;
   return std::nullopt;
 }
 

@@ -45,7 +45,8 @@ std::string DefaultModelDir();
 
 // Absolute path of a model parameter of DefaultAndTestModels():
 // DefaultModelDir() for "models/default", RepoPath otherwise. A parameter
-// may end in a KV cache suffix (WithKvCache), which names no folder.
+// may end in a KV cache or recurrent state suffix (WithKvCache,
+// WithRecurrentState), which names no folder.
 std::string ModelDirOf(const std::string& param);
 
 // `model` as a test parameter whose backend keeps its KV caches in `dtype`
@@ -53,6 +54,11 @@ std::string ModelDirOf(const std::string& param);
 // any backend; KvCacheDTypeOf reads it back (nullopt: the backend default).
 std::string WithKvCache(const std::string& model, kernels::DType dtype);
 std::optional<kernels::DType> KvCacheDTypeOf(const std::string& param);
+
+// Likewise for the recurrent state type ("tests/models/tiny_a@bf16_state",
+// Backend::RecurrentStateDType); RecurrentStateDTypeOf reads it back.
+std::string WithRecurrentState(const std::string& model, kernels::DType dtype);
+std::optional<kernels::DType> RecurrentStateDTypeOf(const std::string& param);
 
 // A new state of `m` (`capacity` positions, verify rounds of up to
 // `verify_columns`); nullptr with a test failure when it cannot be made.

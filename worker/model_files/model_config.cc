@@ -224,6 +224,10 @@ absl::Status ParseFields(const FieldReader& r, ModelConfig* c) {
     }
     c->rms_norm_eps = eps;
   }
+  if (const json* v = r.Find("mamba_ssm_dtype"); v != nullptr) {
+    if (!v->is_string()) return r.Bad("mamba_ssm_dtype", "must be a string");
+    c->mamba_ssm_dtype = v->get<std::string>();
+  }
   if (const json* v = r.Find("tie_word_embeddings"); v != nullptr) {
     if (!v->is_boolean()) return r.Bad("tie_word_embeddings", "must be a bool");
     c->tie_word_embeddings = v->get<bool>();

@@ -38,6 +38,10 @@ struct ModelConfig {
   int max_position_embeddings = 0;
   int mtp_num_hidden_layers = 0;   // 0 = no MTP head
   std::vector<int> eos_token_ids;  // "eos_token_id" (int or list), may be empty
+  // "mamba_ssm_dtype" as written ("float32" in the Qwen3.5 checkpoints):
+  // the precision the model's recurrent state was kept in; empty when the
+  // config has none. The worker's --recurrent_state_dtype=auto reads it.
+  std::string mamba_ssm_dtype;
 
   // Derived sizes (docs/MODEL.md notation).
   int key_dim() const { return linear_num_key_heads * linear_key_head_dim; }

@@ -53,6 +53,7 @@ TEST(ModelConfigTest, ParsesTopLevelFieldsAndDefaults) {
   EXPECT_FLOAT_EQ(c->rms_norm_eps, 1e-5f);
   EXPECT_FALSE(c->tie_word_embeddings);
   EXPECT_EQ(c->mtp_num_hidden_layers, 0);
+  EXPECT_EQ(c->mamba_ssm_dtype, "");
   EXPECT_DOUBLE_EQ(c->rope_theta, 10000.0);
   EXPECT_DOUBLE_EQ(c->partial_rotary_factor, 0.25);
   EXPECT_EQ(c->rotary_dim(), 2);
@@ -84,6 +85,17 @@ TEST(ModelConfigTest, ExplicitLayerTypes) {
   EXPECT_EQ(c->layer_types[0], LayerType::kFullAttention);
   EXPECT_EQ(c->layer_types[1], LayerType::kLinearAttention);
   EXPECT_EQ(c->num_full_attention_layers(), 2);
+}
+
+TEST(ModelConfigTest, MambaSsmDtypeIsReadAsWritten) {
+  auto c = ParseModelConfig(
+      R"({"text_config": )" + Config(R"("mamba_ssm_dtype": "float32",)") + "}",
+      "c");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->mamba_ssm_dtype, "float32");
+  auto bad = ParseModelConfig(Config(R"("mamba_ssm_dtype": 32,)"), "c");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("mamba_ssm_dtype"));
 }
 
 TEST(ModelConfigTest, TextConfigWinsOverTopLevel) {

@@ -101,6 +101,9 @@ std::vector<std::string> ModelDirs() {
   for (kernels::DType kv : {kernels::DType::kF32, kernels::DType::kBF16}) {
     dirs.push_back(model::testing::WithKvCache("tests/models/tiny_a", kv));
   }
+  // A bf16 recurrent state (verify == decode holds in it too).
+  dirs.push_back(model::testing::WithRecurrentState("tests/models/tiny_a",
+                                                    kernels::DType::kBF16));
   return dirs;
 }
 
@@ -109,7 +112,8 @@ class SpecEngineTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     std::string why;
     backend_ = model::testing::MakeTestBackend(
-        &why, model::testing::KvCacheDTypeOf(GetParam()));
+        &why, model::testing::KvCacheDTypeOf(GetParam()),
+        model::testing::RecurrentStateDTypeOf(GetParam()));
     if (backend_ == nullptr) GTEST_SKIP() << why;
     auto loaded =
         Model::Load(model::testing::ModelDirOf(GetParam()), backend_.get());
