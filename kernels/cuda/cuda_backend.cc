@@ -58,6 +58,19 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
         "cuda: workspace_bytes must be at least 1 MiB");
   }
   SS_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device), "cudaSetDevice");
+  // Allocate/Free use the device's default memory pool, stream-ordered on
+  // the backend's one stream, and the pool keeps what is freed: a released
+  // session's memory serves the next admission at once, where cudaMalloc
+  // costs milliseconds for a session's hundreds of buffers and cudaFree
+  // waits for the whole device. The worker's memory budget, taken once the
+  // weights are loaded, bounds what the pool holds.
+  cudaMemPool_t pool = nullptr;
+  SS_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, options.device),
+                          "cudaDeviceGetDefaultMemPool");
+  uint64_t keep_all = UINT64_MAX;
+  SS_CUDA_RETURN_IF_ERROR(
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all),
+      "cudaMemPoolSetAttribute");
   SS_ASSIGN_OR_RETURN(CudaStream stream, CreateStream());
   SS_ASSIGN_OR_RETURN(DeviceMemory workspace,
                       AllocateDevice(options.workspace_bytes));
@@ -131,7 +144,8 @@ absl::StatusOr<Buffer> CudaBackend::Allocate(size_t bytes) {
   SS_RETURN_IF_ERROR(recording_.Refuse("Allocate"));
   SS_RETURN_IF_ERROR(UseDevice());
   void* p = nullptr;
-  const cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+  const cudaError_t err =
+      cudaMallocAsync(&p, std::max<size_t>(bytes, 1), stream_.get());
   if (err != cudaSuccess) {
     cudaGetLastError();
     return absl::ResourceExhaustedError(
@@ -147,10 +161,11 @@ absl::StatusOr<Buffer> CudaBackend::Allocate(size_t bytes) {
 
 void CudaBackend::Free(void* data) {
   if (!UseDevice().ok()) return;
-  // cudaFree waits for the device, so queued ops that use `data` finish first.
-  const cudaError_t err = cudaFree(data);
+  // Stream-ordered: every op that uses `data` was enqueued on stream_
+  // before this, so the memory is reused only after they finish.
+  const cudaError_t err = cudaFreeAsync(data, stream_.get());
   if (err != cudaSuccess)
-    LOG(ERROR) << "cuda backend: cudaFree: " << cudaGetErrorString(err);
+    LOG(ERROR) << "cuda backend: cudaFreeAsync: " << cudaGetErrorString(err);
 }
 
 absl::Status CudaBackend::CopyToDevice(void* dst, const void* host_src,
