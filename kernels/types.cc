@@ -1,7 +1,7 @@
 #include "kernels/types.h"
 
-#include <string>
-
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "kernels/backend.h"
 
@@ -31,17 +31,13 @@ const char* DTypeName(DType dtype) {
   return "?";
 }
 
-bool ParseCacheDType(const char* name, DType* out) {
-  const std::string text = name == nullptr ? "" : name;
-  if (text == "fp32") {
-    *out = DType::kF32;
-    return true;
-  }
-  if (text == "bf16") {
-    *out = DType::kBF16;
-    return true;
-  }
-  return false;
+absl::StatusOr<std::optional<DType>> ParseCacheDTypeFlag(
+    absl::string_view flag, absl::string_view value) {
+  if (value == "fp32") return DType::kF32;
+  if (value == "bf16") return DType::kBF16;
+  if (value == "auto") return std::nullopt;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--", flag, " must be fp32, bf16 or auto, got '", value, "'"));
 }
 
 const char* WeightLayoutName(WeightLayout layout) {

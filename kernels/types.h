@@ -7,7 +7,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace specserve::kernels {
 
@@ -16,9 +20,11 @@ enum class DType { kF32, kF16, kBF16 };
 size_t DTypeSize(DType dtype);
 const char* DTypeName(DType dtype);
 
-// The cache element type a command-line flag names: "fp32" or "bf16". Any
-// other text (including "auto", which each tool resolves itself) is false.
-bool ParseCacheDType(const char* name, DType* out);
+// A cache element type flag's value (--kv_cache_dtype,
+// --recurrent_state_dtype): "fp32" or "bf16", or "auto" (nullopt: each tool
+// resolves it). INVALID_ARGUMENT naming `flag` for anything else.
+absl::StatusOr<std::optional<DType>> ParseCacheDTypeFlag(
+    absl::string_view flag, absl::string_view value);
 
 class Backend;
 

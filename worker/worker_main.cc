@@ -21,6 +21,7 @@
 #include "grpcpp/grpcpp.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "telemetry/server_lifecycle.h"
+#include "telemetry/status_macros.h"
 #include "telemetry/tls_credentials.h"
 #ifdef SPECSERVE_WITH_CUDA
 #include "kernels/cuda/cuda_backend.h"
@@ -95,14 +96,11 @@ using specserve::kernels::DType;
 // mamba_ssm_dtype (float32 or bfloat16; float16 is not a state type the
 // kernels keep), fp32 when the config has none or cannot be read.
 absl::StatusOr<DType> RecurrentStateDType(const std::string& model_dir) {
-  const std::string flag = absl::GetFlag(FLAGS_recurrent_state_dtype);
-  if (flag == "fp32") return DType::kF32;
-  if (flag == "bf16") return DType::kBF16;
-  if (flag != "auto") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--recurrent_state_dtype must be fp32, bf16 or auto, got '", flag,
-        "'"));
-  }
+  SS_ASSIGN_OR_RETURN(
+      const std::optional<DType> named,
+      specserve::kernels::ParseCacheDTypeFlag(
+          "recurrent_state_dtype", absl::GetFlag(FLAGS_recurrent_state_dtype)));
+  if (named) return *named;
   auto config = specserve::model_files::LoadModelConfig(model_dir);
   // An unreadable config fails the model's load next, with its own message.
   if (!config.ok()) return DType::kF32;
@@ -119,14 +117,10 @@ absl::StatusOr<DType> RecurrentStateDType(const std::string& model_dir) {
 // The backend named by --device: cpu, or cuda:N in a --config=cuda build.
 absl::StatusOr<std::unique_ptr<specserve::kernels::Backend>> MakeBackend(
     const std::string& device, const std::string& model_dir) {
-  const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype);
-  std::optional<DType> kv_dtype;
-  if (DType parsed; specserve::kernels::ParseCacheDType(kv.c_str(), &parsed)) {
-    kv_dtype = parsed;
-  } else if (kv != "auto") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--kv_cache_dtype must be fp32, bf16 or auto, got '", kv, "'"));
-  }
+  SS_ASSIGN_OR_RETURN(
+      const std::optional<DType> kv_dtype,
+      specserve::kernels::ParseCacheDTypeFlag(
+          "kv_cache_dtype", absl::GetFlag(FLAGS_kv_cache_dtype)));
   auto rec_dtype = RecurrentStateDType(model_dir);
   if (!rec_dtype.ok()) return rec_dtype.status();
   if (device == "cpu") {

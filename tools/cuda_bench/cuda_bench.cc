@@ -760,11 +760,14 @@ int Main(int argc, char** argv) {
     if (a == "--decode_only") decode_only = true;
     if (a == "--prefill_only") ctx.prefill_only = true;
     if (a.rfind("--x_splits=", 0) == 0) model_splits = std::stoi(a.substr(11));
-    if (a.rfind("--kv_cache_dtype=", 0) == 0 &&
-        !kernels::ParseCacheDType(a.c_str() + 17, &ctx.kv_dtype)) {
-      std::fprintf(stderr, "cuda_bench: --kv_cache_dtype is fp32 or bf16, got %s\n",
-                   a.c_str() + 17);
-      return 2;
+    if (a.rfind("--kv_cache_dtype=", 0) == 0) {
+      const auto kv = kernels::ParseCacheDTypeFlag("kv_cache_dtype", a.substr(17));
+      if (!kv.ok() || !kv->has_value()) {
+        std::fprintf(stderr, "cuda_bench: --kv_cache_dtype is fp32 or bf16, got %s\n",
+                     a.c_str() + 17);
+        return 2;
+      }
+      ctx.kv_dtype = **kv;
     }
   }
   if (kernels::cuda::CudaDeviceCount() == 0) {

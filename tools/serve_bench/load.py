@@ -35,6 +35,31 @@ def percentile(xs, q):
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def run_timed(client, coro, hard_s, pids):
+    """Runs `coro` (a row's measurement on `client`) on a fresh event loop,
+    cut after hard_s seconds (None: no cut; what was still running is then
+    recorded as CUT by the requests themselves), then closes the client.
+    Returns (coro's result or None if cut, the row's start on
+    time.perf_counter(), CPU seconds of each named process in `pids` over it)."""
+    loop = asyncio.new_event_loop()
+    cpu0 = {name: proc_cpu_seconds(pid) for name, pid in (pids or {}).items()}
+    t_row = time.perf_counter()
+    raw = None
+    try:
+        raw = loop.run_until_complete(asyncio.wait_for(coro, timeout=hard_s))
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        loop.run_until_complete(client.close())
+        loop.close()
+    cpu = {}
+    for name, pid in (pids or {}).items():
+        after = proc_cpu_seconds(pid)
+        if after is not None and cpu0.get(name) is not None:
+            cpu[name] = after - cpu0[name]
+    return raw, t_row, cpu
+
+
 def proc_cpu_seconds(pid):
     """User + system CPU seconds of a local process (all threads), or None."""
     try:

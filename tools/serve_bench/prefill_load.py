@@ -172,24 +172,9 @@ def run_row(client, *, prompt_tokens, streams, stream_prompt_tokens,
     stream_reqs = [client.request(ids, stream_max_tokens, False, 0) for ids in
                    load.random_prompts(rng, N, stream_prompt_tokens, vocab)]
     prefill_req = client.request(load.random_prompts(rng, 1, P, vocab)[0], 1, False, 0)
-    loop = asyncio.new_event_loop()
-    cpu0 = {name: load.proc_cpu_seconds(pid) for name, pid in (pids or {}).items()}
-    t_row = time.perf_counter()
-    raw = None
-    try:
-        raw = loop.run_until_complete(asyncio.wait_for(
-            _measure(client, solo_reqs, stream_reqs, prefill_req, baseline_s),
-            timeout=hard_s))
-    except asyncio.TimeoutError:
-        pass  # every request still running was recorded as CUT
-    finally:
-        loop.run_until_complete(client.close())
-        loop.close()
-    cpu = {}
-    for name, pid in (pids or {}).items():
-        after = load.proc_cpu_seconds(pid)
-        if after is not None and cpu0.get(name) is not None:
-            cpu[name] = after - cpu0[name]
+    raw, t_row, cpu = load.run_timed(
+        client, _measure(client, solo_reqs, stream_reqs, prefill_req, baseline_s),
+        hard_s, pids)
     row = dict(prompt_tokens=P, concurrency=N, streams=N,
                stream_prompt_tokens=stream_prompt_tokens,
                stream_max_tokens=stream_max_tokens, max_tokens=1, spec=False, k=0,

@@ -262,24 +262,11 @@ def run_row(client, worker_address, *, prefix_tokens, clients, suffix_tokens, fi
     shared_reqs = [client.request(prefix + s, SHARED_MAX_TOKENS, False, 0)
                    for s in suffixes[1:]]
     wapi = ServerApi(worker_address, symbols=("specserve.worker.v1.Worker",))
-    loop = asyncio.new_event_loop()
-    cpu0 = {name: load.proc_cpu_seconds(pid) for name, pid in (pids or {}).items()}
-    t_row = time.perf_counter()
-    raw = None
     try:
-        raw = loop.run_until_complete(asyncio.wait_for(
-            _measure(client, wapi, first_req, shared_reqs), timeout=hard_s))
-    except asyncio.TimeoutError:
-        pass  # every request still running was recorded as CUT
+        raw, t_row, cpu = load.run_timed(
+            client, _measure(client, wapi, first_req, shared_reqs), hard_s, pids)
     finally:
-        loop.run_until_complete(client.close())
-        loop.close()
         wapi.close()
-    cpu = {}
-    for name, pid in (pids or {}).items():
-        after = load.proc_cpu_seconds(pid)
-        if after is not None and cpu0.get(name) is not None:
-            cpu[name] = after - cpu0[name]
     row = dict(prompt_tokens=P, prefix_tokens=P, suffix_tokens=S, concurrency=N,
                clients=N, first=first, first_prompt_tokens=len(first_ids),
                first_max_tokens=FIRST_MAX_TOKENS, max_tokens=SHARED_MAX_TOKENS,

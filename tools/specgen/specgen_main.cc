@@ -209,14 +209,10 @@ absl::StatusOr<std::vector<Turn>> BuildTurns(LazyTokenizer* tok) {
 // The backend named by --device.
 absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(
     const std::string& device) {
-  const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype);
-  std::optional<kernels::DType> kv_dtype;
-  if (kernels::DType parsed; kernels::ParseCacheDType(kv.c_str(), &parsed)) {
-    kv_dtype = parsed;
-  } else if (kv != "auto") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--kv_cache_dtype must be fp32, bf16 or auto, got '", kv, "'"));
-  }
+  SS_ASSIGN_OR_RETURN(
+      const std::optional<kernels::DType> kv_dtype,
+      kernels::ParseCacheDTypeFlag("kv_cache_dtype",
+                                   absl::GetFlag(FLAGS_kv_cache_dtype)));
   if (device == "cpu") {
     kernels::cpu::CpuBackendOptions options;
     options.num_threads = absl::GetFlag(FLAGS_threads);
