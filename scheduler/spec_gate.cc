@@ -135,7 +135,13 @@ SpecGateDecision DecideSpec(const SpecGateInputs& in,
     d.reason = "no step costs from the worker yet: speculating by default";
     return d;
   }
-  d.verify_cost_ratio = b * verify / decode;
+  // The round runs in a group with the other sessions' rounds (one verify
+  // of about b·(k+1) rows, draft passes of b rows): a round alone, scaled as
+  // the trunk pass scales from k+1 rows to b·(k+1).
+  const double alone_rows = DecodeSeconds(in.decode_seconds_by_batch, k + 1);
+  const double group_rows =
+      DecodeSeconds(in.decode_seconds_by_batch, b * (k + 1));
+  d.verify_cost_ratio = verify * (group_rows / alone_rows) / decode;
   const double gain = d.expected_tokens_per_round / d.verify_cost_ratio;
   const double threshold = 1.0 - config.margin;
   const std::string numbers = absl::StrFormat(

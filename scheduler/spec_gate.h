@@ -20,14 +20,18 @@
 //   per-position acceptance, is used only to extrapolate to another k
 //   (ChooseK), with `a` fitted so the model reproduces r at the measured k.
 //   Cost. With b sessions on the worker, plain decode gives every session one
-//   token per batched step of D(b) seconds. Speculative sessions' rounds are
-//   charged as if they ran one after another (conservative: the worker
-//   batches their verifies, which only makes speculation cheaper), so each
-//   session gets E tokens per b·V(k+1) seconds, V(c) = a verify of c columns at
-//   batch 1 (WorkerInfo reports no separate draft cost: its V is a whole round,
-//   k draft steps + the verify + the MTP fill, measured while serving:
-//   worker/spec/live_step_costs.h). Hence
-//     verify_cost_ratio = b·V(k+1) / D(b)   (a round's cost in plain steps)
+//   token per batched step of D(b) seconds. The speculative sessions' rounds
+//   run as one group (worker/spec/round_group.cc): one verify of about
+//   b·(k+1) rows and k draft passes of b rows, so a session gets E tokens
+//   per group. A group costs what a round alone does, V(k+1), scaled as the
+//   trunk pass scales from k+1 rows to b·(k+1): V(k+1)·D(b·(k+1))/D(k+1)
+//   (on a memory-bound GPU nearly V(k+1) up to dozens of rows; on a
+//   compute-bound host about b·V(k+1)). V(c) is a whole round of c columns
+//   alone: k draft steps, the verify and the MTP rows, measured while
+//   serving and recorded as its round alone (worker/spec/live_step_costs.h),
+//   the start-up probe's bare verify until then. Hence
+//     verify_cost_ratio = V(k+1)·D(b·(k+1)) / (D(k+1)·D(b))
+//                                          (a round's cost in plain steps)
 //     speculation pays  ⇔  E > verify_cost_ratio  ⇔  gain = E / ratio > 1.
 //   Costs past the end of a worker's table are extrapolated linearly from its
 //   last two entries (flat for decode, proportional for verify with a single

@@ -12,10 +12,15 @@ namespace v1 = specserve::v1;
 using ::testing::DoubleNear;
 using ::testing::HasSubstr;
 
-// Made-up costs shaped like a memory-bound GPU: a decode step barely grows
-// with the batch, a verify of c columns costs a little more than one step.
-const std::vector<double> kDecode = {0.010, 0.0105, 0.011, 0.0115,
-                                     0.012, 0.0125, 0.013, 0.0135};
+// Made-up costs shaped like a GPU: a decode pass costs the same up to 4 rows
+// (memory-bound), then grows with its rows (compute-bound); a verify of c
+// columns costs a little more than one step.
+std::vector<double> DecodeTable() {
+  std::vector<double> t;
+  for (int n = 1; n <= 64; ++n) t.push_back(n <= 4 ? 0.010 : 0.0025 * n);
+  return t;
+}
+const std::vector<double> kDecode = DecodeTable();
 const std::vector<double> kVerify = {0.010, 0.011, 0.012, 0.013, 0.014,
                                      0.015, 0.016, 0.017, 0.018};
 
@@ -45,7 +50,8 @@ TEST(SpecGateTest, OneClientSpeculates) {
 }
 
 TEST(SpecGateTest, ManyConcurrentSessionsDemote) {
-  // Batch 8: ratio = 8 * 0.013 / 0.0135 = 7.7 >> E = 3.1.
+  // Batch 8: a group verifies 32 rows: ratio = 0.013 * D(32) / (D(4) * D(8))
+  // = 0.013 * 0.08 / (0.01 * 0.02) = 5.2 > E = 3.1.
   SpecGateConfig config;
   config.demote_after = 2;
   SpecGateInputs in = Inputs(8, 3000, 2100);
@@ -79,16 +85,31 @@ TEST(SpecGateTest, FirstDecisionUnderLoadStartsBatched) {
   EXPECT_DOUBLE_EQ(d.measured_acceptance, SpecGateConfig().prior_acceptance);
 }
 
+TEST(SpecGateTest, GroupedRoundsPayWhileThePassIsMemoryBound) {
+  // Batch 8 at k = 1: a group verifies 16 rows, ratio = 0.011 * D(16) /
+  // (D(2) * D(8)) = 0.011 * 0.04 / (0.01 * 0.02) = 2.2 > E = 1.7: plain.
+  // With a pass flat to 64 rows (a memory-bound GPU at this size) the same
+  // group costs V(2) / D(8) = 1.1 plain steps: speculation pays.
+  SpecGateInputs in = Inputs(8, 3000, 2100, v1::DECODE_MODE_UNSPECIFIED);
+  in.k = 1;
+  EXPECT_EQ(DecideSpec(in).mode, v1::BATCHED);
+  const std::vector<double> flat(64, 0.010);
+  in.decode_seconds_by_batch = flat;
+  SpecGateDecision d = DecideSpec(in);
+  EXPECT_EQ(d.mode, v1::SPECULATIVE);
+  EXPECT_THAT(d.verify_cost_ratio, DoubleNear(1.1, 1e-9));
+}
+
 TEST(SpecGateTest, FirstDecisionAloneStartsSpeculative) {
   SpecGateDecision d = DecideSpec(Inputs(1, 0, 0, v1::DECODE_MODE_UNSPECIFIED));
   EXPECT_EQ(d.mode, v1::SPECULATIVE);
 }
 
 TEST(SpecGateTest, HysteresisPreventsFlapping) {
-  // Load alternates between 2 (gain just below 1 - margin) and 1 (clearly
+  // Load alternates between 2 (gain below 1 - margin) and 1 (clearly
   // good): the below count never reaches demote_after, so no demotion.
-  // Batch 2: ratio = 2 * 0.013 / 0.0105 = 2.48; with r = 0.45 E = 2.35,
-  // gain 0.95 >= 0.9 -> keep. Use r = 0.35 (E = 2.05, gain 0.83) to be below.
+  // Batch 2: ratio = 0.013 * D(8) / (D(4) * D(2)) = 2.6; r = 0.35 gives
+  // E = 2.05, gain 0.79: below. Batch 1: ratio 1.3, gain 1.58.
   SpecGateInputs in = Inputs(2, 100000, 35000);
   for (int i = 0; i < 20; ++i) {
     in.batch_size = (i % 2 == 0) ? 2 : 1;
@@ -109,8 +130,8 @@ TEST(SpecGateTest, HysteresisPreventsFlapping) {
 
 TEST(SpecGateTest, SmallDipWithinMarginKeepsSpeculating) {
   // gain in [1 - margin, 1): not worth a one-way demotion.
-  // Batch 2, r = 0.48: E = 2.44, ratio 2.476, gain 0.985.
-  SpecGateInputs in = Inputs(2, 100000, 48000);
+  // Batch 2, r = 0.52: E = 2.56, ratio 2.6, gain 0.985.
+  SpecGateInputs in = Inputs(2, 100000, 52000);
   for (int i = 0; i < 10; ++i) {
     SpecGateDecision d = DecideSpec(in);
     ASSERT_EQ(d.mode, v1::SPECULATIVE);

@@ -524,6 +524,23 @@ class Model {
                              absl::Span<const int32_t> tokens,
                              absl::Span<const int> positions,
                              absl::Span<ForwardResult* const> out);
+  // MTP rows of several distinct sessions in one pass: session i's rows are
+  // rows[i].first_row .. first_row+n−1 (n = rows[i].tokens.size() >= 1),
+  // written bit for bit as MtpForward(states[i], rows[i].hiddens,
+  // rows[i].tokens, rows[i].first_row) would write them, at most kMaxRows
+  // rows in all. out[i] (nullable) gets session i's last row (logits: row i
+  // of the pass for CopyLogitsRow / SampleRows, hidden h', argmax), as
+  // MtpForward gives it. A speculative round's first draft step and the MTP
+  // rows its session owes run this way as one pass. All-or-nothing checks,
+  // with MtpForward's codes.
+  struct MtpRows {
+    int first_row = 0;
+    absl::Span<const float> hiddens;  // [n][H]
+    absl::Span<const int32_t> tokens;  // [n]
+  };
+  absl::Status MtpBatch(absl::Span<ModelState* const> states,
+                        absl::Span<const MtpRows> rows,
+                        absl::Span<ForwardResult* const> out);
   // Drops MTP rows >= rows (mtp_length = min(mtp_length, rows)), e.g. the
   // chain's draft rows before refilling them from true trunk hiddens.
   absl::Status TruncateMtp(ModelState* state, int rows) const;

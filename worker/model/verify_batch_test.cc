@@ -7,7 +7,10 @@
 //    for byte; after committing a column per session the sessions continue
 //    identically; bad batches are refused before anything runs;
 //  - MtpDraftBatch (one draft step of several sessions in one MTP pass):
-//    chained draft steps equal MtpDraft alone, byte for byte.
+//    chained draft steps equal MtpDraft alone, byte for byte;
+//  - MtpBatch with owed rows and a draft step per session: equal to
+//    MtpForward of the owed rows, then MtpDraft, alone.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -229,6 +232,111 @@ TEST_P(VerifyBatchTest, MtpDraftBatchEqualsMtpDraftAlone) {
                 ->MtpDraftBatch(pair, {h_batched[0], h_batched[1]}, {1, 2},
                                 {pos[0], pos[1] + 5}, two)
                 .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// MtpBatch with several rows per session (the rows a session owes, then a
+// draft step, as a speculative round's first draft pass runs them) against
+// MtpForward of the owed rows and MtpDraft of the step alone: the step's row
+// byte for byte, and a further draft step on each (which attends over every
+// row the pass wrote) too.
+TEST_P(VerifyBatchTest, MtpBatchOfOwedRowsAndADraftEqualsEachAlone) {
+  if (!model_->has_mtp()) GTEST_SKIP() << "no MTP head";
+  constexpr int kSessions = 5;
+  std::vector<std::unique_ptr<ModelState>> batched, alone;
+  std::vector<std::vector<float>> owed_h, draft_h;
+  std::vector<std::vector<int32_t>> owed_tok;
+  std::vector<int32_t> draft_tok;
+  std::vector<int> first_row;
+  for (int i = 0; i < kSessions; ++i) {
+    // Session i owes i rows (none for session 0) of its prompt's MTP rows.
+    const std::vector<int32_t> prompt = RandomTokens(3 + 4 * i);
+    const int n = static_cast<int>(prompt.size()) - 1;
+    const int owed = std::min(i, n);
+    std::vector<float> hidden;
+    for (auto* v : {&batched, &alone}) {
+      v->push_back(NewState());
+      ForwardResult r;
+      ASSERT_TRUE(
+          model_->Prefill(v->back().get(), prompt, {.all_rows = true}, &r)
+              .ok());
+      hidden = r.hidden;
+      ASSERT_TRUE(
+          model_
+              ->MtpForward(v->back().get(),
+                           absl::MakeConstSpan(hidden.data(), (n - owed) * H_),
+                           absl::MakeConstSpan(prompt.data() + 1, n - owed), 0,
+                           nullptr)
+              .ok());
+    }
+    first_row.push_back(n - owed);
+    owed_h.emplace_back(hidden.begin() + (n - owed) * H_,
+                        hidden.begin() + n * H_);
+    owed_tok.emplace_back(prompt.begin() + 1 + (n - owed), prompt.end());
+    draft_h.emplace_back(hidden.end() - H_, hidden.end());
+    draft_tok.push_back(RandomTokens(1)[0]);
+  }
+  std::vector<std::vector<float>> all_h(kSessions);
+  std::vector<std::vector<int32_t>> all_tok(kSessions);
+  std::vector<Model::MtpRows> rows;
+  std::vector<ModelState*> states;
+  std::vector<ForwardResult> got(kSessions);
+  std::vector<ForwardResult*> outs;
+  for (int i = 0; i < kSessions; ++i) {
+    all_h[i] = owed_h[i];
+    all_h[i].insert(all_h[i].end(), draft_h[i].begin(), draft_h[i].end());
+    all_tok[i] = owed_tok[i];
+    all_tok[i].push_back(draft_tok[i]);
+    rows.push_back({first_row[i], all_h[i], all_tok[i]});
+    states.push_back(batched[i].get());
+    got[i].want_logits = true;
+    outs.push_back(&got[i]);
+  }
+  ASSERT_TRUE(model_->MtpBatch(states, rows, outs).ok());
+  for (int i = 0; i < kSessions; ++i) {
+    SCOPED_TRACE("session " + std::to_string(i));
+    if (!owed_tok[i].empty()) {
+      ASSERT_TRUE(model_
+                      ->MtpForward(alone[i].get(), owed_h[i], owed_tok[i],
+                                   first_row[i], nullptr)
+                      .ok());
+    }
+    const int draft_row = first_row[i] + static_cast<int>(owed_tok[i].size());
+    ForwardResult want;
+    want.want_logits = true;
+    ASSERT_TRUE(model_
+                    ->MtpDraft(alone[i].get(), draft_h[i], draft_tok[i],
+                               draft_row, &want)
+                    .ok());
+    EXPECT_EQ(got[i].argmax, want.argmax);
+    EXPECT_TRUE(SameBytes(got[i].logits, want.logits)) << "logits";
+    EXPECT_TRUE(SameBytes(got[i].hidden, want.hidden)) << "hidden";
+    EXPECT_EQ(batched[i]->mtp_length(), alone[i]->mtp_length());
+    // The next draft step attends over every row written above.
+    ForwardResult next_got, next_want;
+    next_got.want_logits = next_want.want_logits = true;
+    ASSERT_TRUE(model_
+                    ->MtpDraft(batched[i].get(), got[i].hidden,
+                               got[i].argmax[0], draft_row + 1, &next_got)
+                    .ok());
+    ASSERT_TRUE(model_
+                    ->MtpDraft(alone[i].get(), want.hidden, want.argmax[0],
+                               draft_row + 1, &next_want)
+                    .ok());
+    EXPECT_TRUE(SameBytes(next_got.logits, next_want.logits)) << "next step";
+  }
+  // Refusals: more rows than a pass holds, a gap.
+  std::vector<float> many_h(static_cast<size_t>(Model::kMaxRows + 1) * H_);
+  std::vector<int32_t> many_tok(Model::kMaxRows + 1, 1);
+  ForwardResult r;
+  ForwardResult* one_out[] = {&r};
+  ModelState* one[] = {states[0]};
+  const Model::MtpRows too_many[] = {{0, many_h, many_tok}};
+  EXPECT_EQ(model_->MtpBatch(one, too_many, one_out).code(),
+            absl::StatusCode::kInvalidArgument);
+  const Model::MtpRows gap[] = {
+      {states[0]->mtp_length() + 1, draft_h[0], {&draft_tok[0], 1}}};
+  EXPECT_EQ(model_->MtpBatch(one, gap, one_out).code(),
             absl::StatusCode::kInvalidArgument);
 }
 

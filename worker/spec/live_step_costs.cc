@@ -42,9 +42,19 @@ void LiveStepCosts::RecordDecode(int batch, double seconds) {
   Record(&decode_, batch - 1, seconds, weight_);
 }
 
-void LiveStepCosts::RecordRound(int columns, double seconds) {
+void LiveStepCosts::RecordRound(int columns, int group_rows, double seconds) {
   if (columns < 2) return;
   absl::MutexLock lock(&mu_);
+  // A round that shared its passes with other sessions' (a group of
+  // group_rows verify rows) counts as a round alone would have cost: scaled
+  // as the trunk pass scales between the two row counts (the gate scales it
+  // back to the load it sees: scheduler/spec_gate.h "Cost").
+  if (group_rows > columns) {
+    const std::vector<double> decode = Fill(decode_);
+    const double alone = StartupAt(decode, columns - 1);
+    const double shared = StartupAt(decode, group_rows - 1);
+    if (alone > 0 && shared > 0) seconds *= alone / shared;
+  }
   Record(&round_, columns - 1, seconds, weight_);
 }
 

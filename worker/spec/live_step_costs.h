@@ -36,8 +36,11 @@ class LiveStepCosts {
   // A decode pass over `batch` sessions (>= 1) took `seconds`.
   void RecordDecode(int batch, double seconds);
   // A speculative round of `columns` - 1 drafts (columns >= 2) took
-  // `seconds`.
-  void RecordRound(int columns, double seconds);
+  // `seconds`, in a group of rounds whose verify carried `group_rows` rows
+  // in all (columns when it ran alone). Kept as the cost of the round alone:
+  // `seconds` x decode(columns) / decode(group_rows), the decode table's
+  // ratio between the two row counts.
+  void RecordRound(int columns, int group_rows, double seconds);
 
   struct Table {
     // Index i: batch size (or column count) i + 1.

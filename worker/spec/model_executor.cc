@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "glog/logging.h"
 #include "telemetry/status_macros.h"
 
 namespace specserve::spec {
@@ -65,12 +66,10 @@ void ModelExecutor::AwaitMembersLocked(Full full) {
 void ModelExecutor::YieldToStreamingLocked() {
   AwaitMembersLocked([] { return false; });
   const uint64_t decodes = stats_.batches;
-  const uint64_t verifies = stats_.verify_passes;
-  const uint64_t drafts = stats_.draft_passes;
+  const uint64_t groups = stats_.groups;
   auto served = [&]() {
     return (decodes_.queue.empty() || stats_.batches > decodes) &&
-           (verifies_.queue.empty() || stats_.verify_passes > verifies) &&
-           (drafts_.queue.empty() || stats_.draft_passes > drafts);
+           (groups_.queue.empty() || stats_.groups > groups);
   };
   queue_mu_.Await(absl::Condition(&served));
 }
@@ -286,107 +285,18 @@ absl::Status ModelExecutor::DrawRows(const std::vector<Step*>& steps,
   return absl::OkStatus();
 }
 
-absl::Status ModelExecutor::Verify(
-    model::ModelState* state, const std::vector<int32_t>& columns,
-    model::ForwardResult* out,
-    const std::function<absl::Status(int row0)>& while_held) {
-  VerifyStep mine{state, &columns, out, while_held ? &while_held : nullptr};
+void ModelExecutor::Together(GroupTask* task, const GroupTask::Runner& run) {
+  task->run = &run;
   Combine(
-      &verifies_, &mine,
-      [](const VerifyStep& v) { return static_cast<int>(v.columns->size()); },
-      &ModelExecutor::RunVerifies, &stats_.verify_passes, &stats_.verifies);
-  return mine.status;
+      &groups_, task, [](const GroupTask& t) { return t.rows; },
+      &ModelExecutor::RunGroup, &stats_.groups, &stats_.grouped);
 }
 
-absl::Status ModelExecutor::Draft(
-    model::ModelState* state, const std::vector<float>& hidden, int32_t token,
-    int position, model::ForwardResult* out,
-    const std::function<absl::Status(int row)>& while_held) {
-  DraftStep mine{state,    &hidden, token,
-                 position, out,     while_held ? &while_held : nullptr};
-  Combine(
-      &drafts_, &mine, [](const DraftStep&) { return 1; },
-      &ModelExecutor::RunDrafts, &stats_.draft_passes, &stats_.drafts);
-  return mine.status;
-}
-
-void ModelExecutor::RunDrafts(const std::vector<DraftStep*>& batch) {
-  absl::Status status;
-  if (batch.size() == 1) {
-    // Alone: MtpDraft, which replays a recorded step where the backend can.
-    DraftStep* d = batch[0];
-    status =
-        model_->MtpDraft(d->state, *d->hidden, d->token, d->position, d->out);
-  } else {
-    std::vector<model::ModelState*> states;
-    std::vector<std::vector<float>> hiddens;
-    std::vector<int32_t> tokens;
-    std::vector<int> positions;
-    std::vector<model::ForwardResult*> outs;
-    for (DraftStep* d : batch) {
-      states.push_back(d->state);
-      hiddens.push_back(*d->hidden);
-      tokens.push_back(d->token);
-      positions.push_back(d->position);
-      outs.push_back(d->out);
-    }
-    status = model_->MtpDraftBatch(states, hiddens, tokens, positions, outs);
-    if (!status.ok()) {
-      // Checked before anything ran: each alone, with its own status.
-      for (DraftStep* d : batch) {
-        d->status = model_->MtpDraft(d->state, *d->hidden, d->token,
-                                     d->position, d->out);
-        if (d->status.ok() && d->while_held != nullptr) {
-          d->status = (*d->while_held)(0);
-        }
-      }
-      return;
-    }
+void ModelExecutor::RunGroup(const std::vector<GroupTask*>& batch) {
+  for (const GroupTask* t : batch) {
+    CHECK(t->run == batch[0]->run) << "tasks of two runners in one group";
   }
-  for (size_t i = 0; i < batch.size(); ++i) {
-    DraftStep* d = batch[i];
-    d->status = status;
-    if (status.ok() && d->while_held != nullptr) {
-      d->status = (*d->while_held)(static_cast<int>(i));
-    }
-  }
-}
-
-void ModelExecutor::RunVerifies(const std::vector<VerifyStep*>& batch) {
-  absl::Status status;
-  if (batch.size() == 1) {
-    // Alone: Verify, which replays a recorded step where the backend can.
-    status = model_->Verify(batch[0]->state, *batch[0]->columns, batch[0]->out);
-  } else {
-    std::vector<model::ModelState*> states;
-    std::vector<std::vector<int32_t>> columns;
-    std::vector<model::ForwardResult*> outs;
-    for (VerifyStep* v : batch) {
-      states.push_back(v->state);
-      columns.push_back(*v->columns);
-      outs.push_back(v->out);
-    }
-    status = model_->VerifyBatch(states, columns, outs);
-    if (!status.ok()) {
-      // One bad verify must not fail its batch-mates: VerifyBatch checks
-      // everything before running anything, so each runs alone now.
-      for (VerifyStep* v : batch) {
-        v->status = model_->Verify(v->state, *v->columns, v->out);
-        if (v->status.ok() && v->while_held != nullptr) {
-          v->status = (*v->while_held)(0);
-        }
-      }
-      return;
-    }
-  }
-  int row0 = 0;
-  for (VerifyStep* v : batch) {
-    v->status = status;
-    if (status.ok() && v->while_held != nullptr) {
-      v->status = (*v->while_held)(row0);
-    }
-    row0 += static_cast<int>(v->columns->size());
-  }
+  (*batch[0]->run)(batch);
 }
 
 ModelExecutor::Stats ModelExecutor::stats() const {

@@ -1,7 +1,8 @@
 // Serializes a worker's use of its one Model (forward calls share the model's
 // workspace and backend) and batches concurrent work of different sessions:
-// plain-decode steps into one DecodeBatch pass, speculative rounds' draft
-// steps into one MtpDraftBatch pass, their verifies into one VerifyBatch.
+// plain-decode steps into one DecodeBatch pass, prompt chunks into one
+// PrefillBatch pass, and tasks a client runs for many sessions at once
+// (Together: the spec engine's speculative rounds, worker/spec/round_group.cc).
 //
 // Batching is by combining (Combine): a caller queues its step; whoever
 // finds no pass of its kind being led becomes the leader, takes the model,
@@ -91,23 +92,22 @@ class ModelExecutor {
   absl::Status Decode(model::ModelState* state, int32_t token,
                       model::ForwardResult* out);
 
-  // The verify of one speculative round on `state` (Model::Verify),
-  // batched with concurrent callers' verifies by the same combining; its
-  // pending verify is the caller's to commit or discard. `while_held`
-  // (optional) runs right after the pass with the model still held, given
-  // the row of the pass's first column of this verify (for Model::SampleRows
-  // over the pass's logits); its error is this call's.
-  absl::Status Verify(model::ModelState* state,
-                      const std::vector<int32_t>& columns,
-                      model::ForwardResult* out,
-                      const std::function<absl::Status(int row0)>& while_held);
-
-  // One MTP draft step of a speculative round on `state` (Model::MtpDraft),
-  // batched with concurrent callers' draft steps into one MtpDraftBatch
-  // pass. `while_held` as for Verify (given this step's row of the pass).
-  absl::Status Draft(model::ModelState* state, const std::vector<float>& hidden,
-                     int32_t token, int position, model::ForwardResult* out,
-                     const std::function<absl::Status(int row)>& while_held);
+  // Work a client runs for several sessions at once with the model held
+  // (the spec engine's speculative rounds: their draft steps, verifies and
+  // accepts as shared passes). A caller queues `task`; the leader, once it
+  // holds the model and has gathered the streaming members (as for the
+  // passes), takes the queued tasks while their rows fit in Model::kMaxRows
+  // and calls the first one's runner on them. Every task queued on one
+  // executor must carry the same runner. The runner sets each task's status.
+  struct GroupTask {
+    using Runner = std::function<void(absl::Span<GroupTask* const>)>;
+    const Runner* run = nullptr;  // set by Together
+    int rows = 1;                 // what the task takes of a pass
+    absl::Status status;
+    bool done = false;    // combining: the group that carried it has run
+    bool member = false;  // queued by a LoopMember's thread
+  };
+  void Together(GroupTask* task, const GroupTask::Runner& run);
 
   // Rows a prompt chunk should take now: a whole prefill pass
   // (Model::kMaxPrefillRows) while no session streams, else
@@ -130,10 +130,8 @@ class ModelExecutor {
   struct Stats {
     uint64_t batches = 0;          // DecodeBatch passes run
     uint64_t steps = 0;            // decode steps they carried
-    uint64_t verify_passes = 0;    // Verify / VerifyBatch passes run
-    uint64_t verifies = 0;         // verifies they carried
-    uint64_t draft_passes = 0;     // MtpDraft / MtpDraftBatch passes run
-    uint64_t drafts = 0;           // draft steps they carried
+    uint64_t groups = 0;           // Together groups run
+    uint64_t grouped = 0;          // tasks they carried
     uint64_t prefill_passes = 0;   // Prefill / PrefillBatch passes run
     uint64_t prefill_chunks = 0;   // prompt chunks they carried
     uint64_t exclusive = 0;        // Exclusive functions run
@@ -163,31 +161,8 @@ class ModelExecutor {
                         const std::vector<int32_t>& rows)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(model_mu_);
 
-  struct VerifyStep {
-    model::ModelState* state;
-    const std::vector<int32_t>* columns;
-    model::ForwardResult* out;
-    const std::function<absl::Status(int)>* while_held;
-    absl::Status status;
-    bool done = false;
-    bool member = false;
-  };
-  // Runs `batch` (total columns <= Model::kMaxRows) as one pass and its
-  // while_held calls; sets each step's status.
-  void RunVerifies(const std::vector<VerifyStep*>& batch)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(model_mu_);
-  struct DraftStep {
-    model::ModelState* state;
-    const std::vector<float>* hidden;
-    int32_t token;
-    int position;
-    model::ForwardResult* out;
-    const std::function<absl::Status(int)>* while_held;
-    absl::Status status;
-    bool done = false;
-    bool member = false;
-  };
-  void RunDrafts(const std::vector<DraftStep*>& batch)
+  // Runs `batch` (tasks of one runner) with the model held.
+  void RunGroup(const std::vector<GroupTask*>& batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(model_mu_);
 
   struct PrefillStep {
@@ -250,8 +225,7 @@ class ModelExecutor {
 
   mutable absl::Mutex queue_mu_;
   Combiner<Step> decodes_ ABSL_GUARDED_BY(queue_mu_);
-  Combiner<VerifyStep> verifies_ ABSL_GUARDED_BY(queue_mu_);
-  Combiner<DraftStep> drafts_ ABSL_GUARDED_BY(queue_mu_);
+  Combiner<GroupTask> groups_ ABSL_GUARDED_BY(queue_mu_);
   Combiner<PrefillStep> prefills_ ABSL_GUARDED_BY(queue_mu_){
       /*gathers=*/true, model::Model::kMaxPrefillRows};
   Combiner<ExclusiveStep> exclusives_ ABSL_GUARDED_BY(queue_mu_){

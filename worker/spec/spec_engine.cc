@@ -23,13 +23,6 @@ bool IsStop(const BurstParams& p, int32_t token) {
          p.stop_ids.end();
 }
 
-absl::Status NonFinite(const std::string& session) {
-  return absl::InternalError(absl::StrCat(
-      "session ", session,
-      ": the model produced non-finite logits (NaN or inf); the request was "
-      "stopped"));
-}
-
 bool AllFinite(const float* x, int n) {
   for (int i = 0; i < n; ++i) {
     if (!std::isfinite(x[i])) return false;
@@ -37,15 +30,20 @@ bool AllFinite(const float* x, int n) {
   return true;
 }
 
-// The logprobs of `token`, chosen from the row `logits` ([V]) of a burst
-// that asked for them (the target distribution after temperature).
-TokenLogprobs LogprobsOf(const BurstParams& p, const float* logits, int V,
-                         int32_t token) {
+}  // namespace
+
+absl::Status SpecEngine::NonFinite(const std::string& session) {
+  return absl::InternalError(absl::StrCat(
+      "session ", session,
+      ": the model produced non-finite logits (NaN or inf); the request was "
+      "stopped"));
+}
+
+TokenLogprobs SpecEngine::LogprobsOf(const BurstParams& p, const float* logits,
+                                     int V, int32_t token) {
   return ComputeLogprobs(absl::MakeConstSpan(logits, V), p.sampling.temperature,
                          token, *p.logprobs);
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<SpecSession>> SpecEngine::Admit(
     const std::string& id, int capacity, absl::Span<const int32_t> history,
@@ -374,140 +372,6 @@ absl::Status SpecEngine::PlainStep(SpecSession* s, const BurstCtx& b,
   return absl::OkStatus();
 }
 
-absl::Status SpecEngine::Drafts(SpecSession* s, const BurstCtx& b, int k,
-                                std::vector<int32_t>* drafts) {
-  const BurstParams& p = b.params;
-  const int32_t x = *s->pending_tok;
-  const int L = s->committed_len();
-  // The drafts attend over every MTP row before L−1.
-  if (!s->deferred_mtp().empty()) {
-    SS_RETURN_IF_ERROR(executor_->Exclusive([&] { return FlushMtpLocked(s); }));
-  }
-  // Draft k tokens: step 1 reads (h_{L−1}, x) at position L−1; step j+1 the
-  // head's own output hidden and d_j; each step batched with other
-  // sessions' draft steps (ModelExecutor::Draft).
-  // Sampled: draft d_{i+1}, the token at index L+1+i, is drawn from the
-  // head's distribution at that position's uniform (spec_accept.h), from
-  // the pass's logits while they are in the workspace.
-  std::vector<float> h = s->last_hidden();
-  int32_t tok = x;
-  for (int i = 0; i < k; ++i) {
-    model::ForwardResult d;
-    d.want_logits = false;
-    std::vector<int32_t> drawn;
-    std::function<absl::Status(int)> draw;
-    if (!p.sampling.greedy()) {
-      draw = [&](int row) {
-        return model_->SampleRows({row}, {p.sampling},
-                                  {PositionUniform(p.seed, L + 1 + i)}, &drawn);
-      };
-    }
-    SS_RETURN_IF_ERROR(
-        executor_->Draft(s->caches(), h, tok, L - 1 + i, &d, draw));
-    if (!d.AllFinite()) return NonFinite(s->id());
-    tok = p.sampling.greedy() ? d.argmax[0] : drawn[0];
-    drafts->push_back(tok);
-    h = std::move(d.hidden);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SpecEngine::Round(SpecSession* s, const BurstCtx& b, int k,
-                               std::vector<int32_t>* emitted,
-                               std::vector<TokenLogprobs>* logprobs) {
-  const BurstParams& p = b.params;
-  const int L = s->committed_len();
-  const bool greedy = p.sampling.greedy();
-  std::vector<int32_t> drafts;
-  SS_RETURN_IF_ERROR(Drafts(s, b, k, &drafts));
-
-  // Verify [x, d_1..d_k] in one trunk pass, with other sessions' verifies.
-  std::vector<int32_t> columns = {*s->pending_tok};
-  columns.insert(columns.end(), drafts.begin(), drafts.end());
-  // No logits come back unless logprobs are asked: greedy needs the argmax
-  // only, and a sampled round draws its targets on the backend, from the
-  // pass's logits while they are still in the workspace: column j's draw
-  // is the token at index L+1+j, all k+1 in one call (row-invariant).
-  model::ForwardResult v;
-  v.want_logits = p.logprobs.has_value();
-  std::vector<int32_t> target;
-  std::function<absl::Status(int)> draw;
-  if (!greedy) {
-    draw = [&](int row0) -> absl::Status {
-      std::vector<int32_t> rows(k + 1);
-      std::vector<float> uniforms(k + 1);
-      for (int j = 0; j <= k; ++j) {
-        rows[j] = row0 + j;
-        uniforms[j] = PositionUniform(p.seed, L + 1 + j);
-      }
-      const std::vector<sampling::SamplingConfig> configs(k + 1, p.sampling);
-      return model_->SampleRows(rows, configs, uniforms, &target);
-    };
-  }
-  absl::Status verified = executor_->Verify(s->caches(), columns, &v, draw);
-  if (s->caches()->verified_columns() == 0) return verified;  // never ran
-  ++trunk_passes_;
-  if (verified.ok() && (b.Injects(k + 1) || !v.AllFinite())) {
-    verified = NonFinite(s->id());
-  }
-  if (!verified.ok()) {
-    executor_
-        ->Exclusive([&] {
-          model_->DiscardVerified(s->caches());
-          return absl::OkStatus();
-        })
-        .IgnoreError();
-    return verified;
-  }
-  const RoundOutcome out = AcceptRound(drafts, greedy ? v.argmax : target);
-  return executor_->Exclusive(
-      [&] { return AcceptLocked(s, b, columns, v, out, emitted, logprobs); });
-}
-
-absl::Status SpecEngine::AcceptLocked(SpecSession* s, const BurstCtx& b,
-                                      const std::vector<int32_t>& columns,
-                                      const model::ForwardResult& v,
-                                      const RoundOutcome& out,
-                                      std::vector<int32_t>* emitted,
-                                      std::vector<TokenLogprobs>* logprobs) {
-  const BurstParams& p = b.params;
-  const int H = model_->config().hidden_size;
-  const int L = s->committed_len();
-  const int k = static_cast<int>(columns.size()) - 1;
-  const int n = out.accepted;
-  SS_RETURN_IF_ERROR(model_->CommitVerified(s->caches(), n));
-
-  // MTP rows L .. L+n−1 were written by the chain from its own hiddens;
-  // refresh them from the verify's true hiddens (row L−1 was already true).
-  std::vector<float> true_h(v.hidden.begin(),
-                            v.hidden.begin() + static_cast<size_t>(n) * H);
-  std::vector<int32_t> next(columns.begin() + 1, columns.begin() + 1 + n);
-  SS_RETURN_IF_ERROR(model_->TruncateMtp(s->caches(), L));
-  SS_RETURN_IF_ERROR(FillMtpLocked(s, L, true_h, next));
-
-  s->committed.insert(s->committed.end(), columns.begin(),
-                      columns.begin() + n + 1);
-  s->last_hidden().assign(v.hidden.begin() + static_cast<size_t>(n) * H,
-                          v.hidden.begin() + static_cast<size_t>(n + 1) * H);
-  // The bonus token stays pending, so last_logits (read only when nothing
-  // is pending) is not needed: the next Flush sets it.
-  s->last_logits().clear();
-  s->pending_tok = out.bonus;
-  s->telem.RecordRound(k, n);
-  emitted->assign(columns.begin() + 1, columns.begin() + 1 + n);
-  emitted->push_back(out.bonus);
-  if (p.logprobs) {
-    // Emitted token j was chosen from column j, whose logits are those
-    // plain decode has at that position, bit for bit.
-    const int V = model_->config().vocab_size;
-    for (int j = 0; j <= n; ++j) {
-      logprobs->push_back(LogprobsOf(
-          p, v.logits.data() + static_cast<size_t>(j) * V, V, (*emitted)[j]));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<BurstResult> SpecEngine::RunBurst(SpecSession* s,
                                                  const BurstParams& p,
                                                  const EmitFn& emit) {
@@ -618,14 +482,7 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(
     std::vector<int32_t> emitted;
     std::vector<TokenLogprobs> logprobs;
     if (k > 0) {
-      // Timed as a whole, waits for the model included (rounds batched
-      // with others share their verify pass): what a round costs this
-      // session as served.
-      const absl::Time t0 = absl::Now();
       SS_RETURN_IF_ERROR(Round(s, b, k, &emitted, &logprobs));
-      if (LiveStepCosts* costs = executor_->live_costs()) {
-        costs->RecordRound(k + 1, absl::ToDoubleSeconds(absl::Now() - t0));
-      }
     } else {
       int32_t next;
       SS_RETURN_IF_ERROR(PlainStep(s, b, &next, &logprobs));

@@ -10,7 +10,8 @@
 // Thread safety: one engine call at a time per session (the caller's session
 // lease guarantees it); calls on different sessions may run concurrently:
 // every model call goes through the ModelExecutor, which serializes them and
-// batches concurrent plain-decode steps.
+// batches concurrent sessions' work (plain-decode steps, prompt chunks, whole
+// speculative rounds).
 #ifndef SPECSERVE_WORKER_SPEC_SPEC_ENGINE_H_
 #define SPECSERVE_WORKER_SPEC_SPEC_ENGINE_H_
 
@@ -81,7 +82,11 @@ constexpr int kMaxDraftDepth = 8;
 class SpecEngine {
  public:
   explicit SpecEngine(ModelExecutor* executor)
-      : executor_(executor), model_(executor->model()) {}
+      : executor_(executor),
+        model_(executor->model()),
+        round_runner_([this](absl::Span<ModelExecutor::GroupTask* const> t) {
+          RunRounds(t);
+        }) {}
 
   // A new session with caches for `capacity` rows, prefilled with `history`
   // (may be empty), its prompt checkpoint at `checkpoint_pos` (unset: the
@@ -179,30 +184,40 @@ class SpecEngine {
                          std::vector<TokenLogprobs>* logprobs);
   // One speculative round with draft depth k: emits accepted drafts and the
   // bonus into `emitted`, with their logprobs from the verify columns that
-  // chose them when the burst asks. Steps, each with the model held only for
-  // itself: the k draft steps and the verify, each batched with other
-  // sessions' (ModelExecutor::Draft, ::Verify); the accept, commit and MTP
-  // refresh.
+  // chose them when the burst asks. Queued with the rounds of the other
+  // streaming speculative sessions (ModelExecutor::Together): one group
+  // runs all of them as shared passes (round_group.cc).
   absl::Status Round(SpecSession* s, const BurstCtx& b, int k,
                      std::vector<int32_t>* emitted,
                      std::vector<TokenLogprobs>* logprobs);
-  // The round's draft steps, each batched with other sessions' (no model
-  // lock held by the caller).
-  absl::Status Drafts(SpecSession* s, const BurstCtx& b, int k,
-                      std::vector<int32_t>* drafts);
-  // The round's accept step (the model held).
-  absl::Status AcceptLocked(SpecSession* s, const BurstCtx& b,
-                            const std::vector<int32_t>& columns,
-                            const model::ForwardResult& v,
-                            const RoundOutcome& out,
-                            std::vector<int32_t>* emitted,
-                            std::vector<TokenLogprobs>* logprobs);
+  struct RoundTask;
+  // The group runner (the model held): every task's round, the tasks
+  // together; if a shared pass is refused, each task's round alone.
+  void RunRounds(absl::Span<ModelExecutor::GroupTask* const> tasks);
+  // The rounds of `tasks` as shared passes: the k draft steps (the first
+  // with the MTP rows each session owes), one verify, then each accept.
+  // Returns a shared pass's refusal (checked before it ran); a session's
+  // own failure (non-finite logits) goes to its task's status.
+  absl::Status RoundsLocked(absl::Span<RoundTask* const> tasks);
+  // The draft step `step` of the tasks still drafting, in as few MTP passes
+  // as kMaxRows allows.
+  absl::Status DraftStepLocked(absl::Span<RoundTask* const> tasks, int step);
+  // The round's accept step (the model held): commits the accepted
+  // columns and defers the MTP rows of the accepted tokens to the next
+  // round's first draft pass (or the next flush).
+  absl::Status AcceptLocked(RoundTask* t);
+  static absl::Status NonFinite(const std::string& session);
+  // The logprobs of `token`, chosen from the row `logits` ([V]) of a burst
+  // that asked for them (the target distribution after temperature).
+  static TokenLogprobs LogprobsOf(const BurstParams& p, const float* logits,
+                                  int V, int32_t token);
   absl::Status SaveCheckpointLocked(SpecSession* s);
   // Writes the MTP rows the session's plain steps owe (DeferredMtp).
   absl::Status FlushMtpLocked(SpecSession* s);
 
   ModelExecutor* const executor_;
   model::Model* const model_;
+  const ModelExecutor::GroupTask::Runner round_runner_;
   std::atomic<int64_t> trunk_passes_{0};
 };
 

@@ -570,7 +570,7 @@ TEST_P(SpecEngineTest, ExecutorBatchesStepsWithAndWithoutLogits) {
 }
 
 // Speculative sessions on one engine at once (greedy and sampled, a
-// different k each, several bursts): their rounds' verifies are batched into
+// different k each, several bursts): their rounds are grouped into
 // shared passes, and every session's tokens equal the same session run
 // alone on a fresh engine.
 TEST_P(SpecEngineTest, ConcurrentRoundsShareVerifyPassesExactly) {
@@ -619,7 +619,7 @@ TEST_P(SpecEngineTest, ConcurrentRoundsShareVerifyPassesExactly) {
     run(&alone, i, &want);
     EXPECT_EQ(together[i], want) << "session " << i;
   }
-  EXPECT_GT(shared_executor.stats().verifies, 0u);
+  EXPECT_GT(shared_executor.stats().grouped, 0u);
 }
 
 // Runs call(0..n-1), each on its own thread, while the model is held: the
@@ -644,101 +644,53 @@ std::vector<absl::Status> CallWhileModelHeld(
   return status;
 }
 
-// Verifies queued while the model is busy run as one pass (the batch is
-// taken once the leader holds the model), each bit-identical to its
-// session's verify alone.
-TEST_P(SpecEngineTest, ExecutorBatchesQueuedVerifies) {
+// Rounds queued while the model is busy run as one group (shared draft,
+// verify and accept passes: round_group.cc), greedy and sampled sessions
+// with different k together, each session's tokens equal to its bursts
+// alone.
+TEST_P(SpecEngineTest, ExecutorGroupsQueuedRounds) {
   if (!model_->has_mtp()) GTEST_SKIP() << "no MTP head";
-  ModelExecutor executor(model_.get());
-  constexpr int kSessions = 5;
-  std::mt19937 rng(19);
-  std::vector<std::unique_ptr<model::ModelState>> batched, alone;
-  std::vector<std::vector<int32_t>> columns;
-  for (int i = 0; i < kSessions; ++i) {
-    const std::vector<int32_t> prompt = RandomTokens(&rng, 3 + i, vocab_);
-    for (auto* v : {&batched, &alone}) {
-      v->push_back(
-          model_->NewState({.capacity = 64, .max_verify_columns = 9}).value());
-      model::ForwardResult r;
-      ASSERT_TRUE(model_->Prefill(v->back().get(), prompt, {}, &r).ok());
-    }
-    columns.push_back(RandomTokens(&rng, 1 + i, vocab_));
-  }
-  std::vector<model::ForwardResult> got(kSessions);
-  const std::vector<absl::Status> status =
-      CallWhileModelHeld(&executor, kSessions, [&](int i) {
-        got[i].want_logits = true;
-        return executor.Verify(batched[i].get(), columns[i], &got[i], nullptr);
-      });
-  for (int i = 0; i < kSessions; ++i) {
-    ASSERT_TRUE(status[i].ok()) << status[i];
-    model::ForwardResult want;
-    want.want_logits = true;
-    ASSERT_TRUE(model_->Verify(alone[i].get(), columns[i], &want).ok());
-    EXPECT_EQ(got[i].argmax, want.argmax) << "session " << i;
-    EXPECT_EQ(got[i].hidden, want.hidden) << "session " << i;
-    EXPECT_EQ(got[i].logits, want.logits) << "session " << i;
-  }
-  const ModelExecutor::Stats stats = executor.stats();
-  EXPECT_EQ(stats.verifies, static_cast<uint64_t>(kSessions));
-  EXPECT_LT(stats.verify_passes, stats.verifies) << "no verify was batched";
-}
-
-// Draft steps queued while the model is busy run as one MTP pass, each
-// bit-identical to its session's draft step alone.
-TEST_P(SpecEngineTest, ExecutorBatchesQueuedDrafts) {
-  if (!model_->has_mtp()) GTEST_SKIP() << "no MTP head";
-  ModelExecutor executor(model_.get());
-  constexpr int kSessions = 5;
+  constexpr int kSessions = 6;
   std::mt19937 rng(23);
-  std::vector<std::unique_ptr<model::ModelState>> batched, alone;
-  std::vector<std::vector<float>> hiddens;
-  std::vector<int32_t> tokens;
-  std::vector<int> positions;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<BurstParams> params;
   for (int i = 0; i < kSessions; ++i) {
-    const std::vector<int32_t> prompt = RandomTokens(&rng, 3 + 2 * i, vocab_);
-    for (auto* v : {&batched, &alone}) {
-      v->push_back(model_->NewState({.capacity = 64}).value());
-      model::ForwardResult r;
-      ASSERT_TRUE(
-          model_->Prefill(v->back().get(), prompt, {.all_rows = true}, &r)
-              .ok());
-      const int n = static_cast<int>(prompt.size()) - 1;
-      const int H = model_->config().hidden_size;
-      ASSERT_TRUE(model_
-                      ->MtpForward(v->back().get(),
-                                   absl::MakeConstSpan(r.hidden.data(), n * H),
-                                   absl::MakeConstSpan(prompt.data() + 1, n), 0,
-                                   nullptr)
-                      .ok());
-      if (v == &batched)
-        hiddens.emplace_back(r.hidden.end() - H, r.hidden.end());
+    prompts.push_back(RandomTokens(&rng, 3 + 2 * i, vocab_));
+    BurstParams p;
+    p.k = 1 + i % 4;
+    p.max_new = 7;
+    if (i % 3 == 2) {
+      p.sampling.temperature = 0.9f;
+      p.seed = 300 + i;
     }
-    tokens.push_back(RandomTokens(&rng, 1, vocab_)[0]);
-    positions.push_back(static_cast<int>(prompt.size()) - 1);
+    params.push_back(p);
   }
-  std::vector<model::ForwardResult> got(kSessions);
+  auto admit = [&](SpecEngine* engine, int i) {
+    return engine->Admit("g" + std::to_string(i), 128, prompts[i]).value();
+  };
+  ModelExecutor executor(model_.get());
+  SpecEngine engine(&executor);
+  std::vector<std::unique_ptr<SpecSession>> sessions;
+  for (int i = 0; i < kSessions; ++i) sessions.push_back(admit(&engine, i));
+  std::vector<Collected> got(kSessions);
+  const ModelExecutor::Stats before = executor.stats();
   const std::vector<absl::Status> status =
       CallWhileModelHeld(&executor, kSessions, [&](int i) {
-        got[i].want_logits = true;
-        return executor.Draft(batched[i].get(), hiddens[i], tokens[i],
-                              positions[i], &got[i], nullptr);
+        return engine.RunBurst(sessions[i].get(), params[i], got[i].fn())
+            .status();
       });
+  const ModelExecutor::Stats after = executor.stats();
   for (int i = 0; i < kSessions; ++i) {
     ASSERT_TRUE(status[i].ok()) << status[i];
-    model::ForwardResult want;
-    want.want_logits = true;
-    ASSERT_TRUE(model_
-                    ->MtpDraft(alone[i].get(), hiddens[i], tokens[i],
-                               positions[i], &want)
-                    .ok());
-    EXPECT_EQ(got[i].argmax, want.argmax) << "session " << i;
-    EXPECT_EQ(got[i].hidden, want.hidden) << "session " << i;
-    EXPECT_EQ(got[i].logits, want.logits) << "session " << i;
+    ModelExecutor alone_executor(model_.get());
+    SpecEngine alone(&alone_executor);
+    auto s = admit(&alone, i);
+    Collected want;
+    ASSERT_TRUE(alone.RunBurst(s.get(), params[i], want.fn()).ok());
+    EXPECT_EQ(got[i].tokens, want.tokens) << "session " << i;
   }
-  const ModelExecutor::Stats stats = executor.stats();
-  EXPECT_EQ(stats.drafts, static_cast<uint64_t>(kSessions));
-  EXPECT_LT(stats.draft_passes, stats.drafts) << "no draft step was batched";
+  EXPECT_LT(after.groups - before.groups, after.grouped - before.grouped)
+      << "no two rounds ran in one group";
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, SpecEngineTest,
