@@ -160,6 +160,15 @@ absl::StatusOr<Buffer> CudaBackend::Allocate(size_t bytes) {
 }
 
 void CudaBackend::Free(void* data) {
+  absl::MutexLock lock(&free_mu_);
+  if (capturing_) {
+    deferred_frees_.push_back(data);
+    return;
+  }
+  FreeNowLocked(data);
+}
+
+void CudaBackend::FreeNowLocked(void* data) {
   if (!UseDevice().ok()) return;
   // Stream-ordered: every op that uses `data` was enqueued on stream_
   // before this, so the memory is reused only after they finish.
@@ -331,9 +340,13 @@ class CudaRecording : public Backend::Recording {
 absl::Status CudaBackend::BeginRecording() {
   if (recording_.active()) return recording_.Begin();  // "already recording"
   SS_RETURN_IF_ERROR(UseDevice());
-  SS_CUDA_RETURN_IF_ERROR(
-      cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal),
-      "cudaStreamBeginCapture");
+  {
+    absl::MutexLock lock(&free_mu_);
+    SS_CUDA_RETURN_IF_ERROR(
+        cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal),
+        "cudaStreamBeginCapture");
+    capturing_ = true;
+  }
   return recording_.Begin();
 }
 
@@ -343,7 +356,14 @@ CudaBackend::EndRecording() {
   const absl::Status refused = recording_.End();
   SS_RETURN_IF_ERROR(UseDevice());
   cudaGraph_t raw = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(stream_.get(), &raw);
+  cudaError_t end;
+  {
+    absl::MutexLock lock(&free_mu_);
+    end = cudaStreamEndCapture(stream_.get(), &raw);
+    capturing_ = false;
+    for (void* p : deferred_frees_) FreeNowLocked(p);
+    deferred_frees_.clear();
+  }
   CudaGraph graph(raw);
   if (!refused.ok()) {
     cudaGetLastError();  // the capture may also have been invalidated

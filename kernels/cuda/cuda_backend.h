@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_handles.h"
 #include "kernels/recording_state.h"
@@ -186,6 +187,16 @@ class CudaBackend : public Backend {
   // One pinned int the Embed kernel sets to 1 on a bad id (host-mapped).
   PinnedMemory error_flag_;
   RecordingState recording_{"cuda"};
+  // Frees asked for while a step is being recorded wait until the recording
+  // ends: sessions are dropped on any thread, outside the model's hold, and
+  // an op enqueued on the capturing stream from another thread invalidates
+  // the capture (and the free fails). Free checks `capturing_` and enqueues
+  // its free under free_mu_, so no free can slip in after a capture began.
+  absl::Mutex free_mu_;
+  bool capturing_ ABSL_GUARDED_BY(free_mu_) = false;
+  std::vector<void*> deferred_frees_ ABSL_GUARDED_BY(free_mu_);
+  // Frees `data` on stream_ (free_mu_ held).
+  void FreeNowLocked(void* data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(free_mu_);
 };
 
 }  // namespace specserve::kernels::cuda

@@ -1,18 +1,19 @@
 """A4: the spec gate (docs/DESIGN.md §4). With deterministic step costs from the
-worker (--step_costs: plain decode cheap and nearly flat in the batch size, a
-verify of k+1 columns ~1.05x a decode step), one client's session runs
-speculative rounds (a round costs 1.05 steps and yields ~1 + a·k tokens),
-while with 8 concurrent clients the sessions are demoted to batched decode
-(8 verifies cost ~8 steps for at most k+1 tokens each). Outputs are exact
-either way (greedy == specgen), demotion is one-way, and a demoted session
-still regenerates (REWIND) exactly from its cached prompt checkpoint."""
+worker (--step_costs: a decode pass flat up to 8 rows, then growing with its
+rows, as a GPU's turns compute-bound; a verify of k+1 columns ~1.05x a decode
+step), one client's session runs speculative rounds (a round costs 1.05 steps
+and yields ~1 + a·k tokens), while with 8 concurrent clients the sessions are
+demoted to batched decode (their grouped rounds verify 32 rows, a pass of 4
+steps' cost, for at most k+1 tokens each). Outputs are exact either way
+(greedy == specgen), demotion is one-way, and a demoted session still
+regenerates (REWIND) exactly from its cached prompt checkpoint."""
 import threading
 
 import pytest
 
 import e2e_util as u
 
-DECODE = ",".join("%.4f" % (0.0100 + 0.0001 * b) for b in range(16))
+DECODE = ",".join("%.5f" % (0.0100 * max(1.0, b / 8)) for b in range(1, 17))
 VERIFY = ",".join(["0.0105"] * 9)
 COSTS = "--step_costs=decode=%s;verify=%s" % (DECODE, VERIFY)
 CLIENTS = 8

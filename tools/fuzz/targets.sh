@@ -74,6 +74,7 @@ FUZZ_SRCS_burst_request=(
   worker/spec/logprobs.cc
   worker/spec/model_executor.cc
   worker/spec/spec_accept.cc
+  worker/spec/round_group.cc
   worker/spec/spec_engine.cc
   worker/spec/spec_session.cc
   worker/model/batch.cc

@@ -535,7 +535,7 @@ class Model {
   // with MtpForward's codes.
   struct MtpRows {
     int first_row = 0;
-    absl::Span<const float> hiddens;  // [n][H]
+    absl::Span<const float> hiddens;   // [n][H]
     absl::Span<const int32_t> tokens;  // [n]
   };
   absl::Status MtpBatch(absl::Span<ModelState* const> states,

@@ -128,9 +128,8 @@ absl::Status Model::MtpBatch(absl::Span<ModelState* const> states,
           r->logits.data(), ws.logits.f32() + i * V, V * sizeof(float)));
     }
     r->hidden.resize(H);
-    SS_RETURN_IF_ERROR(be.CopyToHost(r->hidden.data(),
-                                     ws.hidden.f32() + last[i] * H,
-                                     H * sizeof(float)));
+    SS_RETURN_IF_ERROR(be.CopyToHost(
+        r->hidden.data(), ws.hidden.f32() + last[i] * H, H * sizeof(float)));
     r->argmax = {flags[i]};
     r->finite = {flags[B + i]};
   }
@@ -144,18 +143,18 @@ absl::Status Model::MtpDraftBatch(absl::Span<ModelState* const> states,
                                   absl::Span<ForwardResult* const> out) {
   if (hiddens.size() != states.size() || tokens.size() != states.size() ||
       positions.size() != states.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "mtp draft batch: ", states.size(), " sessions, ", hiddens.size(),
-        " hiddens, ", tokens.size(), " tokens, ", positions.size(),
-        " positions"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("mtp draft batch: ", states.size(), " sessions, ",
+                     hiddens.size(), " hiddens, ", tokens.size(), " tokens, ",
+                     positions.size(), " positions"));
   }
   if (std::find(out.begin(), out.end(), nullptr) != out.end()) {
     return absl::InvalidArgumentError("mtp draft batch: a null output");
   }
   std::vector<MtpRows> rows;
   for (size_t i = 0; i < states.size(); ++i) {
-    rows.push_back(MtpRows{positions[i], hiddens[i],
-                           absl::MakeConstSpan(&tokens[i], 1)});
+    rows.push_back(
+        MtpRows{positions[i], hiddens[i], absl::MakeConstSpan(&tokens[i], 1)});
   }
   return MtpBatch(states, rows, out);
 }

@@ -3,7 +3,7 @@
 // new session's caches are allocated and zeroed while some batch shape may
 // be recording, and neither the admission nor the step may fail for it
 // ("Allocate cannot be recorded"), nor may the recording pick up the new
-// session's backend work.
+// session's backend work, nor its frees when it is dropped again.
 #include <atomic>
 #include <memory>
 #include <random>
@@ -90,6 +90,11 @@ TEST_P(AdmitWhileRecordingTest, AdmissionsNeverCollideWithARecording) {
   for (size_t i = 0; i < errors.size(); ++i) {
     EXPECT_EQ(errors[i], "") << (i < kDecoders ? "decoder " : "admitter ") << i;
   }
+  // Every admitted session was dropped again on the admitter's thread while
+  // the decoders recorded: its frees must not have broken a recording.
+  EXPECT_EQ(model_->graph_stats().failed, 0)
+      << "recordings failed (a free landed in a capture?)";
+  EXPECT_GT(model_->graph_stats().recorded, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, AdmitWhileRecordingTest,

@@ -213,9 +213,13 @@ absl::Status SpecEngine::RoundsLocked(absl::Span<RoundTask* const> tasks) {
     }
     return r;
   };
+  // Where a group's time goes (GLOG_v=1): the draft passes, the verify, the
+  // accepts.
+  const absl::Time t0 = absl::Now();
   for (int step = 0; step < max_k; ++step) {
     SS_RETURN_IF_ERROR(DraftStepLocked(running(step), step));
   }
+  const absl::Time drafted = absl::Now();
 
   // Verify [x, d_1..d_k] of every session in one trunk pass. No logits
   // come back unless logprobs are asked: greedy needs the argmax only, and
@@ -235,8 +239,7 @@ absl::Status SpecEngine::RoundsLocked(absl::Span<RoundTask* const> tasks) {
   }
   if (verifying.size() == 1) {
     // Alone: Verify, which replays a recorded step where the backend can.
-    SS_RETURN_IF_ERROR(
-        model_->Verify(states[0], columns[0], &verifying[0]->v));
+    SS_RETURN_IF_ERROR(model_->Verify(states[0], columns[0], &verifying[0]->v));
   } else {
     SS_RETURN_IF_ERROR(model_->VerifyBatch(states, columns, outs));
   }
@@ -277,6 +280,7 @@ absl::Status SpecEngine::RoundsLocked(absl::Span<RoundTask* const> tasks) {
       next += cols;
     }
   }
+  const absl::Time verified = absl::Now();
   for (RoundTask* t : verifying) {
     if (!t->status.ok()) {
       model_->DiscardVerified(t->s->caches());
@@ -284,6 +288,11 @@ absl::Status SpecEngine::RoundsLocked(absl::Span<RoundTask* const> tasks) {
     }
     t->status = AcceptLocked(t);
   }
+  VLOG(1) << "round group: " << tasks.size() << " sessions, " << row0
+          << " verify rows: drafts " << absl::FormatDuration(drafted - t0)
+          << " (" << max_k << " steps), verify "
+          << absl::FormatDuration(verified - drafted) << ", accepts "
+          << absl::FormatDuration(absl::Now() - verified);
   return absl::OkStatus();
 }
 
