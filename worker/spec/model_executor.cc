@@ -157,8 +157,12 @@ void ModelExecutor::Combine(Combiner<S>* c, S* mine, RowsOf rows_of, Run run,
     queue_mu_.Unlock();
     std::vector<S*> batch;
     absl::Duration pass;
+    const absl::Time asked = absl::Now();
+    absl::Time held;
+    int rows = 0;
     {
       absl::MutexLock model_lock(&model_mu_);
+      held = absl::Now();
       {
         absl::MutexLock q(&queue_mu_);
         if (c->gathers) {
@@ -168,7 +172,6 @@ void ModelExecutor::Combine(Combiner<S>* c, S* mine, RowsOf rows_of, Run run,
             return rows >= c->max_rows;
           });
         }
-        int rows = 0;
         while (!c->queue.empty()) {
           const int n = rows_of(*c->queue.front());
           if (!batch.empty() && rows + n > c->max_rows) break;
@@ -180,6 +183,12 @@ void ModelExecutor::Combine(Combiner<S>* c, S* mine, RowsOf rows_of, Run run,
       const absl::Time t0 = absl::Now();
       (this->*run)(batch);
       pass = absl::Now() - t0;
+      // The pass timeline (GLOG_v=2): what ran, for how many, after how
+      // long a wait for the model and for the members.
+      VLOG(2) << c->name << " pass: " << batch.size() << " steps, " << rows
+              << " rows; model after " << absl::FormatDuration(held - asked)
+              << ", gathered " << absl::FormatDuration(t0 - held) << ", ran "
+              << absl::FormatDuration(pass);
     }
     queue_mu_.Lock();
     for (S* step : batch) {

@@ -192,9 +192,11 @@ class ModelExecutor {
   // Model::kMaxRows. Returns once a pass carried `mine`.
   template <typename S>
   struct Combiner {
-    explicit Combiner(bool gathers = true,
+    explicit Combiner(const char* name, bool gathers = true,
                       int max_rows = model::Model::kMaxRows)
-        : gathers(gathers), max_rows(max_rows) {}
+        : name(name), gathers(gathers), max_rows(max_rows) {}
+    // What its passes are called in the pass timeline (GLOG_v=2).
+    const char* const name;
     // Whether a leader waits for streaming members (AwaitMembersLocked)
     // and its pass sets the gather bound.
     const bool gathers;
@@ -224,12 +226,12 @@ class ModelExecutor {
   absl::Mutex model_mu_;
 
   mutable absl::Mutex queue_mu_;
-  Combiner<Step> decodes_ ABSL_GUARDED_BY(queue_mu_);
-  Combiner<GroupTask> groups_ ABSL_GUARDED_BY(queue_mu_);
+  Combiner<Step> decodes_ ABSL_GUARDED_BY(queue_mu_){"decode"};
+  Combiner<GroupTask> groups_ ABSL_GUARDED_BY(queue_mu_){"group"};
   Combiner<PrefillStep> prefills_ ABSL_GUARDED_BY(queue_mu_){
-      /*gathers=*/true, model::Model::kMaxPrefillRows};
+      "prefill", /*gathers=*/true, model::Model::kMaxPrefillRows};
   Combiner<ExclusiveStep> exclusives_ ABSL_GUARDED_BY(queue_mu_){
-      /*gathers=*/false};
+      "exclusive", /*gathers=*/false};
   Stats stats_ ABSL_GUARDED_BY(queue_mu_);
   // LoopMembers alive, and how many of them are blocked on the executor:
   // queued in a combiner with their step not yet run, or waiting for the

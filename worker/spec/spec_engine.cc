@@ -407,9 +407,17 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(
     }
     SS_RETURN_IF_ERROR(
         AppendInChunks(s, p.suffix, p.prompt_logprobs ? &prompt : nullptr));
-    SS_RETURN_IF_ERROR(
-        executor_->Exclusive([&] { return SaveCheckpointLocked(s); }));
   }
+  // The new prompt's checkpoint (the turn's rewind target) is saved before
+  // the first pass that changes the caches, but after the first token: that
+  // one needs no pass (next_pred), so the client sees it without waiting
+  // for the model again (a checkpoint copies every linear layer's state).
+  bool checkpoint_owed = !p.suffix.empty();
+  auto save_owed_checkpoint = [&]() -> absl::Status {
+    if (!checkpoint_owed) return absl::OkStatus();
+    checkpoint_owed = false;
+    return executor_->Exclusive([&] { return SaveCheckpointLocked(s); });
+  };
   if (s->committed.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("session ", s->id(), " has no tokens to continue from"));
@@ -419,6 +427,7 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(
   ModelExecutor::LoopMember streaming(executor_);
 
   auto finish = [&](BurstEnd end) -> absl::StatusOr<BurstResult> {
+    SS_RETURN_IF_ERROR(save_owed_checkpoint());
     // A burst boundary owes no MTP rows (offload, forks and the next
     // turn's prefill read them).
     if (!s->deferred_mtp().empty()) {
@@ -446,12 +455,19 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(
   if (!s->has_pending()) {
     if (s->committed_len() + 1 > capacity) return finish(BurstEnd::kCapacity);
     if (p.max_new <= 0) return finish(BurstEnd::kMaxNew);
+    // A failed first token still leaves the new prompt's checkpoint saved.
+    auto failed = [&](absl::Status why) {
+      save_owed_checkpoint().IgnoreError();
+      return why;
+    };
     int32_t first;
     if (p.sampling.greedy()) {
-      if (b.Injects(1)) return NonFinite(s->id());
+      if (b.Injects(1)) return failed(NonFinite(s->id()));
       first = *s->next_pred;
     } else {
-      SS_ASSIGN_OR_RETURN(first, Choose(s, b, s->last_logits().data()));
+      absl::StatusOr<int32_t> chosen = Choose(s, b, s->last_logits().data());
+      if (!chosen.ok()) return failed(chosen.status());
+      first = *chosen;
     }
     std::vector<TokenLogprobs> first_logprobs;
     if (p.logprobs) {
@@ -470,6 +486,7 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(
     if (!go) return finish(BurstEnd::kCancelled);
   }
 
+  SS_RETURN_IF_ERROR(save_owed_checkpoint());
   while (result.produced < p.max_new) {
     // Rows a step needs: the pending token's, k drafts', and one for the
     // next pending token (so every emitted token stays committable).
