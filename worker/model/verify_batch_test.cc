@@ -29,6 +29,14 @@ class VerifyBatchTest : public testing::ModelTest {
  protected:
   VerifyBatchTest()
       : ModelTest({.seed = 20261202, .capacity = 96, .verify_columns = 9}) {}
+
+  // Prefills `prompt` on `s` and returns every row's final-norm hidden.
+  std::vector<float> PrefillHiddens(ModelState* s,
+                                    const std::vector<int32_t>& prompt) {
+    ForwardResult r;
+    EXPECT_TRUE(model_->Prefill(s, prompt, {.all_rows = true}, &r).ok());
+    return r.hidden;
+  }
 };
 
 TEST_P(VerifyBatchTest, EqualsVerifyOfEachSessionAlone) {
@@ -167,20 +175,17 @@ TEST_P(VerifyBatchTest, MtpDraftBatchEqualsMtpDraftAlone) {
     const std::vector<int32_t> prompt = RandomTokens(2 + 5 * i);
     for (auto* v : {&batched, &alone}) {
       v->push_back(NewState());
-      ForwardResult r;
-      ASSERT_TRUE(
-          model_->Prefill(v->back().get(), prompt, {.all_rows = true}, &r)
-              .ok());
+      const std::vector<float> hidden = PrefillHiddens(v->back().get(), prompt);
       const int n = static_cast<int>(prompt.size()) - 1;
       ASSERT_TRUE(model_
                       ->MtpForward(v->back().get(),
-                                   absl::MakeConstSpan(r.hidden.data(), n * H_),
+                                   absl::MakeConstSpan(hidden.data(), n * H_),
                                    absl::MakeConstSpan(prompt.data() + 1, n), 0,
                                    nullptr)
                       .ok());
       if (v == &batched) {
-        h_batched.emplace_back(r.hidden.end() - H_, r.hidden.end());
-        h_alone.emplace_back(r.hidden.end() - H_, r.hidden.end());
+        h_batched.emplace_back(hidden.end() - H_, hidden.end());
+        h_alone.emplace_back(hidden.end() - H_, hidden.end());
       }
     }
     const int32_t t = RandomTokens(1)[0];
@@ -249,18 +254,16 @@ TEST_P(VerifyBatchTest, MtpBatchOfOwedRowsAndADraftEqualsEachAlone) {
   std::vector<int32_t> draft_tok;
   std::vector<int> first_row;
   for (int i = 0; i < kSessions; ++i) {
-    // Session i owes i rows (none for session 0) of its prompt's MTP rows.
+    // The last `owed` MTP rows of the prompt are left unwritten, a different
+    // count per session (none for the first), so that one pass mixes
+    // sessions with and without owed rows.
     const std::vector<int32_t> prompt = RandomTokens(3 + 4 * i);
     const int n = static_cast<int>(prompt.size()) - 1;
     const int owed = std::min(i, n);
     std::vector<float> hidden;
     for (auto* v : {&batched, &alone}) {
       v->push_back(NewState());
-      ForwardResult r;
-      ASSERT_TRUE(
-          model_->Prefill(v->back().get(), prompt, {.all_rows = true}, &r)
-              .ok());
-      hidden = r.hidden;
+      hidden = PrefillHiddens(v->back().get(), prompt);
       ASSERT_TRUE(
           model_
               ->MtpForward(v->back().get(),
