@@ -71,6 +71,37 @@ class Backend {
   absl::StatusOr<Buffer> AllocateFloats(size_t n) {
     return Allocate(n * sizeof(float));
   }
+  // ---- Memory shared between buffers (automatic prefix reuse: a forked
+  // session's attention rows below the fork are its source's memory,
+  // docs/DESIGN.md "Prefix reuse"). A backend that can map one page into two
+  // buffers overrides all three; the defaults share nothing.
+  //
+  // The page: the bytes of the smallest piece shared (0: nothing shared).
+  virtual size_t SharingPageBytes() const { return 0; }
+  // A zero-filled buffer whose pages AllocateSharing can lend to another.
+  virtual absl::StatusOr<Buffer> AllocateShareable(size_t bytes) {
+    return Allocate(bytes);
+  }
+  // A shareable buffer of `bytes` whose first `share` bytes, rounded down to
+  // whole pages, are `src`'s memory (the same bytes, not a copy); the rest
+  // is zero-filled. *shared gets the bytes shared: 0 where the backend
+  // cannot share or `src` was not made shareable. share <= bytes and <=
+  // src.bytes(). The callers keep the invariant that makes this exact: a
+  // shared byte is never written while two buffers map it (Unshare first).
+  virtual absl::StatusOr<Buffer> AllocateSharing(size_t bytes,
+                                                 const Buffer& src,
+                                                 size_t share, size_t* shared) {
+    *shared = 0;
+    return AllocateShareable(bytes);
+  }
+  // Gives `buffer` memory of its own from byte `from` (rounded down to its
+  // page) to its end wherever another buffer maps the same pages, holding
+  // what it held; a no-op where it shares nothing there. Ordered like a
+  // copy: ops issued before it see the old pages, ops after the new.
+  virtual absl::Status Unshare(const Buffer& buffer, size_t from) {
+    return absl::OkStatus();
+  }
+
   virtual absl::Status CopyToDevice(void* dst, const void* host_src,
                                     size_t bytes) = 0;
   virtual absl::Status CopyToHost(void* host_dst, const void* src,

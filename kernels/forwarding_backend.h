@@ -24,6 +24,20 @@ class ForwardingBackend : public Backend {
   absl::StatusOr<Buffer> Allocate(size_t bytes) override {
     return inner_->Allocate(bytes);
   }
+  size_t SharingPageBytes() const override {
+    return inner_->SharingPageBytes();
+  }
+  absl::StatusOr<Buffer> AllocateShareable(size_t bytes) override {
+    return inner_->AllocateShareable(bytes);
+  }
+  absl::StatusOr<Buffer> AllocateSharing(size_t bytes, const Buffer& src,
+                                         size_t share,
+                                         size_t* shared) override {
+    return inner_->AllocateSharing(bytes, src, share, shared);
+  }
+  absl::Status Unshare(const Buffer& buffer, size_t from) override {
+    return inner_->Unshare(buffer, from);
+  }
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
     return inner_->CopyToDevice(dst, src, bytes);
   }
@@ -116,7 +130,8 @@ class ForwardingBackend : public Backend {
 
  protected:
   Backend* inner() const { return inner_; }
-  // Never called: every Buffer handed out belongs to the inner backend.
+  // Never called unless a subclass hands out buffers of its own: every
+  // Buffer forwarded belongs to the inner backend.
   void Free(void* /*data*/) override {}
 
  private:

@@ -358,6 +358,9 @@ absl::Status Call::AdmitOn(int worker, const std::vector<uint32_t>& history) {
   admit.set_owner(ctx_->workers->owner());
   admit.set_capacity(lease_.Snapshot().capacity);
   admit.mutable_history()->Add(history.begin(), history.end());
+  // The turn's prompt follows in the first burst unless it is recorded.
+  admit.set_prompt_rows(static_cast<uint32_t>(
+      history.size() + (suffix_recorded_ ? 0 : input_.size())));
   // The copy's REWIND target is the table's: a rebuilt session rewinds to the
   // same prompt end as the one it replaces.
   const std::optional<uint32_t> rewind_pos = lease_.Snapshot().rewind_pos;
@@ -844,6 +847,8 @@ void Call::Park() {
                           ? specserve::v1::OFFLOADED
                           : specserve::v1::PARKED,
                       state.mode(), worker_);
+  lease_.SetPrefixCheckpoints(std::vector<uint32_t>(
+      state.prefix_checkpoints().begin(), state.prefix_checkpoints().end()));
   if (ctx_->prefix != nullptr) {
     ctx_->prefix->RecordParked(ctx_, tenant_, lease_, /*owned=*/keep);
     // The cache owns a kept one-shot session now: Run must not close it.

@@ -55,8 +55,10 @@ PrefixReuse::PrefixReuse(PrefixCacheOptions options,
           {{"where", "host"}})) {}
 
 bool PrefixReuse::StillValid(SchedulerContext* ctx, const PrefixHit& hit,
-                             bool speculative, bool* forget) const {
+                             bool speculative, bool* forget,
+                             bool* inside_prompt) const {
   *forget = false;
+  *inside_prompt = false;
   absl::StatusOr<SessionSnapshot> snap =
       ctx->sessions->Get(hit.source.session_id, hit.source.table_tenant);
   if (!snap.ok()) {
@@ -69,7 +71,18 @@ bool PrefixReuse::StillValid(SchedulerContext* ctx, const PrefixHit& hit,
   const bool at_reusable_pos =
       hit.pos == snap->committed_len ||
       (snap->rewind_pos && *snap->rewind_pos == hit.pos);
-  if (!parked || snap->worker != hit.source.worker || !at_reusable_pos) {
+  const bool at_prefix_checkpoint =
+      std::count(snap->prefix_checkpoints.begin(),
+                 snap->prefix_checkpoints.end(), hit.pos) > 0;
+  *inside_prompt = at_prefix_checkpoint && !at_reusable_pos;
+  if (at_prefix_checkpoint && !at_reusable_pos &&
+      snap->residency == v1::OFFLOADED && snap->worker == hit.source.worker) {
+    // The copy dropped its prefix checkpoints when it went to host memory;
+    // its other positions may still serve.
+    return false;
+  }
+  if (!parked || snap->worker != hit.source.worker ||
+      !(at_reusable_pos || at_prefix_checkpoint)) {
     // LOST, moved, or it took a turn whose Record has not replaced the
     // entry yet: either way this state is gone.
     *forget = true;
@@ -95,8 +108,9 @@ std::optional<PrefixFork> PrefixReuse::TryFork(
     }
     const specserve::worker::v1::WorkerInfo info = ctx->workers->Info(w);
     if (!ctx->workers->Available(w)) continue;
-    bool forget = false;
-    if (!StillValid(ctx, hit, speculative && info.model().has_mtp(), &forget)) {
+    bool forget = false, inside_prompt = false;
+    if (!StillValid(ctx, hit, speculative && info.model().has_mtp(), &forget,
+                    &inside_prompt)) {
       if (forget) {
         PrefixSource gone = cache_.Forget(hit.source.session_id);
         if (gone.owned) ReleaseOwned(ctx, gone);
@@ -146,7 +160,8 @@ std::optional<PrefixFork> PrefixReuse::TryFork(
               << " refused (" << s.error_message()
               << "); trying the next entry";
     if (s.error_code() == grpc::StatusCode::NOT_FOUND ||
-        s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+        (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+         !inside_prompt)) {
       PrefixSource gone = cache_.Forget(hit.source.session_id);
       if (gone.owned) ReleaseOwned(ctx, gone);
     } else if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
@@ -165,6 +180,8 @@ void PrefixReuse::RecordParked(SchedulerContext* ctx, const std::string& tenant,
   if (snap.worker < 0) return;
   std::vector<uint32_t> positions = {snap.committed_len};
   if (snap.rewind_pos) positions.push_back(*snap.rewind_pos);
+  positions.insert(positions.end(), snap.prefix_checkpoints.begin(),
+                   snap.prefix_checkpoints.end());
   const std::vector<uint32_t> history = lease.History();
   PrefixSource source;
   source.session_id = lease.id();

@@ -81,8 +81,10 @@ class PrefixReuse {
   // Closes a cache-owned session and frees its worker copy.
   void ReleaseOwned(SchedulerContext* ctx, const PrefixSource& source);
   // Whether `hit` still describes an idle session that holds the state.
+  // `*inside_prompt`: the hit is one of its prefix checkpoints only, which
+  // the worker drops on offload (a refusal of it says nothing of the rest).
   bool StillValid(SchedulerContext* ctx, const PrefixHit& hit, bool speculative,
-                  bool* forget) const;
+                  bool* forget, bool* inside_prompt) const;
 
   PrefixCache cache_;
   telemetry::Counter* lookups_;

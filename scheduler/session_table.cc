@@ -170,7 +170,22 @@ absl::Status SessionLease::TruncateTo(uint32_t pos) {
   if (r.meta.rewind_pos.has_value() && *r.meta.rewind_pos > pos) {
     r.meta.rewind_pos.reset();
   }
+  std::vector<uint32_t>& kept = r.meta.prefix_checkpoints;
+  kept.erase(std::remove_if(kept.begin(), kept.end(),
+                            [pos](uint32_t p) { return p > pos; }),
+             kept.end());
   return absl::OkStatus();
+}
+
+void SessionLease::SetPrefixCheckpoints(absl::Span<const uint32_t> positions) {
+  CHECK(valid());
+  absl::MutexLock lock(&table_->mu_);
+  Record& r = *record_;
+  r.meta.prefix_checkpoints.clear();
+  for (uint32_t p : positions) {
+    if (p > 0 && p <= r.committed.size())
+      r.meta.prefix_checkpoints.push_back(p);
+  }
 }
 
 absl::Status SessionLease::SetRewindPos(std::optional<uint32_t> pos) {

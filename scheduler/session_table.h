@@ -59,6 +59,10 @@ struct SessionSnapshot {
   uint32_t committed_len = 0;
   uint32_t capacity = 0;
   std::optional<uint32_t> rewind_pos;
+  // Positions inside earlier prompts whose state the worker copy saved
+  // (SessionState.prefix_checkpoints, as of its last park), ascending, each
+  // <= committed_len; the copy drops them when it is offloaded.
+  std::vector<uint32_t> prefix_checkpoints;
   // Sums of the workers' per-burst deltas (BurstSummary.telemetry_delta).
   telemetry::SpecTelemetry telemetry;
   specserve::v1::GateDecision last_gate_decision;
@@ -120,6 +124,9 @@ class SessionLease {
   absl::Status TruncateTo(uint32_t pos);
   // The last prompt checkpoint; nullopt = none. OUT_OF_RANGE past committed.
   absl::Status SetRewindPos(std::optional<uint32_t> pos);
+  // The worker copy's prefix checkpoints (SessionSnapshot); those past
+  // committed are ignored.
+  void SetPrefixCheckpoints(absl::Span<const uint32_t> positions);
   void AddTelemetry(const specserve::v1::SessionTelemetry& delta);
   void SetGateDecision(const SpecGateDecision& decision);
   // The gate demoted the session (SessionSnapshot::demoted).

@@ -39,13 +39,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
 carry=.carry/cuda
-bins="cuda_backend_test sample_rows_test prefill_matmul_test prefill_attention_test prefill_gated_delta_rule_test matmul_bench cuda_model_test exactness_cuda_test batch_cuda_test recorded_steps_cuda_test verify_batch_cuda_test prefill_batch_cuda_test spec_engine_cuda_test model_executor_cuda_test interleaved_prefill_cuda_test specgen specserve_worker"
+bins="cuda_backend_test shared_pages_test sample_rows_test prefill_matmul_test prefill_attention_test prefill_gated_delta_rule_test matmul_bench cuda_model_test exactness_cuda_test batch_cuda_test recorded_steps_cuda_test verify_batch_cuda_test prefill_batch_cuda_test spec_engine_cuda_test model_executor_cuda_test interleaved_prefill_cuda_test fork_cuda_test shared_fork_cuda_test specgen specserve_worker"
 
 if [ "$mode" = prepare ]; then
   ob="${CUDA_CHECK_OUTPUT_BASE:-$HOME/.cache/bazel_cuda/ob}"
   flags=(--config=cuda --config=static)
   bazel --output_base="$ob" build "${flags[@]}" --symlink_prefix=/ \
       //kernels/cuda:cuda_backend_test //kernels/cuda:sample_rows_test \
+      //kernels/cuda:shared_pages_test \
+      //worker/model:fork_cuda_test //worker/model:shared_fork_cuda_test \
       //kernels/cuda:prefill_matmul_test //kernels/cuda:prefill_attention_test \
       //kernels/cuda:prefill_gated_delta_rule_test \
       //tools/cuda_bench:matmul_bench \
@@ -59,12 +61,12 @@ if [ "$mode" = prepare ]; then
   mkdir -p "$carry"
   for b in $bins; do
     case $b in
-      cuda_backend_test|sample_rows_test|prefill_matmul_test|prefill_attention_test|\
-      prefill_gated_delta_rule_test)
+      cuda_backend_test|shared_pages_test|sample_rows_test|prefill_matmul_test|\
+      prefill_attention_test|prefill_gated_delta_rule_test)
         src="$bin/kernels/cuda/$b" ;;
       matmul_bench) src="$bin/tools/cuda_bench/$b" ;;
       cuda_model_test|exactness_cuda_test|batch_cuda_test|recorded_steps_cuda_test|\
-      verify_batch_cuda_test|prefill_batch_cuda_test)
+      verify_batch_cuda_test|prefill_batch_cuda_test|fork_cuda_test|shared_fork_cuda_test)
         src="$bin/worker/model/$b" ;;
       spec_engine_cuda_test|model_executor_cuda_test|interleaved_prefill_cuda_test)
         src="$bin/worker/spec/$b" ;;
@@ -136,6 +138,10 @@ rc=$?; note matmul_bench $rc
 cat "$out/matmul_bench.txt"
 
 gtest_step cuda_model_test 60 "^\[  FAILED  \]|Failure|cuda-vs-cpu|Expected|Which is"
+# Forks: exact copies, and on the GPU the prefix's attention pages shared.
+gtest_step shared_pages_test 120 "^\[  FAILED  \]|Failure|^cost"
+gtest_step fork_cuda_test 120 "^\[  FAILED  \]|Failure"
+gtest_step shared_fork_cuda_test 120 "^\[  FAILED  \]|Failure"
 echo "== exactness_cuda_test"
 timeout 90 "$carry/exactness_cuda_test" > "$out/cuda_model_test.exactness.log" 2>&1
 rc=$?; note exactness_cuda_test $rc

@@ -52,11 +52,15 @@ absl::StatusOr<std::unique_ptr<spec::SpecSession>> ForkSession(
     at = cp->trunk.get();
     hidden = &cp->last_hidden;
     logits = &cp->last_logits;
+  } else if (const spec::TurnCheckpoint* pc = src.PrefixCheckpointAt(pos)) {
+    at = pc->trunk.get();
+    hidden = &pc->last_hidden;
+    logits = &pc->last_logits;
   } else {
     return absl::FailedPreconditionError(
         absl::StrCat("fork: position ", pos,
-                     " is neither the prompt checkpoint nor the "
-                     "committed end of session ",
+                     " is neither a checkpoint nor the committed end of "
+                     "session ",
                      src.id()));
   }
   const int V = model->config().vocab_size;
@@ -76,23 +80,24 @@ absl::StatusOr<std::unique_ptr<spec::SpecSession>> ForkSession(
   std::unique_ptr<model::ModelState> caches;
   auto checkpoint = std::make_unique<spec::TurnCheckpoint>();
   // Where a fork's time goes (GLOG_v=1): waiting for the model, then the
-  // allocation, the copy and the checkpoint.
+  // fork (allocation, page sharing, copies) and the checkpoint.
   const absl::Time asked = absl::Now();
-  absl::Time held, allocated, copied;
+  absl::Time held, forked;
   SS_RETURN_IF_ERROR(executor->Exclusive([&]() -> absl::Status {
     held = absl::Now();
-    SS_ASSIGN_OR_RETURN(caches, model->NewState(options));
-    allocated = absl::Now();
-    SS_RETURN_IF_ERROR(model->ForkState(*src.caches(), at, caches.get()));
-    copied = absl::Now();
+    // The prefix's attention rows are the source's pages where the backend
+    // shares memory (Model::Fork); the rest is allocated and copied.
+    SS_ASSIGN_OR_RETURN(caches, model->Fork(options, *src.caches(), at));
+    forked = absl::Now();
     SS_ASSIGN_OR_RETURN(checkpoint->trunk, model->SaveCheckpoint(*caches));
     return absl::OkStatus();
   }));
   VLOG(1) << "fork " << id << " of " << src.id() << " at " << pos << ": waited "
-          << absl::FormatDuration(held - asked) << ", allocated "
-          << absl::FormatDuration(allocated - held) << ", copied "
-          << absl::FormatDuration(copied - allocated) << ", checkpoint "
-          << absl::FormatDuration(absl::Now() - copied);
+          << absl::FormatDuration(held - asked) << ", forked "
+          << absl::FormatDuration(forked - held) << " ("
+          << (model->StateBytes(*caches) >> 20)
+          << " MiB of its own), checkpoint "
+          << absl::FormatDuration(absl::Now() - forked);
   auto s = std::make_unique<spec::SpecSession>(id, std::move(caches), drafts);
   s->committed.assign(prefix.begin(), prefix.end());
   s->last_hidden() = *hidden;

@@ -33,6 +33,7 @@ uint64_t SessionPool::BytesOf(const spec::SpecSession& s) const {
   uint64_t bytes = executor_->model()->StateBytes(*s.caches());
   const model::TrunkCheckpoint* c = TrunkOf(const_cast<spec::SpecSession*>(&s));
   if (c != nullptr) bytes += c->bytes();
+  for (const auto& p : s.prefix_checkpoints()) bytes += p->trunk->bytes();
   return bytes;
 }
 
@@ -234,6 +235,9 @@ void SessionPool::EnforceBudgetsLocked() {
     absl::Status st = executor_->Exclusive([&] {
       snap = model->Offload(e.session->caches());
       if (!snap.ok()) return snap.status();
+      // Prefix checkpoints are a cache of reusable positions, not part of
+      // the session: they go rather than take host memory.
+      e.session->DropPrefixCheckpoints();
       // The checkpoint goes too: offloading exists to free device memory.
       if (checkpoint != nullptr) {
         absl::Status c = model->OffloadCheckpoint(checkpoint);

@@ -18,6 +18,9 @@ specserve::worker::v1::SessionState SessionStateToProto(
   if (s.next_pred) out.set_next_pred(*s.next_pred);
   if (s.rewind_pos()) out.set_rewind_pos(*s.rewind_pos());
   out.set_rewind_is_resident(s.rewind_is_resident());
+  for (int pos : s.prefix_checkpoint_positions()) {
+    out.add_prefix_checkpoints(static_cast<uint32_t>(pos));
+  }
   *out.mutable_telemetry() = s.telem.ToProto();
   out.set_bytes(bytes);
   return out;

@@ -20,6 +20,7 @@
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/gated_delta_rule.h"
 #include "telemetry/server_lifecycle.h"
 #include "telemetry/status_macros.h"
 #include "telemetry/tls_credentials.h"
@@ -70,6 +71,16 @@ ABSL_FLAG(std::string, step_costs, "",
           "Report these step costs instead of measuring them (deterministic "
           "spec-gate tests): 'decode=S1,S2,...;verify=S1,S2,...' in seconds, "
           "decode by batch size 1.., verify by columns 1..");
+ABSL_FLAG(int, prefix_checkpoint_interval, 1024,
+          "While a prompt is prefilled, save its state at every multiple of "
+          "this many tokens inside it (the --prefix_checkpoints nearest its "
+          "end), so that a later request sharing only its beginning (a "
+          "system prompt with another question) resumes there instead of "
+          "prefilling it. A multiple of 64; 0: only at prompt ends and "
+          "generation ends.");
+ABSL_FLAG(int, prefix_checkpoints, 2,
+          "Prefix checkpoints kept per session (each a copy of every linear "
+          "layer's state).");
 ABSL_FLAG(bool, enable_fault_injection, false,
           "Honour BurstRequest.inject_nan_at (tests only).");
 ABSL_FLAG(int, session_lease_seconds, 60,
@@ -213,6 +224,19 @@ int main(int argc, char** argv) {
 
   specserve::worker::WorkerOptions options;
   options.device = device;
+  const int interval = absl::GetFlag(FLAGS_prefix_checkpoint_interval);
+  if (interval < 0 ||
+      interval % specserve::kernels::kPrefillDeltaRuleChunk != 0 ||
+      absl::GetFlag(FLAGS_prefix_checkpoints) < 0) {
+    LOG(ERROR) << "--prefix_checkpoint_interval must be 0 or a positive "
+                  "multiple of "
+               << specserve::kernels::kPrefillDeltaRuleChunk
+               << " and --prefix_checkpoints >= 0 (got " << interval << ", "
+               << absl::GetFlag(FLAGS_prefix_checkpoints) << ")";
+    return 1;
+  }
+  options.prefix_checkpoints.interval = interval;
+  options.prefix_checkpoints.keep = absl::GetFlag(FLAGS_prefix_checkpoints);
   options.default_capacity = absl::GetFlag(FLAGS_default_capacity);
   const int64_t budget_mb = absl::GetFlag(FLAGS_memory_budget_mb);
   options.pool.device_budget_bytes =

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <random>
@@ -91,7 +92,7 @@ WorkerService::WorkerService(WorkerOptions options, model::Model* model)
                         options_.costs.verify_seconds_by_columns().end()))
               : nullptr),
       executor_(model),
-      engine_(&executor_),
+      engine_(&executor_, options_.prefix_checkpoints),
       pool_(options_.pool, &executor_),
       lease_(options_.session_lease, [this] { return pool_.ReleaseIdle(); }) {
   executor_.set_live_costs(live_costs_.get());
@@ -197,7 +198,8 @@ grpc::ServerUnaryReactor* WorkerService::Admit(
             : std::nullopt,
         request->speculative(),
         request->draft_depth() > 0 ? static_cast<int>(request->draft_depth())
-                                   : spec::kMaxDraftDepth);
+                                   : spec::kMaxDraftDepth,
+        static_cast<int>(std::min<uint32_t>(request->prompt_rows(), capacity)));
     if (!session.ok()) {
       reactor->Finish(ToGrpc(session.status()));
       return;

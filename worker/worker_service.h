@@ -41,6 +41,8 @@ struct WorkerOptions {
   std::string device = "cpu";  // "cpu" or "cuda:N"
   uint32_t default_capacity = 4096;
   SessionPoolOptions pool;
+  // States saved inside prompts for prefix reuse (spec_engine.h).
+  spec::PrefixCheckpointOptions prefix_checkpoints;
   // Honour BurstRequest.inject_nan_at (tests of docs/RELIABILITY.md row 8).
   bool enable_fault_injection = false;
   specserve::worker::v1::StepCosts costs;  // measured at start-up

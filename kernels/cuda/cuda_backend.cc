@@ -99,6 +99,15 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
       options.device, std::move(stream), std::move(workspace),
       options.workspace_bytes, std::move(counters), std::move(x_frags),
       options.matmul_x_splits, std::move(flag)));
+  absl::StatusOr<std::unique_ptr<SharedPages>> pages =
+      SharedPages::Create(options.device);
+  if (pages.ok()) {
+    backend->pages_ = *std::move(pages);
+  } else {
+    LOG(WARNING) << "cuda backend: no shared pages (forks copy their "
+                    "prefix): "
+                 << pages.status();
+  }
   backend->kv_cache_dtype_ = options.kv_cache_dtype;
   backend->recurrent_state_dtype_ = options.recurrent_state_dtype;
   return std::unique_ptr<Backend>(std::move(backend));
@@ -144,8 +153,14 @@ absl::StatusOr<Buffer> CudaBackend::Allocate(size_t bytes) {
   SS_RETURN_IF_ERROR(recording_.Refuse("Allocate"));
   SS_RETURN_IF_ERROR(UseDevice());
   void* p = nullptr;
-  const cudaError_t err =
+  cudaError_t err =
       cudaMallocAsync(&p, std::max<size_t>(bytes, 1), stream_.get());
+  if (err == cudaErrorMemoryAllocation && pages_ != nullptr) {
+    // The pages kept for reuse may hold what the pool needs.
+    cudaGetLastError();
+    pages_->Trim();
+    err = cudaMallocAsync(&p, std::max<size_t>(bytes, 1), stream_.get());
+  }
   if (err != cudaSuccess) {
     cudaGetLastError();
     return absl::ResourceExhaustedError(
@@ -157,6 +172,51 @@ absl::StatusOr<Buffer> CudaBackend::Allocate(size_t bytes) {
       cudaMemsetAsync(p, 0, std::max<size_t>(bytes, 1), stream_.get()),
       "cudaMemsetAsync");
   return std::move(buffer);
+}
+
+absl::StatusOr<Buffer> CudaBackend::AllocateShareable(size_t bytes) {
+  if (pages_ == nullptr || !pages_->Worthwhile(bytes)) return Allocate(bytes);
+  SS_RETURN_IF_ERROR(recording_.Refuse("AllocateShareable"));
+  SS_RETURN_IF_ERROR(UseDevice());
+  absl::StatusOr<void*> p = pages_->Allocate(bytes, stream_.get());
+  if (absl::IsResourceExhausted(p.status())) {
+    // The runtime's pool keeps what it freed; give it back and retry.
+    cudaMemPool_t pool = nullptr;
+    if (cudaStreamSynchronize(stream_.get()) == cudaSuccess &&
+        cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) {
+      cudaMemPoolTrimTo(pool, 0);
+      p = pages_->Allocate(bytes, stream_.get());
+    }
+    cudaGetLastError();
+  }
+  SS_RETURN_IF_ERROR(p.status());
+  return Buffer(this, *p, bytes);
+}
+
+absl::StatusOr<Buffer> CudaBackend::AllocateSharing(size_t bytes,
+                                                    const Buffer& src,
+                                                    size_t share,
+                                                    size_t* shared) {
+  *shared = 0;
+  // Nothing to share from a buffer not made of pages: the pool's memory.
+  if (pages_ == nullptr || !pages_->Worthwhile(bytes) ||
+      !pages_->Owns(src.data())) {
+    return Allocate(bytes);
+  }
+  SS_RETURN_IF_ERROR(recording_.Refuse("AllocateSharing"));
+  SS_RETURN_IF_ERROR(UseDevice());
+  SS_ASSIGN_OR_RETURN(
+      void* p,
+      pages_->AllocateSharing(bytes, src.data(), std::min(share, src.bytes()),
+                              shared, stream_.get()));
+  return Buffer(this, p, bytes);
+}
+
+absl::Status CudaBackend::Unshare(const Buffer& buffer, size_t from) {
+  if (pages_ == nullptr) return absl::OkStatus();
+  SS_RETURN_IF_ERROR(recording_.Refuse("Unshare"));
+  SS_RETURN_IF_ERROR(UseDevice());
+  return pages_->Unshare(buffer.data(), from, stream_.get());
 }
 
 void CudaBackend::Free(void* data) {
@@ -172,6 +232,10 @@ void CudaBackend::FreeNowLocked(void* data) {
   if (!UseDevice().ok()) return;
   // Stream-ordered: every op that uses `data` was enqueued on stream_
   // before this, so the memory is reused only after they finish.
+  if (pages_ != nullptr && pages_->Owns(data)) {
+    pages_->Release(data, stream_.get());
+    return;
+  }
   const cudaError_t err = cudaFreeAsync(data, stream_.get());
   if (err != cudaSuccess)
     LOG(ERROR) << "cuda backend: cudaFreeAsync: " << cudaGetErrorString(err);

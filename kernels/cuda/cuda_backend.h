@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_handles.h"
+#include "kernels/cuda/shared_pages.h"
 #include "kernels/recording_state.h"
 
 namespace specserve::kernels::cuda {
@@ -91,6 +92,17 @@ class CudaBackend : public Backend {
   cudaStream_t stream() const { return stream_.get(); }
 
   absl::StatusOr<Buffer> Allocate(size_t bytes) override;
+  // From virtual-memory pages (shared_pages.h) when the device has them and
+  // the buffer is large enough that whole pages waste little; otherwise
+  // Allocate's (and then shares nothing).
+  size_t SharingPageBytes() const override {
+    return pages_ != nullptr ? pages_->page() : 0;
+  }
+  absl::StatusOr<Buffer> AllocateShareable(size_t bytes) override;
+  absl::StatusOr<Buffer> AllocateSharing(size_t bytes, const Buffer& src,
+                                         size_t share, size_t* shared) override;
+  // Waits for the stream when it remaps anything (refused while recording).
+  absl::Status Unshare(const Buffer& buffer, size_t from) override;
   absl::Status CopyToDevice(void* dst, const void* host_src,
                             size_t bytes) override;
   absl::Status CopyToHost(void* host_dst, const void* src,
@@ -187,6 +199,9 @@ class CudaBackend : public Backend {
   // One pinned int the Embed kernel sets to 1 on a bad id (host-mapped).
   PinnedMemory error_flag_;
   RecordingState recording_{"cuda"};
+  // Shareable buffers; null where the device has no virtual memory
+  // management. Released before the stream (declared after it).
+  std::unique_ptr<SharedPages> pages_;
   // Frees asked for while a step is being recorded wait until the recording
   // ends: sessions are dropped on any thread, outside the model's hold, and
   // an op enqueued on the capturing stream from another thread invalidates

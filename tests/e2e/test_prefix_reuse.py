@@ -10,6 +10,10 @@ the rest.
   continuation, and cached_prompt_tokens equals the position the test
   predicts from the histories it has seen (the longest recorded checkpoint
   the prompt starts with whose source holds the draft state it needs).
+- Prefix checkpoints: prompts that share only a beginning (a system prompt
+  with other questions) resume from the states the worker saved inside an
+  earlier prompt (--prefix_checkpoint_interval), exactly; an offloaded
+  source's are gone and cost a prefill, not an error.
 - Memory pressure: budgets that hold a few checkpoints, 40 distinct
   prompts cycled: no request fails, evicted ones are prefilled again
   (cached 0) and still exact, the most recent one still hits.
@@ -149,6 +153,98 @@ def test_cache_owned_sessions_are_hidden_and_prompt_logprobs_prefill(cluster):
     r = u.generate_ok(c, req)
     assert r.final.usage.cached_prompt_tokens == 0, r
     u.assert_matches_reference(prompt, r, 5, ignore_eos=True)
+
+
+# ---------------------------------------------------------------------------
+# Prefix checkpoints: states saved inside prompts as they are prefilled
+
+EVERY = 64  # --prefix_checkpoint_interval of the fixture below
+KEEP = 2    # --prefix_checkpoints
+
+
+def inside(start, end):
+    """The prefix checkpoints a worker saves prefilling rows [start, end):
+    the KEEP highest multiples of EVERY strictly inside."""
+    return [q for q in range(EVERY, end, EVERY) if q > start][-KEEP:]
+
+
+@pytest.fixture(scope="module")
+def checkpointing():
+    c = u.Cluster(worker_extra=[u.SPEC_ALWAYS_PAYS,
+                                "--prefix_checkpoint_interval=%d" % EVERY,
+                                "--prefix_checkpoints=%d" % KEEP],
+                  scheduler_extra=PREFIX_ON + ["--burst_tokens=8"])
+    yield c
+    c.stop()
+
+
+def test_prompts_sharing_only_a_beginning_resume_inside_it(checkpointing):
+    """A few "system prompts" of random lengths, each followed by other
+    questions (one-shot requests and sessions' turns, with and without
+    speculation): a request resumes from the highest saved position its
+    prompt starts with, prompt checkpoints and committed ends as before and
+    now also the states saved inside earlier prompts, and its tokens equal a
+    from-scratch run."""
+    c = checkpointing.client
+    has_mtp = checkpointing.worker_info(0).model.has_mtp
+    rng = random.Random(9411)
+    systems = [u.prompt_ids(7000 + i, rng.randrange(70, 270))
+               for i in range(3)]
+    # source -> (positions as token tuples, draft state held)
+    sources = {}
+    inside_hits = 0
+    for step in range(18):
+        system = rng.choice(systems)
+        prompt = system + u.prompt_ids(8000 + step, rng.randrange(1, 40))
+        spec = rng.random() < 0.4
+        need = has_mtp and spec
+        want = 0
+        for positions, draft in sources.values():
+            if need and not draft:
+                continue
+            for p in positions:
+                if len(p) <= len(prompt) and tuple(prompt[:len(p)]) == p:
+                    want = max(want, len(p))
+        sid = None
+        if rng.random() < 0.3:
+            sid = c.call(OPEN, capacity=512).session_id
+        n = rng.randrange(2, 9)
+        r = u.generate_ok(c, _req(prompt, n, spec, sid))
+        what = "step %d (spec=%s, session=%s)" % (step, spec, sid is not None)
+        u.assert_matches_reference(prompt, r, n, ignore_eos=True, what=what)
+        assert r.final.usage.cached_prompt_tokens == want, (what, want, r)
+        inside_hits += want > 0 and want % EVERY == 0 and want < len(prompt)
+        history = prompt + list(r.ids)
+        saved = inside(want, len(prompt))
+        sources[sid or ("one-shot", step)] = (
+            [tuple(history[:q]) for q in saved + [len(prompt)]] +
+            [tuple(history)], need)
+    assert inside_hits >= 4, "too few resumptions inside a prompt: %d" % (
+        inside_hits)
+
+
+def test_a_fork_inside_a_prompt_is_refused_once_the_source_is_offloaded():
+    """The worker drops a session's prefix checkpoints when it offloads it:
+    a later request sharing only the beginning is prefilled (cached 0),
+    exactly, and the source's own positions still serve."""
+    tight = u.Cluster(worker_extra=["--prefix_checkpoint_interval=%d" % EVERY,
+                                    "--memory_budget_mb=0"],
+                      scheduler_extra=PREFIX_ON)
+    try:
+        c = tight.client
+        system = u.prompt_ids(7500, 150)
+        first = system + u.prompt_ids(7501, 10)
+        r = u.generate_ok(c, _req(first, 4, False))
+        assert r.final.usage.cached_prompt_tokens == 0, r
+        other = system + u.prompt_ids(7502, 10)
+        r = u.generate_ok(c, _req(other, 4, False))
+        u.assert_matches_reference(other, r, 4, ignore_eos=True)
+        assert r.final.usage.cached_prompt_tokens == 0, r
+        r = u.generate_ok(c, _req(first, 4, False))
+        u.assert_matches_reference(first, r, 4, ignore_eos=True)
+        assert r.final.usage.cached_prompt_tokens == len(first), r
+    finally:
+        tight.stop()
 
 
 # ---------------------------------------------------------------------------

@@ -150,6 +150,10 @@ struct StateOptions {
   // false: no draft state (no MTP KV, no per-column verify captures), as
   // after FreeDraftState: a session that only runs plain decode.
   bool draft_state = true;
+  // Trunk KV in pages a later fork can share (Backend::AllocateShareable),
+  // which costs more to allocate on CUDA than the pool's memory: asked for
+  // where the history will fill a page (Model::WorthSharing).
+  bool shareable = false;
 };
 
 // Recorded steps (Backend::BeginRecording) by key (step kind, rows,
@@ -200,6 +204,7 @@ class ModelState {
   bool offloaded_ = false;
   bool draft_freed_ = false;
   bool graph_fallback_ = false;
+  bool shareable_ = false;           // StateOptions::shareable
   std::vector<KvCache> kv_;          // one per full-attention layer, in order
   std::vector<LinearCache> linear_;  // one per linear-attention layer
   KvCache mtp_kv_;                   // the MTP layer's cache (when has_mtp)
@@ -207,6 +212,21 @@ class ModelState {
   // capture buffers, so they are dropped whenever those are freed or
   // replaced (Offload, Restore, FreeDraftState).
   RecordedSteps verify_steps_;
+  // Page sharing with other states (Model::Fork, docs/DESIGN.md "Prefix
+  // reuse"). Invariant: no pass writes a trunk KV row below
+  // kv_shared_rows_, the rows whose bytes may be mapped by another state
+  // (lent to a fork, or borrowed from the source); a call that moves the
+  // length below it (Reset, RestoreCheckpoint, an in-place Restore) first
+  // gives this state pages of its own there (Model::UnshareFrom). Mutable:
+  // lending marks the source's memory, it changes none of its state.
+  mutable int kv_shared_rows_ = 0;
+  // Lives while this state's lent pages are still its own memory; a fork
+  // watches it through `lender_` (StateBytes).
+  mutable std::shared_ptr<const int> lent_;
+  // The bytes of this state's KV buffers that its source's pages hold, not
+  // counted as this state's while the source still holds them too.
+  uint64_t borrowed_bytes_ = 0;
+  std::weak_ptr<const int> lender_;
 };
 
 // A saved copy of a state's recurrent and conv state at `length` (the
@@ -488,6 +508,20 @@ class Model {
   // capacity, INVALID_ARGUMENT when `at` does not fit `src`.
   absl::Status ForkState(const ModelState& src, const TrunkCheckpoint* at,
                          ModelState* dst) const;
+  // A new state with `options` holding what ForkState would copy into it,
+  // with the attention KV rows below pos in the source's own pages where
+  // the backend can share them (Backend::AllocateSharing: whole pages; the
+  // rest is copied). Sharing is copy-on-write: either state moving its
+  // length below the shared rows first takes pages of its own. The MTP KV
+  // rows are copied (a draft chain rewrites them below mtp_length). Same
+  // checks and codes as ForkState.
+  absl::StatusOr<std::unique_ptr<ModelState>> Fork(
+      const StateOptions& options, const ModelState& src,
+      const TrunkCheckpoint* at) const;
+
+  // Whether a history of `rows` rows fills a page the backend can share
+  // (Backend::SharingPageBytes; false where it shares nothing).
+  bool WorthSharing(int rows) const;
 
   // Host copy of linear-attention layer `index`'s state (index counts the
   // linear layers only): the committed state when column < 0, else the
@@ -618,7 +652,25 @@ class Model {
                                        int i, const char* what, bool drafts);
   // Allocates every cache buffer of an empty `state` (per its capacity,
   // max_verify_columns and draft_freed_); zero-filled.
-  absl::Status AllocateCaches(ModelState* state) const;
+  // With `share_from`, its trunk KV pages holding rows [0, share_rows) become
+  // the state's own rows there (Fork); sets borrowed_bytes_ and
+  // kv_shared_rows_ on both.
+  absl::Status AllocateCaches(ModelState* state,
+                              const ModelState* share_from = nullptr,
+                              int share_rows = 0) const;
+  // ForkState's checks: the position a fork of `src` at `at` holds, or the
+  // error, for a target of `capacity` rows.
+  static absl::StatusOr<int> ForkPosition(const ModelState& src,
+                                          const TrunkCheckpoint* at,
+                                          int capacity);
+  // Copies what a fork at pos holds into the empty `dst`, trunk KV bytes
+  // from `kv_from_bytes` on (those below are shared pages).
+  absl::Status CopyFork(const ModelState& src, const TrunkCheckpoint* at,
+                        int pos, size_t kv_from_bytes, ModelState* dst) const;
+  // Makes every trunk KV row >= `row` of `state` its own memory before a
+  // write there (see ModelState::kv_shared_rows_); a no-op when row >=
+  // kv_shared_rows_.
+  absl::Status UnshareFrom(ModelState* state, int row) const;
   // Trunk pass over T <= kMaxRows tokens (kMaxPrefillRows for kPrefill):
   // slices[i] (covering the rows in
   // order) runs on states[i] at slices[i].start. Leaves the final-norm

@@ -1,6 +1,7 @@
 // Model's memory functions for the worker's session pool (model.h): byte
 // accounting, offload of a session's caches to host memory and their
 // restore, and the release of the draft-only buffers on demotion.
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +41,10 @@ uint64_t Model::StateBytes(const ModelState& state) const {
     n += lc.recurrent.bytes() + lc.conv.bytes() + lc.recurrent_columns.bytes() +
          lc.conv_columns.bytes();
   }
+  // Pages shared with the source count once, as the source's, while it
+  // still holds them; after that every fork that kept them counts them
+  // (an over-count, never an under-count, when several did).
+  if (!state.lender_.expired()) n -= std::min(n, state.borrowed_bytes_);
   return n;
 }
 
@@ -112,6 +117,11 @@ absl::StatusOr<std::unique_ptr<HostStateSnapshot>> Model::Offload(
   state->kv_.clear();
   state->linear_.clear();
   state->mtp_kv_ = KvCache{};
+  // Nothing of the restored state will be shared.
+  state->kv_shared_rows_ = 0;
+  state->borrowed_bytes_ = 0;
+  state->lent_.reset();
+  state->lender_.reset();
   state->mtp_length_ = snap->mtp_length;
   state->offloaded_ = true;
   state->verify_steps_.Clear();  // they hold the buffers freed here
@@ -160,9 +170,12 @@ absl::Status Model::Restore(ModelState* state,
     fresh.capacity_ = state->capacity_;
     fresh.max_verify_columns_ = state->max_verify_columns_;
     fresh.draft_freed_ = state->draft_freed_;
+    fresh.shareable_ = state->shareable_;
     SS_RETURN_IF_ERROR(AllocateCaches(&fresh));
     target = &fresh;
   }
+  // In place, every row from 0 is rewritten: this state's own pages.
+  if (target == state) SS_RETURN_IF_ERROR(UnshareFrom(state, 0));
   kernels::Backend& be = *backend_;
   for (size_t i = 0; i < num_full; ++i) {
     SS_RETURN_IF_ERROR(BytesToDevice(be, snap.k[i], target->kv_[i].k));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
@@ -23,11 +24,13 @@ absl::StatusOr<std::unique_ptr<ModelState>> Model::NewState(
   s->capacity_ = options.capacity;
   s->max_verify_columns_ = options.max_verify_columns;
   s->draft_freed_ = !options.draft_state;
+  s->shareable_ = options.shareable;
   SS_RETURN_IF_ERROR(AllocateCaches(s.get()));
   return s;
 }
 
-absl::Status Model::AllocateCaches(ModelState* s) const {
+absl::Status Model::AllocateCaches(ModelState* s, const ModelState* share_from,
+                                   int share_rows) const {
   CHECK(s->kv_.empty() && s->linear_.empty() && s->mtp_kv_.k.data() == nullptr)
       << "AllocateCaches on a state that holds buffers";
   const ModelConfig& c = config_;
@@ -38,11 +41,36 @@ absl::Status Model::AllocateCaches(ModelState* s) const {
   const size_t conv =
       static_cast<size_t>(c.conv_dim()) * (c.linear_conv_kernel_dim - 1);
   const size_t cols = s->max_verify_columns_;
+  // Trunk KV pages are shareable (Model::Fork); with `share_from` the
+  // pages holding its rows [0, share_rows) are mapped, not allocated.
+  const size_t share_bytes =
+      share_from != nullptr ? static_cast<size_t>(share_rows) * kv_row_bytes()
+                            : 0;
+  size_t least_shared = share_bytes;
+  auto allocate_kv = [&](const Buffer* src) -> absl::StatusOr<Buffer> {
+    if (share_bytes == 0 || src == nullptr) {
+      return s->shareable_ ? be.AllocateShareable(kv_bytes)
+                           : be.Allocate(kv_bytes);
+    }
+    size_t shared = 0;
+    SS_ASSIGN_OR_RETURN(
+        Buffer b,
+        be.AllocateSharing(kv_bytes, *src,
+                           std::min({share_bytes, kv_bytes, src->bytes()}),
+                           &shared));
+    least_shared = std::min(least_shared, shared);
+    s->borrowed_bytes_ += shared;
+    return b;
+  };
   for (LayerType t : c.layer_types) {
     if (t == LayerType::kFullAttention) {
+      const size_t i = s->kv_.size();
+      const bool share = share_from != nullptr && i < share_from->kv_.size();
       KvCache kv;
-      SS_ASSIGN_OR_RETURN(kv.k, be.Allocate(kv_bytes));
-      SS_ASSIGN_OR_RETURN(kv.v, be.Allocate(kv_bytes));
+      SS_ASSIGN_OR_RETURN(kv.k,
+                          allocate_kv(share ? &share_from->kv_[i].k : nullptr));
+      SS_ASSIGN_OR_RETURN(kv.v,
+                          allocate_kv(share ? &share_from->kv_[i].v : nullptr));
       s->kv_.push_back(std::move(kv));
     } else {
       LinearCache lc;
@@ -59,7 +87,27 @@ absl::Status Model::AllocateCaches(ModelState* s) const {
     SS_ASSIGN_OR_RETURN(s->mtp_kv_.k, be.Allocate(kv_bytes));
     SS_ASSIGN_OR_RETURN(s->mtp_kv_.v, be.Allocate(kv_bytes));
   }
+  if (share_from != nullptr && s->borrowed_bytes_ > 0) {
+    if (least_shared * 2 * s->kv_.size() != s->borrowed_bytes_) {
+      // Unequal shares cannot happen with equal buffers; copy them all.
+      return absl::InternalError("fork: the KV buffers shared unequal pages");
+    }
+    const size_t row_bytes = kv_row_bytes();
+    const int rows =
+        static_cast<int>((least_shared + row_bytes - 1) / row_bytes);
+    s->kv_shared_rows_ = rows;
+    share_from->kv_shared_rows_ = std::max(share_from->kv_shared_rows_, rows);
+    if (share_from->lent_ == nullptr) {
+      share_from->lent_ = std::make_shared<const int>(0);
+    }
+    s->lender_ = share_from->lent_;
+  }
   return absl::OkStatus();
+}
+
+bool Model::WorthSharing(int rows) const {
+  const size_t page = backend_->SharingPageBytes();
+  return page > 0 && static_cast<size_t>(rows) * kv_row_bytes() >= page;
 }
 
 absl::Status Model::Reset(ModelState* state) const {
@@ -69,7 +117,9 @@ absl::Status Model::Reset(ModelState* state) const {
         backend_->Zero(lc.recurrent.data(), lc.recurrent.bytes()));
     SS_RETURN_IF_ERROR(backend_->Zero(lc.conv.data(), lc.conv.bytes()));
   }
-  // KV rows past the length are never read, so they need no clearing.
+  // KV rows past the length are never read, so they need no clearing; the
+  // rows written next must be this state's own.
+  SS_RETURN_IF_ERROR(UnshareFrom(state, 0));
   state->length_ = 0;
   state->mtp_length_ = 0;
   state->verified_columns_ = 0;
@@ -175,6 +225,8 @@ absl::Status Model::RestoreCheckpoint(ModelState* state,
       cp.conv.size() != state->linear_.size() || cp.length > state->capacity_) {
     return absl::InvalidArgumentError("checkpoint does not fit this state");
   }
+  // The rows from cp.length on are written next: this state's own pages.
+  SS_RETURN_IF_ERROR(UnshareFrom(state, cp.length));
   kernels::Backend& be = *backend_;
   for (size_t i = 0; i < state->linear_.size(); ++i) {
     LinearCache& lc = state->linear_[i];

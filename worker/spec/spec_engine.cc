@@ -47,7 +47,8 @@ TokenLogprobs SpecEngine::LogprobsOf(const BurstParams& p, const float* logits,
 
 absl::StatusOr<std::unique_ptr<SpecSession>> SpecEngine::Admit(
     const std::string& id, int capacity, absl::Span<const int32_t> history,
-    std::optional<int> checkpoint_pos, bool speculative, int draft_depth) {
+    std::optional<int> checkpoint_pos, bool speculative, int draft_depth,
+    int prompt_rows) {
   const int n = static_cast<int>(history.size());
   if (n > capacity) {
     return absl::OutOfRangeError(
@@ -66,6 +67,8 @@ absl::StatusOr<std::unique_ptr<SpecSession>> SpecEngine::Admit(
   options.max_verify_columns =
       drafts ? std::clamp(draft_depth, 1, kMaxDraftDepth) + 1 : 1;
   options.draft_state = drafts;
+  // Pages a later fork can share, where the history fills one.
+  options.shareable = model_->WorthSharing(std::max(n, prompt_rows));
   // The caches are allocated and zeroed with the model held: backend work
   // from another thread while a step shape is being recorded would be
   // refused ("Allocate cannot be recorded") or, on a shared stream, land in
@@ -103,48 +106,84 @@ absl::Status SpecEngine::FillMtpLocked(SpecSession* s, int first_row,
                             nullptr);
 }
 
+std::vector<int> SpecEngine::PrefixCheckpointTargets(int start, int end) const {
+  std::vector<int> out;
+  const int every = prefix_checkpoints_.interval;
+  if (every <= 0 || prefix_checkpoints_.keep <= 0) return out;
+  for (int q = (end - 1) / every * every;
+       q > start && static_cast<int>(out.size()) < prefix_checkpoints_.keep;
+       q -= every) {
+    out.insert(out.begin(), q);
+  }
+  return out;
+}
+
 absl::Status SpecEngine::AppendInChunks(SpecSession* s,
                                         absl::Span<const int32_t> tokens,
                                         const PromptLogprobs* prompt_logprobs) {
+  const int start = s->committed_len();
+  const std::vector<int> targets =
+      PrefixCheckpointTargets(start, start + static_cast<int>(tokens.size()));
+  size_t next_target = 0;
+  std::vector<std::unique_ptr<TurnCheckpoint>> saved;
   for (size_t i = 0; i < tokens.size();) {
     // Every row's logits take a logits row each: kMaxRows per pass then.
     // Chunks end at multiples of the delta rule's chunk (PrefillPassRows),
-    // so that the prompt's bits do not depend on the chunk size chosen.
+    // so that the prompt's bits do not depend on the chunk size chosen;
+    // the prefix checkpoints are such multiples.
     const int max_rows = prompt_logprobs != nullptr
                              ? model::Model::kMaxRows
                              : executor_->PrefillChunkRows();
-    const size_t rows = model::Model::PrefillPassRows(
-        s->caches()->length(), static_cast<int64_t>(tokens.size() - i),
-        max_rows);
+    const int at = s->caches()->length();
+    int64_t left = static_cast<int64_t>(tokens.size() - i);
+    if (next_target < targets.size()) {
+      left = std::min<int64_t>(left, targets[next_target] - at);
+    }
+    const size_t rows = model::Model::PrefillPassRows(at, left, max_rows);
     const absl::Span<const int32_t> chunk = tokens.subspan(i, rows);
     i += chunk.size();
-    if (prompt_logprobs != nullptr) {
-      // Every row's logits: a pass of its own (Prefill with all_rows).
-      SS_RETURN_IF_ERROR(executor_->Interleaved([&] {
-        return AppendWithLogprobsLocked(s, chunk, *prompt_logprobs);
+    SS_RETURN_IF_ERROR(AppendChunk(s, chunk, prompt_logprobs));
+    if (next_target < targets.size() &&
+        s->committed_len() == targets[next_target]) {
+      ++next_target;
+      SS_RETURN_IF_ERROR(executor_->Exclusive([&]() -> absl::Status {
+        SS_ASSIGN_OR_RETURN(std::unique_ptr<TurnCheckpoint> c,
+                            NewCheckpointLocked(*s));
+        saved.push_back(std::move(c));
+        return absl::OkStatus();
       }));
-      continue;
-    }
-    // The chunk's MTP fill attends over the rows the session owes.
-    if (!s->deferred_mtp().empty()) {
-      SS_RETURN_IF_ERROR(
-          executor_->Exclusive([&] { return FlushMtpLocked(s); }));
-    }
-    // The trunk pass, batched with other sessions' chunks; then the MTP
-    // fill, which needs the model only when the session drafts.
-    model::ForwardResult r;
-    std::vector<float> row_hidden;
-    SS_RETURN_IF_ERROR(executor_->Prefill(
-        s->caches(), chunk, s->can_draft() ? &row_hidden : nullptr, &r));
-    ++trunk_passes_;
-    if (s->can_draft()) {
-      SS_RETURN_IF_ERROR(executor_->Exclusive(
-          [&] { return FinishAppend(s, chunk, row_hidden, r); }));
-    } else {
-      SS_RETURN_IF_ERROR(FinishAppend(s, chunk, row_hidden, r));
     }
   }
+  if (!saved.empty()) {
+    s->AddPrefixCheckpoints(std::move(saved), prefix_checkpoints_.keep);
+  }
   return absl::OkStatus();
+}
+
+absl::Status SpecEngine::AppendChunk(SpecSession* s,
+                                     absl::Span<const int32_t> chunk,
+                                     const PromptLogprobs* prompt_logprobs) {
+  if (prompt_logprobs != nullptr) {
+    // Every row's logits: a pass of its own (Prefill with all_rows).
+    return executor_->Interleaved(
+        [&] { return AppendWithLogprobsLocked(s, chunk, *prompt_logprobs); });
+  }
+  // The chunk's MTP fill attends over the rows the session owes.
+  if (!s->deferred_mtp().empty()) {
+    SS_RETURN_IF_ERROR(executor_->Exclusive([&] { return FlushMtpLocked(s); }));
+  }
+  // The trunk pass, batched with other sessions' chunks; then the MTP
+  // fill, which needs the model only when the session drafts.
+  model::ForwardResult r;
+  std::vector<float> row_hidden;
+  SS_RETURN_IF_ERROR(executor_->Prefill(
+      s->caches(), chunk, s->can_draft() ? &row_hidden : nullptr, &r));
+  ++trunk_passes_;
+  if (s->can_draft()) {
+    return executor_->Exclusive(
+        [&] { return FinishAppend(s, chunk, row_hidden, r); });
+  }
+  return FinishAppend(s, chunk, row_hidden, r);
 }
 
 absl::Status SpecEngine::AppendWithLogprobsLocked(
@@ -228,12 +267,19 @@ absl::Status SpecEngine::FinishAppend(SpecSession* s,
   return absl::OkStatus();
 }
 
-absl::Status SpecEngine::SaveCheckpointLocked(SpecSession* s) {
+absl::StatusOr<std::unique_ptr<TurnCheckpoint>> SpecEngine::NewCheckpointLocked(
+    const SpecSession& s) {
   auto c = std::make_unique<TurnCheckpoint>();
-  c->pos = s->committed_len();
-  SS_ASSIGN_OR_RETURN(c->trunk, model_->SaveCheckpoint(*s->caches()));
-  c->last_hidden = s->last_hidden();
-  c->last_logits = s->last_logits();
+  c->pos = s.committed_len();
+  SS_ASSIGN_OR_RETURN(c->trunk, model_->SaveCheckpoint(*s.caches()));
+  c->last_hidden = const_cast<SpecSession&>(s).last_hidden();
+  c->last_logits = const_cast<SpecSession&>(s).last_logits();
+  return c;
+}
+
+absl::Status SpecEngine::SaveCheckpointLocked(SpecSession* s) {
+  SS_ASSIGN_OR_RETURN(std::unique_ptr<TurnCheckpoint> c,
+                      NewCheckpointLocked(*s));
   s->set_checkpoint(std::move(c));
   return absl::OkStatus();
 }

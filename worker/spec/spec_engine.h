@@ -79,14 +79,27 @@ using EmitWithLogprobsFn = std::function<bool(absl::Span<const int32_t>,
 // speculation.k limit, request_validation.h Limits::max_k).
 constexpr int kMaxDraftDepth = 8;
 
+// Prefix checkpoints (docs/DESIGN.md "Prefix reuse"): while a prompt is
+// prefilled, the state at every multiple of `interval` inside it is a place
+// a later request sharing only part of the prompt (a system prompt with
+// another question) can resume from. The engine cuts the prefill's passes
+// there and saves the `keep` of them nearest the prompt's end (each holds
+// one copy of every linear layer's state). interval 0: none.
+struct PrefixCheckpointOptions {
+  int interval = 0;  // a multiple of kernels::kPrefillDeltaRuleChunk
+  int keep = 2;
+};
+
 class SpecEngine {
  public:
-  explicit SpecEngine(ModelExecutor* executor)
+  explicit SpecEngine(ModelExecutor* executor,
+                      PrefixCheckpointOptions prefix_checkpoints = {})
       : executor_(executor),
         model_(executor->model()),
         round_runner_([this](absl::Span<ModelExecutor::GroupTask* const> t) {
           RunRounds(t);
-        }) {}
+        }),
+        prefix_checkpoints_(prefix_checkpoints) {}
 
   // A new session with caches for `capacity` rows, prefilled with `history`
   // (may be empty), its prompt checkpoint at `checkpoint_pos` (unset: the
@@ -97,10 +110,13 @@ class SpecEngine {
   // more runs at this depth: the verify captures are sized for it); a plain
   // one (speculative = false) none: a fraction of the memory, and it never
   // drafts.
+  // `prompt_rows`: the rows the session will hold once its first prompt is
+  // in (0: the history's); where they fill a page the backend can share,
+  // its attention caches are built so that a fork can share them.
   absl::StatusOr<std::unique_ptr<SpecSession>> Admit(
       const std::string& id, int capacity, absl::Span<const int32_t> history,
       std::optional<int> checkpoint_pos = std::nullopt, bool speculative = true,
-      int draft_depth = kMaxDraftDepth);
+      int draft_depth = kMaxDraftDepth, int prompt_rows = 0);
 
   absl::StatusOr<BurstResult> RunBurst(SpecSession* s, const BurstParams& p,
                                        const EmitWithLogprobsFn& emit);
@@ -164,8 +180,18 @@ class SpecEngine {
   // Any chunking gives the bits of one prefill: prefill and the MTP fill are
   // row-invariant, and each chunk continues from the last hidden and logits
   // the one before it left.
+  // Cuts its passes at the prefix checkpoints inside `tokens` and saves
+  // them (PrefixCheckpointOptions); a cut at a multiple of the delta rule's
+  // chunk changes no bits.
   absl::Status AppendInChunks(SpecSession* s, absl::Span<const int32_t> tokens,
                               const PromptLogprobs* prompt_logprobs = nullptr);
+  // One chunk of AppendInChunks: its trunk pass (batched with other
+  // sessions' chunks; with logprobs, a pass of its own) and FinishAppend.
+  absl::Status AppendChunk(SpecSession* s, absl::Span<const int32_t> chunk,
+                           const PromptLogprobs* prompt_logprobs);
+  // The positions AppendInChunks saves for a prompt [start, end): the
+  // `keep` highest multiples of the interval strictly inside it.
+  std::vector<int> PrefixCheckpointTargets(int start, int end) const;
   // MTP rows [first_row, first_row + n) from true trunk hiddens. Requires
   // the model lock.
   absl::Status FillMtpLocked(SpecSession* s, int first_row,
@@ -212,12 +238,17 @@ class SpecEngine {
   static TokenLogprobs LogprobsOf(const BurstParams& p, const float* logits,
                                   int V, int32_t token);
   absl::Status SaveCheckpointLocked(SpecSession* s);
+  // A checkpoint of `s` as it stands (its committed end). Requires the
+  // model lock.
+  absl::StatusOr<std::unique_ptr<TurnCheckpoint>> NewCheckpointLocked(
+      const SpecSession& s);
   // Writes the MTP rows the session's plain steps owe (DeferredMtp).
   absl::Status FlushMtpLocked(SpecSession* s);
 
   ModelExecutor* const executor_;
   model::Model* const model_;
   const ModelExecutor::GroupTask::Runner round_runner_;
+  const PrefixCheckpointOptions prefix_checkpoints_;
   std::atomic<int64_t> trunk_passes_{0};
 };
 

@@ -1,5 +1,7 @@
 #include "worker/spec/spec_session.h"
 
+#include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "glog/logging.h"
@@ -22,6 +24,39 @@ bool SpecSession::rewind_is_resident() const {
   // session is resident and nothing truncated below pos.
   return checkpoint_ != nullptr && caches_ != nullptr &&
          checkpoint_->pos <= committed_len();
+}
+
+void SpecSession::AddPrefixCheckpoints(
+    std::vector<std::unique_ptr<TurnCheckpoint>> c, int keep) {
+  std::vector<std::unique_ptr<TurnCheckpoint>> all;
+  const int first_new = c.empty() ? committed_len() + 1 : c.front()->pos;
+  for (std::unique_ptr<TurnCheckpoint>& old : prefix_checkpoints_) {
+    if (old->pos < first_new && old->pos <= committed_len()) {
+      all.push_back(std::move(old));
+    }
+  }
+  for (std::unique_ptr<TurnCheckpoint>& n : c) all.push_back(std::move(n));
+  const size_t drop = all.size() > static_cast<size_t>(std::max(keep, 0))
+                          ? all.size() - static_cast<size_t>(std::max(keep, 0))
+                          : 0;
+  prefix_checkpoints_.assign(std::make_move_iterator(all.begin() + drop),
+                             std::make_move_iterator(all.end()));
+}
+
+const TurnCheckpoint* SpecSession::PrefixCheckpointAt(int pos) const {
+  if (pos > committed_len() || caches_ == nullptr) return nullptr;
+  for (const std::unique_ptr<TurnCheckpoint>& c : prefix_checkpoints_) {
+    if (c->pos == pos) return c.get();
+  }
+  return nullptr;
+}
+
+std::vector<int> SpecSession::prefix_checkpoint_positions() const {
+  std::vector<int> out;
+  for (const std::unique_ptr<TurnCheckpoint>& c : prefix_checkpoints_) {
+    if (c->pos <= committed_len()) out.push_back(c->pos);
+  }
+  return out;
 }
 
 void SpecSession::MarkDemoted() {

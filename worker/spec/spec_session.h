@@ -118,6 +118,26 @@ class SpecSession {
     checkpoint_ = std::move(c);
   }
 
+  // States saved inside prompts as they were prefilled (SpecEngine's
+  // prefix checkpoints, docs/DESIGN.md "Prefix reuse"), ascending by pos,
+  // each the state after committed[0:pos]. One holds while pos <=
+  // committed_len(): rows below the committed length are never rewritten.
+  // The pool drops them when it offloads the session, so every one held is
+  // resident.
+  const std::vector<std::unique_ptr<TurnCheckpoint>>& prefix_checkpoints()
+      const {
+    return prefix_checkpoints_;
+  }
+  // Adds `c` (ascending past the ones held that still hold), then keeps the
+  // `keep` of highest pos.
+  void AddPrefixCheckpoints(std::vector<std::unique_ptr<TurnCheckpoint>> c,
+                            int keep);
+  void DropPrefixCheckpoints() { prefix_checkpoints_.clear(); }
+  // The prefix checkpoint at `pos` that still holds, or null.
+  const TurnCheckpoint* PrefixCheckpointAt(int pos) const;
+  // The positions of those that still hold, ascending.
+  std::vector<int> prefix_checkpoint_positions() const;
+
   // CHECK-fails on a broken invariant (see the file comment).
   void CheckInvariants() const;
 
@@ -129,6 +149,7 @@ class SpecSession {
   std::vector<float> last_logits_;
   DeferredMtp deferred_mtp_;
   std::unique_ptr<TurnCheckpoint> checkpoint_;
+  std::vector<std::unique_ptr<TurnCheckpoint>> prefix_checkpoints_;
   DecodeMode mode_ = DecodeMode::kSpeculative;
   bool graph_fallback_ = false;
 };

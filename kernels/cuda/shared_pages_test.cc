@@ -1,0 +1,184 @@
+// The CUDA backend's shared pages (shared_pages.h) through the Backend
+// interface: a buffer made sharing another's pages reads its bytes and sees
+// its writes (the same memory, not a copy); Unshare gives a buffer its own
+// pages with the same contents, after which neither sees the other's
+// writes; either buffer may outlive the other; small buffers share nothing.
+// Skips without a GPU.
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace specserve::kernels::cuda {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+class SharedPagesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    auto b = CreateCudaBackend(0);
+    ASSERT_TRUE(b.ok()) << b.status();
+    be_ = std::move(*b);
+  }
+
+  // Bytes [at, at + n) of `b` filled with `seed`-derived words.
+  void Fill(const Buffer& b, size_t at, size_t n, uint32_t seed) {
+    std::vector<uint32_t> x(n / 4);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = seed * 2654435761u + i;
+    ASSERT_TRUE(
+        be_->CopyToDevice(static_cast<char*>(b.data()) + at, x.data(), n).ok());
+  }
+  std::vector<uint8_t> Read(const Buffer& b, size_t at, size_t n) {
+    std::vector<uint8_t> x(n);
+    EXPECT_TRUE(
+        be_->CopyToHost(x.data(), static_cast<const char*>(b.data()) + at, n)
+            .ok());
+    return x;
+  }
+
+  std::unique_ptr<Backend> be_;
+};
+
+TEST_F(SharedPagesTest, ASharingBufferIsTheSourcesMemoryUntilUnshared) {
+  auto src = be_->AllocateShareable(16 * kMiB);
+  ASSERT_TRUE(src.ok()) << src.status();
+  Fill(*src, 0, 16 * kMiB, 1);
+  size_t shared = 0;
+  // 5.5 MiB asked: whole pages only.
+  auto dst =
+      be_->AllocateSharing(16 * kMiB, *src, 5 * kMiB + kMiB / 2, &shared);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  ASSERT_GE(shared, 2 * kMiB);
+  ASSERT_LE(shared, 5 * kMiB + kMiB / 2);
+  EXPECT_EQ(Read(*dst, 0, shared), Read(*src, 0, shared));
+  // Past the shared pages: zero-filled memory of its own.
+  EXPECT_EQ(Read(*dst, shared, kMiB), std::vector<uint8_t>(kMiB, 0));
+  // The same memory: a write through one shows through the other.
+  Fill(*src, kMiB, 4096, 7);
+  EXPECT_EQ(Read(*dst, kMiB, 4096), Read(*src, kMiB, 4096));
+  // Unshared from inside the second page (Hopper's pages are 2 MiB; the
+  // first stays shared): the contents are kept, and writes past the first
+  // page no longer cross.
+  const size_t page = 2 * kMiB;
+  const std::vector<uint8_t> before = Read(*src, 0, shared);
+  ASSERT_TRUE(be_->Unshare(*src, page + 100).ok());
+  EXPECT_EQ(Read(*src, 0, shared), before);
+  EXPECT_EQ(Read(*dst, 0, shared), before);
+  Fill(*src, page, 4096, 9);
+  EXPECT_EQ(Read(*dst, page, 4096),
+            std::vector<uint8_t>(before.begin() + page,
+                                 before.begin() + page + 4096));
+  Fill(*src, 0, 4096, 11);  // page 0 is still one page
+  EXPECT_EQ(Read(*dst, 0, 4096), Read(*src, 0, 4096));
+  // The source goes first; the sharing buffer keeps the pages.
+  const std::vector<uint8_t> kept = Read(*dst, 0, shared);
+  *src = Buffer();
+  ASSERT_TRUE(be_->Synchronize().ok());
+  auto churn = be_->AllocateShareable(16 * kMiB);  // may reuse src's range
+  ASSERT_TRUE(churn.ok());
+  Fill(*churn, 0, 16 * kMiB, 13);
+  EXPECT_EQ(Read(*dst, 0, shared), kept);
+}
+
+TEST_F(SharedPagesTest, ASharingBufferUnsharesItselfAndSharesOnward) {
+  auto src = be_->AllocateShareable(12 * kMiB);
+  ASSERT_TRUE(src.ok());
+  Fill(*src, 0, 12 * kMiB, 3);
+  size_t shared = 0;
+  auto a = be_->AllocateSharing(12 * kMiB, *src, 8 * kMiB, &shared);
+  ASSERT_TRUE(a.ok());
+  ASSERT_EQ(shared, 8 * kMiB);
+  size_t shared_b = 0;
+  auto b = be_->AllocateSharing(10 * kMiB, *a, 6 * kMiB, &shared_b);
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ(shared_b, 6 * kMiB);
+  const std::vector<uint8_t> orig = Read(*src, 0, 8 * kMiB);
+  EXPECT_EQ(Read(*b, 0, 6 * kMiB),
+            std::vector<uint8_t>(orig.begin(), orig.begin() + 6 * kMiB));
+  // `a` takes pages of its own from 0 and overwrites them.
+  ASSERT_TRUE(be_->Unshare(*a, 0).ok());
+  EXPECT_EQ(Read(*a, 0, 8 * kMiB), orig);
+  Fill(*a, 0, 8 * kMiB, 5);
+  EXPECT_EQ(Read(*src, 0, 8 * kMiB), orig);
+  EXPECT_EQ(Read(*b, 0, 6 * kMiB),
+            std::vector<uint8_t>(orig.begin(), orig.begin() + 6 * kMiB));
+  // `src` and `b` still share; nothing to unshare on a buffer alone.
+  Fill(*src, 0, 4096, 17);
+  EXPECT_EQ(Read(*b, 0, 4096), Read(*src, 0, 4096));
+  *a = Buffer();
+  ASSERT_TRUE(be_->Unshare(*b, 0).ok());
+  Fill(*b, 0, 4096, 19);
+  EXPECT_NE(Read(*b, 0, 4096), Read(*src, 0, 4096));
+}
+
+TEST_F(SharedPagesTest, SmallBuffersShareNothing) {
+  auto src = be_->AllocateShareable(64 * 1024);
+  ASSERT_TRUE(src.ok());
+  Fill(*src, 0, 64 * 1024, 23);
+  size_t shared = 1;
+  auto dst = be_->AllocateSharing(64 * 1024, *src, 64 * 1024, &shared);
+  ASSERT_TRUE(dst.ok());
+  EXPECT_EQ(shared, 0u);
+  EXPECT_EQ(Read(*dst, 0, 64 * 1024), std::vector<uint8_t>(64 * 1024, 0));
+  ASSERT_TRUE(be_->Unshare(*src, 0).ok());
+}
+
+// What a session's attention caches cost to allocate on the 27B shape (32
+// buffers of 8,256 rows x 2 KiB: 9 pages each): fresh, reused, and sharing
+// 8 pages of a source's; printed, not asserted.
+TEST_F(SharedPagesTest, PrintsWhatAllocationCosts) {
+  constexpr size_t kBytes = size_t{8256} * 2048;
+  constexpr int kBuffers = 32;
+  auto time = [&](const char* what, const std::function<void(int)>& make) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kBuffers; ++i) make(i);
+    ASSERT_TRUE(be_->Synchronize().ok());
+    const double ms = std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - t0)
+                          .count();
+    std::printf("cost %s: %.1f ms per %d buffers of %zu bytes\n", what, ms,
+                kBuffers, kBytes);
+  };
+  std::vector<Buffer> src, held;
+  time("fresh", [&](int) {
+    auto b = be_->AllocateShareable(kBytes);
+    ASSERT_TRUE(b.ok()) << b.status();
+    src.push_back(*std::move(b));
+  });
+  time("fresh again", [&](int) {
+    auto b = be_->AllocateShareable(kBytes);
+    ASSERT_TRUE(b.ok()) << b.status();
+    held.push_back(*std::move(b));
+  });
+  held.clear();
+  ASSERT_TRUE(be_->Synchronize().ok());
+  time("reused", [&](int) {
+    auto b = be_->AllocateShareable(kBytes);
+    ASSERT_TRUE(b.ok()) << b.status();
+    held.push_back(*std::move(b));
+  });
+  held.clear();
+  time("sharing 8 pages", [&](int i) {
+    size_t shared = 0;
+    auto b = be_->AllocateSharing(kBytes, src[i], 8192 * 2048, &shared);
+    ASSERT_TRUE(b.ok()) << b.status();
+    held.push_back(*std::move(b));
+  });
+  time("pool (cudaMallocAsync)", [&](int) {
+    auto b = be_->Allocate(kBytes);
+    ASSERT_TRUE(b.ok()) << b.status();
+    src.push_back(*std::move(b));
+  });
+}
+
+}  // namespace
+}  // namespace specserve::kernels::cuda
