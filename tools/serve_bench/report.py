@@ -310,9 +310,9 @@ def tables(result):
                    "P-token prefix, each with its own suffix)")
         out.append("")
         out.append("Bars: the N's TTFT p50 <= %g ms; cached_prompt_tokens >= P for every one "
-                   "of the N (the scheduler checkpoints a request only at its prompt's end and "
-                   "its committed end: with first = suffix no position of the first request "
-                   "is a prefix of the others' prompts); held once: the worker's device bytes "
+                   "of the N (with first = suffix they resume from a prefix checkpoint the "
+                   "worker saved inside the first prompt, at a multiple of "
+                   "--prefix_checkpoint_interval); held once: the worker's device bytes "
                    "per request of the N < the prefix's K/V bytes." % sp[0]["ttft_bar_ms"])
         out.append("")
 

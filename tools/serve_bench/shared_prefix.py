@@ -28,14 +28,13 @@ one channel), every request greedy, ignore_eos, speculation off:
   5. after: the memory figures, settled.
 
 Where a checkpoint can be: the scheduler records a parked session's prompt
-checkpoint (rewind_pos: its prompt's end) and its committed end, nothing in
-between (scheduler/prefix_reuse.cc RecordParked; DESIGN.md "Not yet": no
-checkpoints every N tokens of a prefill). So the granularity is exact, not
-rounded: the cached target of each of the N is P. In the prefix variant the
-first request's checkpoint is at P and a hit gives cached_prompt_tokens == P.
-In the suffix variant its positions are P + S and its committed end, neither
-of them a prefix of another request's prompt: the N get 0 by construction,
-and the row shows that gap.
+checkpoint (rewind_pos: its prompt's end), its committed end and the prefix
+checkpoints the worker saved inside its prompts (multiples of the worker's
+--prefix_checkpoint_interval, default 1,024; scheduler/prefix_reuse.cc
+RecordParked, DESIGN.md "Prefix reuse"). The cached target of each of the N
+is P: in the prefix variant the first request's prompt checkpoint is at P;
+in the suffix variant P is a multiple of the interval inside its prompt (for
+the P this bench uses), so a hit gives cached_prompt_tokens == P in both.
 
 Memory: the bench calls specserve.worker.v1.Worker/GetWorkerInfo on the
 worker itself (through its reflection service; no claim_sessions, so the
