@@ -3,12 +3,14 @@
 # from binaries built here.
 #
 #   tools/cuda_check.sh prepare   (on the build machine, with Bazel)
-#       Builds //kernels/cuda:cuda_backend_test, :prefill_matmul_test,
+#       Builds //kernels/cuda:cuda_backend_test, :shared_pages_test,
+#       :prefill_matmul_test,
 #       :prefill_attention_test, :prefill_gated_delta_rule_test,
 #       //tools/cuda_bench:matmul_bench,
 #       //worker/model:cuda_model_test, :exactness_cuda_test, :batch_cuda_test,
 #       :recorded_steps_cuda_test, :verify_batch_cuda_test,
-#       :prefill_batch_cuda_test, //worker/spec:spec_engine_cuda_test,
+#       :prefill_batch_cuda_test, :fork_cuda_test, :shared_fork_cuda_test,
+#       //worker:session_fork_cuda_test, //worker/spec:spec_engine_cuda_test,
 #       :model_executor_cuda_test, :interleaved_prefill_cuda_test, //tools/specgen and
 #       //worker:specserve_worker with --config=cuda
 #       --config=static (only glibc, libm, libgcc_s and the NVIDIA driver
@@ -39,7 +41,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
 carry=.carry/cuda
-bins="cuda_backend_test shared_pages_test sample_rows_test prefill_matmul_test prefill_attention_test prefill_gated_delta_rule_test matmul_bench cuda_model_test exactness_cuda_test batch_cuda_test recorded_steps_cuda_test verify_batch_cuda_test prefill_batch_cuda_test spec_engine_cuda_test model_executor_cuda_test interleaved_prefill_cuda_test fork_cuda_test shared_fork_cuda_test specgen specserve_worker"
+bins="cuda_backend_test shared_pages_test sample_rows_test prefill_matmul_test prefill_attention_test prefill_gated_delta_rule_test matmul_bench cuda_model_test exactness_cuda_test batch_cuda_test recorded_steps_cuda_test verify_batch_cuda_test prefill_batch_cuda_test spec_engine_cuda_test model_executor_cuda_test interleaved_prefill_cuda_test fork_cuda_test shared_fork_cuda_test session_fork_cuda_test specgen specserve_worker"
 
 if [ "$mode" = prepare ]; then
   ob="${CUDA_CHECK_OUTPUT_BASE:-$HOME/.cache/bazel_cuda/ob}"
@@ -48,6 +50,7 @@ if [ "$mode" = prepare ]; then
       //kernels/cuda:cuda_backend_test //kernels/cuda:sample_rows_test \
       //kernels/cuda:shared_pages_test \
       //worker/model:fork_cuda_test //worker/model:shared_fork_cuda_test \
+      //worker:session_fork_cuda_test \
       //kernels/cuda:prefill_matmul_test //kernels/cuda:prefill_attention_test \
       //kernels/cuda:prefill_gated_delta_rule_test \
       //tools/cuda_bench:matmul_bench \
@@ -71,7 +74,7 @@ if [ "$mode" = prepare ]; then
       spec_engine_cuda_test|model_executor_cuda_test|interleaved_prefill_cuda_test)
         src="$bin/worker/spec/$b" ;;
       specgen) src="$bin/tools/specgen/$b" ;;
-      specserve_worker) src="$bin/worker/$b" ;;
+      specserve_worker|session_fork_cuda_test) src="$bin/worker/$b" ;;
       *) echo "cuda_check: no build path for $b" >&2; exit 1 ;;
     esac
     rm -f "$carry/$b"
@@ -142,6 +145,7 @@ gtest_step cuda_model_test 60 "^\[  FAILED  \]|Failure|cuda-vs-cpu|Expected|Whic
 gtest_step shared_pages_test 120 "^\[  FAILED  \]|Failure|^cost"
 gtest_step fork_cuda_test 120 "^\[  FAILED  \]|Failure"
 gtest_step shared_fork_cuda_test 120 "^\[  FAILED  \]|Failure"
+gtest_step session_fork_cuda_test 180 "^\[  FAILED  \]|Failure"
 echo "== exactness_cuda_test"
 timeout 90 "$carry/exactness_cuda_test" > "$out/cuda_model_test.exactness.log" 2>&1
 rc=$?; note exactness_cuda_test $rc

@@ -4,9 +4,10 @@
 //
 // Reusable positions of a session: its committed end (a parked session is
 // flushed, so its caches, last hidden, logits and next_pred are those of its
-// whole history) and its prompt checkpoint (TurnCheckpoint: the recurrent
-// and conv copies at pos plus the hidden and logits of row pos-1; the
-// attention and MTP rows below pos are never rewritten). The fork holds
+// whole history), its prompt checkpoint and its prefix checkpoints (each a
+// TurnCheckpoint: the recurrent and conv copies at pos plus the hidden and
+// logits of row pos-1; the attention and MTP rows below pos are never
+// rewritten). The fork holds
 // exactly what an Admit of those tokens would: the same bits, its own
 // capacity, its own prompt checkpoint at pos, fresh telemetry.
 #ifndef SPECSERVE_WORKER_SESSION_FORK_H_
@@ -24,8 +25,8 @@
 namespace specserve::worker {
 
 // Session `id` with caches for `capacity` rows holding `src`'s state after
-// `prefix`, which must be src's history up to its prompt checkpoint or its
-// committed end (FAILED_PRECONDITION otherwise, or while src carries a
+// `prefix`, which must be src's history up to its prompt checkpoint, one of
+// its prefix checkpoints or its committed end (FAILED_PRECONDITION otherwise, or while src carries a
 // pending token, or when `speculative` asks for draft state src lacks);
 // OUT_OF_RANGE when the prefix exceeds `capacity`; INVALID_ARGUMENT for an
 // empty prefix. Runs model work through `executor` (takes the model lock).
