@@ -26,10 +26,11 @@ namespace specserve::worker {
 
 // Session `id` with caches for `capacity` rows holding `src`'s state after
 // `prefix`, which must be src's history up to its prompt checkpoint, one of
-// its prefix checkpoints or its committed end (FAILED_PRECONDITION otherwise, or while src carries a
-// pending token, or when `speculative` asks for draft state src lacks);
-// OUT_OF_RANGE when the prefix exceeds `capacity`; INVALID_ARGUMENT for an
-// empty prefix. Runs model work through `executor` (takes the model lock).
+// its prefix checkpoints or its committed end (FAILED_PRECONDITION otherwise,
+// or while src carries a pending token, or when `speculative` asks for draft
+// state src lacks); OUT_OF_RANGE when the prefix exceeds `capacity`;
+// INVALID_ARGUMENT for an empty prefix. Runs model work through `executor`
+// (takes the model lock).
 absl::StatusOr<std::unique_ptr<spec::SpecSession>> ForkSession(
     spec::ModelExecutor* executor, const spec::SpecSession& src,
     const std::string& id, int capacity, absl::Span<const uint32_t> prefix,

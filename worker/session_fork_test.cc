@@ -3,9 +3,11 @@
 // the rest of another prompt emits the tokens, and ends with the logits, of a
 // session that prefilled that whole prompt from scratch, bit for bit (on
 // the CPU at every position; with CUDA's prefill forms at the prefix
-// checkpoints, which lie on the delta rule's chunk boundaries); the source saved its prefix
-// checkpoints where PrefixCheckpointOptions says, and a position that is
-// none of them is refused.
+// checkpoints, which lie on the delta rule's chunk boundaries); the source
+// saved its prefix checkpoints where PrefixCheckpointOptions says, and a
+// position that is none of them is refused.
+#include "worker/session_fork.h"
+
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -17,7 +19,6 @@
 #include "worker/model/model.h"
 #include "worker/model/test_backend.h"
 #include "worker/model/test_data.h"
-#include "worker/session_fork.h"
 #include "worker/spec/model_executor.h"
 #include "worker/spec/spec_engine.h"
 
@@ -103,8 +104,8 @@ TEST_P(SessionForkTest, AForkAtAnyReusablePositionContinuesLikeAFreshPrefill) {
                    std::to_string(pos));
       const std::vector<uint32_t> prefix(history.begin(),
                                          history.begin() + pos);
-      auto fork = ForkSession(executor_.get(), **src, "fork", kCapacity,
-                              prefix, spec);
+      auto fork =
+          ForkSession(executor_.get(), **src, "fork", kCapacity, prefix, spec);
       ASSERT_TRUE(fork.ok()) << fork.status();
       const std::vector<int32_t> rest = RandomTokens(1 + pos % 23);
       const Turn resumed = Run(fork->get(), rest, k);
@@ -115,17 +116,17 @@ TEST_P(SessionForkTest, AForkAtAnyReusablePositionContinuesLikeAFreshPrefill) {
       const Turn scratch = Run(fresh->get(), whole, k);
       EXPECT_EQ(resumed.tokens, scratch.tokens);
       ASSERT_EQ(resumed.last_logits.size(), scratch.last_logits.size());
-      EXPECT_EQ(std::memcmp(resumed.last_logits.data(),
-                            scratch.last_logits.data(),
-                            resumed.last_logits.size() * sizeof(float)),
-                0)
+      EXPECT_EQ(
+          std::memcmp(resumed.last_logits.data(), scratch.last_logits.data(),
+                      resumed.last_logits.size() * sizeof(float)),
+          0)
           << "the last logits differ";
     }
     // Between two checkpoints is no reusable position.
     const std::vector<uint32_t> between(history.begin(),
                                         history.begin() + 3 * kEvery + 5);
-    auto refused = ForkSession(executor_.get(), **src, "x", kCapacity,
-                               between, spec);
+    auto refused =
+        ForkSession(executor_.get(), **src, "x", kCapacity, between, spec);
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition)
         << refused.status();
   }
