@@ -93,6 +93,10 @@ class SessionPool {
   // call that found it free.
   Stats stats() const;
   uint64_t device_budget_bytes() const { return options_.device_budget_bytes; }
+  // Device bytes a session's copy holds: its caches, its turn checkpoint and
+  // its prefix checkpoints (what the device budget counts for it). The caller
+  // holds the session (a lease) or the pool's entry is idle.
+  uint64_t BytesOf(const spec::SpecSession& s) const;
   // Residency of an idle session (NOT_FOUND if unknown).
   absl::StatusOr<Residency> ResidencyOf(const std::string& id) const;
 
@@ -165,7 +169,6 @@ class SessionPool {
   // Brings an offloaded entry's caches and checkpoint back into device
   // memory (a no-op for a resident one); on error it stays offloaded.
   absl::Status RestoreLocked(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint64_t BytesOf(const spec::SpecSession& s) const;
   // Host bytes of an offloaded entry: its snapshot and its checkpoint's copy.
   static uint64_t HostBytesOf(const Entry& e);
   // Offloads/drops idle sessions until the budgets hold (or none is idle).

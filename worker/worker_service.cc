@@ -106,7 +106,7 @@ SessionState WorkerService::StateOf(const spec::SpecSession& s, bool busy) {
             ? specserve::worker::v1::OFFLOADED
             : specserve::worker::v1::PARKED;
   }
-  return SessionStateToProto(s, r, model_->StateBytes(*s.caches()));
+  return SessionStateToProto(s, r, pool_.BytesOf(s));
 }
 
 grpc::ServerUnaryReactor* WorkerService::GetWorkerInfo(

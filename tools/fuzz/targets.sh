@@ -80,6 +80,7 @@ FUZZ_SRCS_burst_request=(
   worker/model/batch.cc
   worker/model/blocks.cc
   worker/model/decode_step.cc
+  worker/model/fork.cc
   worker/model/model.cc
   worker/model/mtp.cc
   worker/model/mtp_batch.cc
