@@ -37,6 +37,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/attention.h"
 #include "kernels/attention_inputs.h"
 #include "kernels/conv1d.h"
@@ -197,6 +198,18 @@ class Backend {
   // where the backend has them; the default is Attention itself.
   virtual absl::Status PrefillAttention(const AttentionParams& p) {
     return Attention(p);
+  }
+  // PrefillAttention of several sessions' rows, one params each (the same
+  // heads, head_dim, strides, cache type and scale; their own rows,
+  // positions, q, caches and output): each slice's output bit-identical to
+  // PrefillAttention of it alone, in fewer launches where the backend can.
+  // The default runs them one by one.
+  virtual absl::Status PrefillAttentionSlices(
+      absl::Span<const AttentionParams> slices) {
+    for (const AttentionParams& p : slices) {
+      if (absl::Status s = PrefillAttention(p); !s.ok()) return s;
+    }
+    return absl::OkStatus();
   }
   // The gated delta rule of one session's tokens (states == nullptr, one
   // state slot: state_out_stride 0) in an order that suits many tokens; the

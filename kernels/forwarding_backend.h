@@ -121,6 +121,10 @@ class ForwardingBackend : public Backend {
   absl::Status PrefillAttention(const AttentionParams& p) override {
     return inner_->PrefillAttention(p);
   }
+  absl::Status PrefillAttentionSlices(
+      absl::Span<const AttentionParams> slices) override {
+    return inner_->PrefillAttentionSlices(slices);
+  }
   absl::Status PrefillGatedDeltaRule(const GatedDeltaRuleParams& p) override {
     return inner_->PrefillGatedDeltaRule(p);
   }

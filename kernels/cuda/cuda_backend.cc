@@ -548,6 +548,16 @@ absl::Status CudaBackend::PrefillAttention(const AttentionParams& p) {
   return absl::IsUnimplemented(s) ? Attention(p) : s;
 }
 
+// One grid over the slices; where the kernel refuses one (decided before any
+// launch), each slice takes PrefillAttention's own choice.
+absl::Status CudaBackend::PrefillAttentionSlices(
+    absl::Span<const AttentionParams> slices) {
+  SS_RETURN_IF_ERROR(UseDevice());
+  const absl::Status s = LaunchPrefillAttentionSlices(slices, stream_.get());
+  if (!absl::IsUnimplemented(s)) return s;
+  return Backend::PrefillAttentionSlices(slices);
+}
+
 // Snapshots per token (verify) and session batches are decode's forms. The
 // chunked form where its shape allows (dk = 128), else the per-token
 // prefill kernel, else the exact one; each choice depends on the shape

@@ -149,6 +149,8 @@ class CudaBackend : public Backend {
   bool ExactPrefill() const override { return false; }
   absl::Status PrefillMatmul(const MatmulParams& p) override;
   absl::Status PrefillAttention(const AttentionParams& p) override;
+  absl::Status PrefillAttentionSlices(
+      absl::Span<const AttentionParams> slices) override;
   absl::Status PrefillGatedDeltaRule(const GatedDeltaRuleParams& p) override;
   absl::Status ScatterRows(const ScatterRowsParams& p) override;
   // One kernel where the six ops fuse (ops.h), else the six ops.

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "kernels/attention.h"
 #include "kernels/attention_inputs.h"
 #include "kernels/conv1d.h"
@@ -117,6 +118,13 @@ size_t AttentionWorkspaceBytesPerRow(const AttentionParams& p);
 // for session batches (positions != nullptr: UNIMPLEMENTED). No workspace.
 absl::Status LaunchPrefillAttention(const AttentionParams& p,
                                     cudaStream_t stream);
+// LaunchPrefillAttention of several slices (one session's rows each) in as
+// few launches as the slice table allows, each slice's output bit-identical
+// to its own launch. The slices share heads, head_dim, strides, cache type
+// and scale (INVALID_ARGUMENT otherwise); UNIMPLEMENTED as the one-slice
+// form, decided for every slice before any launch.
+absl::Status LaunchPrefillAttentionSlices(
+    absl::Span<const AttentionParams> slices, cudaStream_t stream);
 
 // The six ops of AttentionInputs as one kernel, when they describe one
 // layout (FusesAttentionInputs: each norm in place over its rope's head

@@ -55,12 +55,23 @@
 // 768·head_dim bytes + 1 KB of alignment (193 KB at 256). The v tile's 16-byte
 // chunks are XOR-swizzled by (row & 7) so that ldmatrix and the staging stores
 // meet no bank conflicts. Blocks go longest tile first.
+//
+// Slices. LaunchPrefillAttentionSlices runs several sessions' rows (a
+// PrefillBatch pass) as one grid: up to kMaxLaunchSlices slices a launch,
+// each slice's blocks a contiguous range, the slice with the most keys to
+// walk first. A block takes its slice's rows, positions, q, caches and
+// output from the table and does exactly what the slice's own launch would
+// (row invariance above): the bits do not depend on the grouping. A short
+// slice over a long history (a suffix after a shared prefix) is few blocks
+// that each walk every key block; grouping fills the GPU with them.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/common.cuh"
@@ -104,6 +115,24 @@ struct Tiling {
   int heads_per_block;  // G: 2 when the GQA group is even, else 1
   int tiles;            // query tiles of kBlockPairs / G rows
   bool q_vec;           // q rows and heads 16-byte aligned
+};
+
+// Several sessions' rows in one launch (LaunchPrefillAttentionSlices): slice
+// i owns blocks [block0[i], block0[i + 1]) and reads its own rows, caches and
+// output through these fields in place of p's; count 0 is one slice, p's.
+// A block's arithmetic is what the one-slice launch of its slice gives it.
+constexpr int kMaxLaunchSlices = 32;
+struct SliceTable {
+  int count;
+  int block0[kMaxLaunchSlices + 1];
+  int tiles[kMaxLaunchSlices];
+  int rows[kMaxLaunchSlices];
+  int first_position[kMaxLaunchSlices];
+  const float* q[kMaxLaunchSlices];
+  const float* gate[kMaxLaunchSlices];
+  const void* k_cache[kMaxLaunchSlices];
+  const void* v_cache[kMaxLaunchSlices];
+  float* out[kMaxLaunchSlices];
 };
 
 __device__ __forceinline__ uint32_t SmemAddress(const void* p) {
@@ -330,23 +359,46 @@ __device__ __forceinline__ void OnlineSoftmax(
 // kVec: the cache rows are 16-byte aligned (one copy per piece).
 template <typename KvT, int D, bool kVec>
 __global__ void __launch_bounds__(kThreads, 1)
-    PrefillAttentionKernel(AttentionParams p, Tiling tiling) {
+    PrefillAttentionKernel(const __grid_constant__ AttentionParams p,
+                           Tiling tiling,
+                           const __grid_constant__ SliceTable st) {
   using S = Shape<D>;
   extern __shared__ __align__(1024) uint8_t smem[];
   const uint32_t q_sm = (SmemAddress(smem) + 1023) & ~1023u;
   const uint32_t kv_sm = q_sm + S::kQBytes;  // k tile, v tile, staging
+
+  // The block's slice: its place among the slice's blocks and the slice's
+  // own fields (p's when the launch is one slice).
+  int block = static_cast<int>(blockIdx.x), tiles = tiling.tiles;
+  int rows = static_cast<int>(p.rows);
+  int first = static_cast<int>(p.first_position);
+  const float* q_base = p.q;
+  const float* gate_base = p.gate;
+  const void* k_base = p.k_cache;
+  const void* v_base = p.v_cache;
+  float* out_base = p.out;
+  if (st.count > 0) {
+    int i = 0;
+    while (i + 1 < st.count && st.block0[i + 1] <= block) ++i;
+    block -= st.block0[i];
+    tiles = st.tiles[i];
+    rows = st.rows[i];
+    first = st.first_position[i];
+    q_base = st.q[i];
+    gate_base = st.gate[i];
+    k_base = st.k_cache[i];
+    v_base = st.v_cache[i];
+    out_base = st.out[i];
+  }
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int heads = tiling.heads_per_block;
   const int tile_rows = kBlockPairs / heads;
   const int warps_per_head = kWarps / heads;
   const int head_groups = static_cast<int>(p.num_heads) / heads;
-  const int tile =
-      tiling.tiles - 1 - static_cast<int>(blockIdx.x) / head_groups;
-  const int h0 = static_cast<int>(blockIdx.x) % head_groups * heads;
+  const int tile = tiles - 1 - block / head_groups;
+  const int h0 = block % head_groups * heads;
   const int64_t kvh = h0 / (p.num_heads / p.num_kv_heads);
-  const int rows = static_cast<int>(p.rows);
-  const int first = static_cast<int>(p.first_position);
   const int row0 = tile * tile_rows;
   const int last_key = first + min(row0 + tile_rows, rows) - 1;
   const int key_blocks = last_key / kKeys + 1;
@@ -366,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int t = row0 + w % warps_per_head * kWarpRows + r % kWarpRows;
     const int64_t h = h0 + w / warps_per_head;
     const float* src =
-        p.q + t * p.q_row_stride + h * p.q_head_stride + 4 * quad;
+        q_base + t * p.q_row_stride + h * p.q_head_stride + 4 * quad;
     StoreQuad(q_sm + Sw128Offset<kBlockPairs>(r, quad),
               LoadQuad(src, t < rows, tiling.q_vec));
   }
@@ -384,9 +436,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // branches: past the last key block the copies are zeros (key > last_key)
   // and the conversions fill tiles nobody reads.
   const int64_t row_step = S::kRowStep * p.kv_row_stride;
-  const KvT* k_at = static_cast<const KvT*>(p.k_cache) +
+  const KvT* k_at = static_cast<const KvT*>(k_base) +
                     row_base * p.kv_row_stride + kvh * D + 4 * quad;
-  const KvT* v_at = static_cast<const KvT*>(p.v_cache) +
+  const KvT* v_at = static_cast<const KvT*>(v_base) +
                     row_base * p.kv_row_stride + kvh * D + 4 * quad;
   const uint32_t k_tile = kv_sm, v_tile = kv_sm + S::kTileBytes;
   const uint32_t stage_sm = kv_sm + 2 * S::kTileBytes + 16 * tid;
@@ -535,9 +587,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int r = 0; r < 2; ++r) {
     const int64_t t = wt0 + g + 8 * r;
     if (t >= rows) continue;
-    float* out = p.out + t * p.out_row_stride + head * D + 2 * q4;
-    const float* gate = p.gate != nullptr
-                            ? p.gate + t * p.gate_row_stride +
+    float* out = out_base + t * p.out_row_stride + head * D + 2 * q4;
+    const float* gate = gate_base != nullptr
+                            ? gate_base + t * p.gate_row_stride +
                                   head * p.gate_head_stride + 2 * q4
                             : nullptr;
 #pragma unroll
@@ -559,28 +611,66 @@ bool AlignedTo(const void* ptr, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
 }
 
+// The fields every slice of one launch shares (the kernel reads them from
+// the first slice's params).
+bool SameShape(const AttentionParams& a, const AttentionParams& b) {
+  return a.num_heads == b.num_heads && a.num_kv_heads == b.num_kv_heads &&
+         a.head_dim == b.head_dim && a.q_row_stride == b.q_row_stride &&
+         a.q_head_stride == b.q_head_stride &&
+         a.gate_row_stride == b.gate_row_stride &&
+         a.gate_head_stride == b.gate_head_stride &&
+         a.kv_row_stride == b.kv_row_stride && a.kv_dtype == b.kv_dtype &&
+         a.out_row_stride == b.out_row_stride && a.scale == b.scale;
+}
+
+// Launches slices[0..n) (n <= kMaxLaunchSlices, checked by the caller) as
+// one grid, the slice with the most keys to walk first.
 template <typename KvT, int D>
-absl::Status Run(const AttentionParams& p, cudaStream_t stream) {
+absl::Status Run(absl::Span<const AttentionParams> slices,
+                 cudaStream_t stream) {
+  const AttentionParams& p = slices[0];
   Tiling tiling;
   tiling.heads_per_block = (p.num_heads / p.num_kv_heads) % 2 == 0 ? 2 : 1;
-  const int64_t tiles = CeilDiv(p.rows, kBlockPairs / tiling.heads_per_block);
-  const int64_t blocks = tiles * (p.num_heads / tiling.heads_per_block);
-  if (blocks > INT_MAX) {
-    return absl::UnimplementedError("prefill attention: too many blocks");
-  }
-  tiling.tiles = static_cast<int>(tiles);
-  tiling.q_vec =
-      Aligned16(p.q) && p.q_row_stride % 4 == 0 && p.q_head_stride % 4 == 0;
+  const int64_t head_groups = p.num_heads / tiling.heads_per_block;
+  const int64_t tile_rows = kBlockPairs / tiling.heads_per_block;
+  std::vector<int> order(slices.size());
+  for (size_t i = 0; i < slices.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return slices[a].first_position + slices[a].rows >
+           slices[b].first_position + slices[b].rows;
+  });
+  SliceTable st{};
+  st.count = slices.size() > 1 ? static_cast<int>(slices.size()) : 0;
+  int64_t blocks = 0;
+  tiling.q_vec = p.q_row_stride % 4 == 0 && p.q_head_stride % 4 == 0;
   // A piece is 4 elements: one copy when both caches hold it aligned.
   constexpr uintptr_t kPiece = 4 * sizeof(KvT);
-  const bool kv_vec = AlignedTo(p.k_cache, kPiece) &&
-                      AlignedTo(p.v_cache, kPiece) && p.kv_row_stride % 4 == 0;
-  if (sizeof(KvT) == 2 &&
-      !(AlignedTo(p.k_cache, 4) && AlignedTo(p.v_cache, 4) &&
-        p.kv_row_stride % 2 == 0)) {
-    return absl::UnimplementedError(
-        "prefill attention: a bf16 cache with odd rows or unaligned");
+  bool kv_vec = p.kv_row_stride % 4 == 0;
+  for (size_t j = 0; j < slices.size(); ++j) {
+    const AttentionParams& s = slices[order[j]];
+    const int64_t tiles = CeilDiv(s.rows, tile_rows);
+    if (st.count > 0) {
+      st.block0[j] = static_cast<int>(blocks);
+      st.tiles[j] = static_cast<int>(tiles);
+      st.rows[j] = static_cast<int>(s.rows);
+      st.first_position[j] = static_cast<int>(s.first_position);
+      st.q[j] = s.q;
+      st.gate[j] = s.gate;
+      st.k_cache[j] = s.k_cache;
+      st.v_cache[j] = s.v_cache;
+      st.out[j] = s.out;
+    } else {
+      tiling.tiles = static_cast<int>(tiles);
+    }
+    blocks += tiles * head_groups;
+    if (blocks > INT_MAX) {
+      return absl::UnimplementedError("prefill attention: too many blocks");
+    }
+    tiling.q_vec = tiling.q_vec && Aligned16(s.q);
+    kv_vec =
+        kv_vec && AlignedTo(s.k_cache, kPiece) && AlignedTo(s.v_cache, kPiece);
   }
+  if (st.count > 0) st.block0[st.count] = static_cast<int>(blocks);
   const auto kernel = kv_vec ? PrefillAttentionKernel<KvT, D, true>
                              : PrefillAttentionKernel<KvT, D, false>;
   constexpr int kSmem = Shape<D>::kSmemBytes;
@@ -589,30 +679,30 @@ absl::Status Run(const AttentionParams& p, cudaStream_t stream) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            kSmem),
       "prefill attention shared memory limit");
-  kernel<<<static_cast<unsigned>(blocks), kThreads, kSmem, stream>>>(p, tiling);
+  kernel<<<static_cast<unsigned>(blocks), kThreads, kSmem, stream>>>(p, tiling,
+                                                                     st);
   return LaunchStatus("prefill attention launch");
 }
 
 template <typename KvT>
-absl::Status RunHeadDim(const AttentionParams& p, cudaStream_t stream) {
-  switch (p.head_dim) {
+absl::Status RunHeadDim(absl::Span<const AttentionParams> slices,
+                        cudaStream_t stream) {
+  switch (slices[0].head_dim) {
     case 64:
-      return Run<KvT, 64>(p, stream);
+      return Run<KvT, 64>(slices, stream);
     case 128:
-      return Run<KvT, 128>(p, stream);
+      return Run<KvT, 128>(slices, stream);
     case 256:
-      return Run<KvT, 256>(p, stream);
+      return Run<KvT, 256>(slices, stream);
     default:
       return absl::UnimplementedError(
-          absl::StrCat("prefill attention: head_dim ", p.head_dim,
+          absl::StrCat("prefill attention: head_dim ", slices[0].head_dim,
                        " unsupported (64, 128 or 256)"));
   }
 }
 
-}  // namespace
-
-absl::Status LaunchPrefillAttention(const AttentionParams& p,
-                                    cudaStream_t stream) {
+// What LaunchPrefillAttention refuses of one slice before any launch.
+absl::Status CheckSlice(const AttentionParams& p) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (p.positions != nullptr) {
     return absl::UnimplementedError(
@@ -621,8 +711,46 @@ absl::Status LaunchPrefillAttention(const AttentionParams& p,
   if (p.first_position + p.rows > kMaxPositions) {
     return absl::UnimplementedError("prefill attention: positions past 2^31");
   }
-  if (p.kv_dtype == DType::kBF16) return RunHeadDim<__nv_bfloat16>(p, stream);
-  return RunHeadDim<float>(p, stream);
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) {
+    return absl::UnimplementedError(
+        absl::StrCat("prefill attention: head_dim ", p.head_dim,
+                     " unsupported (64, 128 or 256)"));
+  }
+  if (p.kv_dtype == DType::kBF16 &&
+      !(AlignedTo(p.k_cache, 4) && AlignedTo(p.v_cache, 4) &&
+        p.kv_row_stride % 2 == 0)) {
+    return absl::UnimplementedError(
+        "prefill attention: a bf16 cache with odd rows or unaligned");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchPrefillAttention(const AttentionParams& p,
+                                    cudaStream_t stream) {
+  return LaunchPrefillAttentionSlices({&p, 1}, stream);
+}
+
+absl::Status LaunchPrefillAttentionSlices(
+    absl::Span<const AttentionParams> slices, cudaStream_t stream) {
+  if (slices.empty()) return absl::OkStatus();
+  for (const AttentionParams& p : slices) {
+    if (absl::Status s = CheckSlice(p); !s.ok()) return s;
+    if (!SameShape(p, slices[0])) {
+      return absl::InvalidArgumentError(
+          "prefill attention: the slices of one call differ in heads, "
+          "head_dim, strides, cache type or scale");
+    }
+  }
+  for (size_t i = 0; i < slices.size(); i += kMaxLaunchSlices) {
+    const auto part = slices.subspan(i, kMaxLaunchSlices);
+    const absl::Status s = slices[0].kv_dtype == DType::kBF16
+                               ? RunHeadDim<__nv_bfloat16>(part, stream)
+                               : RunHeadDim<float>(part, stream);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace specserve::kernels::cuda

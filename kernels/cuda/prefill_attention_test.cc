@@ -2,7 +2,8 @@
 // CudaBackend::PrefillAttention) against the CPU backend's exact fp32
 // attention, in the model's strided q / gate layout: within the bf16
 // tolerance, NaN-free, every output written and nothing else; row
-// invariance (one call == chunks == single rows, bit for bit); determinism;
+// invariance (one call == chunks == single rows, bit for bit; several
+// sessions' slices in one call == each alone); determinism;
 // its refusals; and its speed at the 27B shape (printed, never asserted).
 // Every test skips when no CUDA device is visible.
 #include <cuda_runtime_api.h>
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -290,6 +292,52 @@ TEST_F(PrefillAttentionTest, RowInvariant) {
   }
 }
 
+// Several sessions' rows in one call (LaunchPrefillAttentionSlices: the
+// suffixes of a PrefillBatch pass, short slices over long histories among
+// them) == each slice's own call, bit for bit; for the small heads more
+// slices than one launch's table holds; with and without 16-byte loads.
+TEST_F(PrefillAttentionTest, SlicesEqualEachAlone) {
+  for (Heads h : {kQwen27B, kSmall}) {
+    for (bool odd : {false, true}) {
+      std::vector<std::pair<int, int>> shapes = {
+          {64, 3000}, {1, 0}, {200, 37}, {7, 500}, {130, 1}, {64, 64}};
+      if (h.hd == kSmall.hd) {
+        for (int i = 0; i < 34; ++i) shapes.push_back({1 + i % 9, 11 * i});
+      }
+      std::vector<Problem> prs;
+      std::vector<Uploaded> ups;
+      std::vector<Buffer> together;
+      std::vector<std::vector<float>> alone;
+      std::vector<AttentionParams> slices;
+      for (const auto& [rows, first] : shapes) {
+        prs.push_back(Make(h, rows, first, /*gated=*/true, 1.0f, odd));
+      }
+      for (const Problem& pr : prs) ups.push_back(Upload(true, pr));
+      for (size_t i = 0; i < prs.size(); ++i) {
+        Buffer out = Poisoned(true, prs[i].rows, prs[i]);
+        ASSERT_TRUE(gpu_->PrefillAttention(
+                            Params(prs[i], ups[i], 0, prs[i].rows, out.f32()))
+                        .ok());
+        alone.push_back(Down(true, out));
+        together.push_back(Poisoned(true, prs[i].rows, prs[i]));
+        slices.push_back(
+            Params(prs[i], ups[i], 0, prs[i].rows, together.back().f32()));
+      }
+      // The kernel itself (a fallback would also match).
+      ASSERT_TRUE(LaunchPrefillAttentionSlices(slices, nullptr).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      for (size_t i = 0; i < prs.size(); ++i) {
+        const std::vector<float> got = Down(true, together[i]);
+        ASSERT_EQ(got.size(), alone[i].size());
+        EXPECT_EQ(0, std::memcmp(got.data(), alone[i].data(),
+                                 got.size() * sizeof(float)))
+            << "hd=" << h.hd << " odd=" << odd << " slice " << i << " ("
+            << shapes[i].first << " rows at " << shapes[i].second << ")";
+      }
+    }
+  }
+}
+
 TEST_F(PrefillAttentionTest, Deterministic) {
   for (Heads h : {kQwen27B, kSmall}) {
     const Problem pr = Make(h, 1000, 500, /*gated=*/true);
@@ -336,6 +384,13 @@ TEST_F(PrefillAttentionTest, Refusals) {
   AttentionParams no_q = good;
   no_q.q = nullptr;
   EXPECT_EQ(LaunchPrefillAttention(no_q, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // The slices of one call share their shape fields.
+  AttentionParams wider = good;
+  wider.kv_row_stride += 4;
+  const AttentionParams mixed[] = {good, wider};
+  EXPECT_EQ(LaunchPrefillAttentionSlices(mixed, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
 
   for (int hd : {32, 96, 100, 512}) {
@@ -416,6 +471,57 @@ TEST_F(PrefillAttentionTest, Speed) {
         "%.3f ms/call, %.1f TFLOP/s (causal)\n",
         h.nh, h.nkv, h.hd, rows, first, ms, flops / (ms * 1e-3) / 1e12);
   }
+
+  // 31 sessions' suffixes of 64 rows after an 8,128-token shared prefix (one
+  // layer of a PrefillBatch pass): one launch per slice against the slices
+  // in one call. The slices read one cache here: the same work.
+  constexpr int kSlices = 31, kRows = 64;
+  std::vector<AttentionParams> slices;
+  for (int i = 0; i < kSlices; ++i) {
+    AttentionParams p;
+    p.rows = kRows;
+    p.num_heads = h.nh;
+    p.num_kv_heads = h.nkv;
+    p.head_dim = h.hd;
+    p.q = q.f32() + i * kRows * q_stride;
+    p.q_row_stride = q_stride;
+    p.q_head_stride = 2 * h.hd;
+    p.gate = p.q + h.hd;
+    p.gate_row_stride = q_stride;
+    p.gate_head_stride = 2 * h.hd;
+    p.k_cache = k.f32();
+    p.v_cache = v.f32();
+    p.kv_row_stride = kv_stride;
+    p.capacity = capacity;
+    p.first_position = capacity - kRows;
+    p.out = out.f32() + i * kRows * h.nh * h.hd;
+    p.out_row_stride = h.nh * h.hd;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(h.hd));
+    slices.push_back(p);
+  }
+  auto time_ms = [&](const std::function<void()>& run) {
+    run();  // warm-up
+    constexpr int kCalls = 10;
+    EXPECT_EQ(cudaEventRecord(start, stream), cudaSuccess);
+    for (int i = 0; i < kCalls; ++i) run();
+    EXPECT_EQ(cudaEventRecord(stop, stream), cudaSuccess);
+    EXPECT_EQ(cudaEventSynchronize(stop), cudaSuccess);
+    float ms = 0.0f;
+    EXPECT_EQ(cudaEventElapsedTime(&ms, start, stop), cudaSuccess);
+    return ms / kCalls;
+  };
+  const float each = time_ms([&] {
+    for (const AttentionParams& p : slices) {
+      ASSERT_TRUE(LaunchPrefillAttention(p, stream).ok());
+    }
+  });
+  const float together = time_ms(
+      [&] { ASSERT_TRUE(LaunchPrefillAttentionSlices(slices, stream).ok()); });
+  std::printf(
+      "prefill attention speed: %d slices of %d rows at %lld: one launch each "
+      "%.3f ms, one call %.3f ms (%.1fx)\n",
+      kSlices, kRows, static_cast<long long>(capacity - kRows), each, together,
+      each / together);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   cudaStreamDestroy(stream);

@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -341,6 +342,81 @@ void PrefillBench(Ctx* ctx, model::Model* m, RandomWeightsBackend* rb, double fl
   m->set_use_graphs(true);
 }
 
+// (g) the suffixes of B requests that share one C-token prefix, R rows each,
+// prefilled in one PrefillBatch pass (B slices), against the same B·R rows as
+// one slice of one session after the prefix: what running the cache ops per
+// slice costs over the shared matmuls. Then the B-slice pass op by op. The
+// B states are copies of the prefix's state (ForkState; no page sharing:
+// the pass reads the same bytes either way).
+void SharedPrefixSuffixBench(model::Model* m, RandomWeightsBackend* rb, json* j) {
+  constexpr int kPrefix = 8192, kSlices = 31, kRows = 64;
+  model::StateOptions so;
+  so.capacity = kPrefix + kSlices * kRows + 64;
+  so.max_verify_columns = 1;
+  auto prefix = m->NewState(so);
+  BENCH_CHECK(prefix.status());
+  model::ForwardResult r;
+  BENCH_CHECK(m->Prefill(prefix->get(), SyntheticPrompt(kPrefix), {}, &r));
+  std::vector<std::unique_ptr<model::ModelState>> owned;
+  std::vector<model::ModelState*> states;
+  for (int i = 0; i < kSlices; ++i) {
+    auto st = m->NewState(so);
+    BENCH_CHECK(st.status());
+    states.push_back(st->get());
+    owned.push_back(std::move(*st));
+  }
+  std::vector<std::vector<int32_t>> suffixes;
+  std::vector<absl::Span<const int32_t>> spans;
+  for (int i = 0; i < kSlices; ++i) {
+    std::vector<int32_t> ids = SyntheticPrompt(kRows);
+    for (int32_t& id : ids) id = 1 + (id + 1000 * (i + 1)) % 200000;
+    suffixes.push_back(std::move(ids));
+  }
+  for (const auto& ids : suffixes) spans.push_back(ids);
+  std::vector<model::ForwardResult> results(kSlices);
+  std::vector<model::ForwardResult*> outs;
+  for (auto& x : results) outs.push_back(&x);
+  auto fork_all = [&] {
+    for (model::ModelState* st : states) {
+      BENCH_CHECK(m->Reset(st));
+      BENCH_CHECK(m->ForkState(**prefix, nullptr, st));
+    }
+    BENCH_CHECK(rb->Synchronize());
+  };
+  auto timed = [&](const std::function<void()>& run) {
+    std::vector<double> ms;
+    for (int rep = 0; rep < 3; ++rep) {
+      fork_all();
+      const auto t0 = std::chrono::steady_clock::now();
+      run();
+      BENCH_CHECK(rb->Synchronize());
+      ms.push_back(std::chrono::duration<double, std::milli>(
+                       std::chrono::steady_clock::now() - t0)
+                       .count());
+    }
+    return Median(ms);
+  };
+  const double batch_ms = timed([&] {
+    BENCH_CHECK(m->PrefillBatch(states, spans, {}, outs));
+  });
+  std::vector<int32_t> flat;
+  for (const auto& ids : suffixes) flat.insert(flat.end(), ids.begin(), ids.end());
+  const double one_ms = timed([&] { BENCH_CHECK(m->Prefill(states[0], flat, {}, &r)); });
+  std::printf("(g) %d suffixes of %d rows after a %d-token prefix, one PrefillBatch pass: "
+              "%.1f ms; the same %d rows as one slice: %.1f ms (%.2fx)\n",
+              kSlices, kRows, kPrefix, batch_ms, kSlices * kRows, one_ms, batch_ms / one_ms);
+  (*j)["shared_prefix_suffixes"] = {{"prefix", kPrefix},      {"slices", kSlices},
+                                    {"rows", kRows},          {"batch_ms", batch_ms},
+                                    {"one_slice_ms", one_ms}, {"ratio", batch_ms / one_ms}};
+  fork_all();
+  m->set_use_graphs(false);
+  rb->StartTimeline();
+  BENCH_CHECK(m->PrefillBatch(states, spans, {}, outs));
+  (*j)["shared_prefix_suffixes_timeline"] =
+      PrintTimeline("(g) 31 suffixes of 64 after 8192", rb->StopTimeline(), 1);
+  m->set_use_graphs(true);
+}
+
 // One session's bytes per DecodeBatch step besides the weights: every
 // linear layer's recurrent state read and written (its element type, the
 // model's recurrent_state_dtype) and its fp32 conv state read and written;
@@ -449,6 +525,7 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
   json j = {{"decode_weight_bytes", wbytes}, {"floor_ms", floor_ms}};
   if (ctx->prefill_only) {
     PrefillBench(ctx, m.get(), &rb, floor_ms, &j);
+    SharedPrefixSuffixBench(m.get(), &rb, &j);
     ctx->out["model_27b"] = j;
     return;
   }

@@ -90,6 +90,11 @@ class RandomWeightsBackend : public kernels::ForwardingBackend {
   absl::Status PrefillAttention(const kernels::AttentionParams& p) override {
     return Enqueue("prefill_attention", [&] { return inner_->PrefillAttention(p); });
   }
+  absl::Status PrefillAttentionSlices(
+      absl::Span<const kernels::AttentionParams> slices) override {
+    return Enqueue("prefill_attention_slices",
+                   [&] { return inner_->PrefillAttentionSlices(slices); });
+  }
   absl::Status PrefillGatedDeltaRule(const kernels::GatedDeltaRuleParams& p) override {
     return Enqueue("prefill_gated_delta_rule",
                    [&] { return inner_->PrefillGatedDeltaRule(p); });

@@ -11,6 +11,7 @@
 // per-slice call). A prefill pass (Mode::kPrefill) runs the matmuls and the
 // attention as the backend's prefill forms, per slice.
 #include <cmath>
+#include <vector>
 
 #include "glog/logging.h"
 #include "telemetry/status_macros.h"
@@ -115,10 +116,15 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w,
     at.max_position = batch->max_position;
     SS_RETURN_IF_ERROR(be.Attention(at));
   } else {
+    // Every slice's inputs first, then the attention of all slices: slice i
+    // writes only its own cache rows [start, start+rows) and reads only its
+    // own cache, so the order between slices changes nothing, and the
+    // prefill form takes all slices in one call (few launches where many
+    // short slices each walk a long history).
+    std::vector<kernels::AttentionParams> per_slice(slices.size(), at);
     for (size_t i = 0; i < slices.size(); ++i) {
       const Slice& s = slices[i];
       const KvCache& kv = *kvs[i];
-      // The slice's keys and values go to its cache rows [start, start+rows).
       kernels::AttentionInputsParams in = inputs_of(s.row0, s.rows);
       in.q_rope.first_position = in.k_rope.first_position = s.start;
       in.k_scatter.dst_base = kv.k.data();
@@ -127,15 +133,22 @@ absl::Status Model::FullAttentionBlock(const LayerWeights& w,
       in.k_scatter.dst_first_row = in.v_scatter.dst_first_row = s.start;
       SS_RETURN_IF_ERROR(be.AttentionInputs(in));
 
-      at.rows = s.rows;
-      at.q = q + s.row0 * W;
-      at.gate = q + s.row0 * W + hd;
-      at.k_cache = kv.k.data();
-      at.v_cache = kv.v.data();
-      at.capacity = static_cast<int64_t>(kv.k.bytes() / kv_row_bytes());
-      at.first_position = s.start;
-      at.out = ws.attn.f32() + s.row0 * nh * hd;
-      SS_RETURN_IF_ERROR(prefill ? be.PrefillAttention(at) : be.Attention(at));
+      kernels::AttentionParams& sa = per_slice[i];
+      sa.rows = s.rows;
+      sa.q = q + s.row0 * W;
+      sa.gate = q + s.row0 * W + hd;
+      sa.k_cache = kv.k.data();
+      sa.v_cache = kv.v.data();
+      sa.capacity = static_cast<int64_t>(kv.k.bytes() / kv_row_bytes());
+      sa.first_position = s.start;
+      sa.out = ws.attn.f32() + s.row0 * nh * hd;
+    }
+    if (prefill) {
+      SS_RETURN_IF_ERROR(be.PrefillAttentionSlices(per_slice));
+    } else {
+      for (const kernels::AttentionParams& sa : per_slice) {
+        SS_RETURN_IF_ERROR(be.Attention(sa));
+      }
     }
   }
   return MatmulOf(be, prefill,
@@ -178,6 +191,22 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
   // A session batch is one pass with slice-like fields: all rows at once,
   // each on its own states (in place).
   const Slice all{0, rows, 0};
+  // The gated norm of each output head of rows [row0, row0 + rows), in place
+  // (the delta rule's outputs, value_dim a row).
+  auto norm_of = [&](const Slice& s) {
+    kernels::GatedRmsNormParams gn;
+    gn.rows = s.rows * nv;
+    gn.dim = dv;
+    gn.x = gn.y = ws.core.f32() + s.row0 * value_dim;
+    gn.x_stride = gn.y_stride = dv;
+    gn.z = z + s.row0 * P;
+    gn.z_stride = dv;
+    gn.z_group = nv;  // the nv heads of one token row, rows P apart
+    gn.z_group_stride = P;
+    gn.weight = l.norm.f32();
+    gn.eps = c.rms_norm_eps;
+    return gn;
+  };
   const size_t passes = batch != nullptr ? 1 : slices.size();
   CHECK(batch == nullptr || !verify) << "a session batch commits";
   for (size_t i = 0; i < passes; ++i) {
@@ -230,28 +259,20 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
     g.out_stride = value_dim;
     g.position = s.start;
 
-    // The gated norm of each output head, in place.
-    kernels::GatedRmsNormParams gn;
-    gn.rows = s.rows * nv;
-    gn.dim = dv;
-    gn.x = gn.y = g.out;
-    gn.x_stride = gn.y_stride = dv;
-    gn.z = z + s.row0 * P;
-    gn.z_stride = dv;
-    gn.z_group = nv;  // the nv heads of one token row, rows P apart
-    gn.z_group_stride = P;
-    gn.weight = l.norm.f32();
-    gn.eps = c.rms_norm_eps;
     if (prefill) {
-      // The rule's prefill form between the conv and the norm, whatever
-      // the slice's rows (a fused one-row kernel would change the bits).
+      // The rule's prefill form after the conv, whatever the slice's rows (a
+      // fused one-row kernel would change the bits); the norm below.
       SS_RETURN_IF_ERROR(be.Conv1d(cv));
       SS_RETURN_IF_ERROR(be.PrefillGatedDeltaRule(g));
-      SS_RETURN_IF_ERROR(be.GatedRmsNorm(gn));
     } else {
       // The conv, the rule and the norm: one kernel where the backend can.
-      SS_RETURN_IF_ERROR(be.GatedDeltaRuleNormed({g, gn, cv}));
+      SS_RETURN_IF_ERROR(be.GatedDeltaRuleNormed({g, norm_of(s), cv}));
     }
+  }
+  if (prefill) {
+    // The gated norm is row by row and the slices' rows are contiguous: one
+    // call over every slice's outputs, each row's bits as in its own call.
+    SS_RETURN_IF_ERROR(be.GatedRmsNorm(norm_of(all)));
   }
   return MatmulOf(be, prefill,
                   DenseMatmul(rows, ws.core.f32(), l.out_proj, ws.h.f32(),
