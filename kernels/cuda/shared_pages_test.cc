@@ -4,12 +4,16 @@
 // pages with the same contents, after which neither sees the other's
 // writes; either buffer may outlive the other; small buffers share nothing.
 // Skips without a GPU.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -178,6 +182,157 @@ TEST_F(SharedPagesTest, PrintsWhatAllocationCosts) {
     ASSERT_TRUE(b.ok()) << b.status();
     src.push_back(*std::move(b));
   });
+}
+
+// What each virtual-memory driver call costs, by size (the page, a block of
+// 8 pages, a sub-range of such a block), and whether calls from 8 threads
+// overlap: where a fork's time goes (docs/DESIGN.md "Shared pages").
+// Printed, never asserted.
+template <typename F>
+F DriverCall(const char* name) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault,
+                                       &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    return nullptr;
+  }
+  return reinterpret_cast<F>(p);
+}
+
+TEST_F(SharedPagesTest, PrintsWhatEachDriverCallCosts) {
+  auto create = DriverCall<decltype(&cuMemCreate)>("cuMemCreate");
+  auto release = DriverCall<decltype(&cuMemRelease)>("cuMemRelease");
+  auto reserve =
+      DriverCall<decltype(&cuMemAddressReserve)>("cuMemAddressReserve");
+  auto address_free =
+      DriverCall<decltype(&cuMemAddressFree)>("cuMemAddressFree");
+  auto map = DriverCall<decltype(&cuMemMap)>("cuMemMap");
+  auto unmap = DriverCall<decltype(&cuMemUnmap)>("cuMemUnmap");
+  auto set_access = DriverCall<decltype(&cuMemSetAccess)>("cuMemSetAccess");
+  ASSERT_TRUE(create && release && reserve && address_free && map && unmap &&
+              set_access);
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  CUmemAccessDesc access = {};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  constexpr size_t kPage = 2 * kMiB, kBlock = 8 * kPage;
+  constexpr int kN = 64;
+  auto per_call_us = [](const std::function<void(int)>& call) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kN; ++i) call(i);
+    return std::chrono::duration<double, std::micro>(
+               std::chrono::steady_clock::now() - t0)
+               .count() /
+           kN;
+  };
+  std::vector<CUmemGenericAllocationHandle> pages(kN), blocks(kN);
+  std::vector<CUdeviceptr> va(kN);
+  const double create_page = per_call_us([&](int i) {
+    ASSERT_EQ(create(&pages[i], kPage, &prop, 0), CUDA_SUCCESS);
+  });
+  const double create_block = per_call_us([&](int i) {
+    ASSERT_EQ(create(&blocks[i], kBlock, &prop, 0), CUDA_SUCCESS);
+  });
+  const double reserve_us = per_call_us([&](int i) {
+    ASSERT_EQ(reserve(&va[i], kBlock + kPage, kPage, 0, 0), CUDA_SUCCESS);
+  });
+  const double map_page = per_call_us([&](int i) {
+    ASSERT_EQ(map(va[i] + kBlock, kPage, 0, pages[i], 0), CUDA_SUCCESS);
+  });
+  const double map_block = per_call_us([&](int i) {
+    ASSERT_EQ(map(va[i], kBlock, 0, blocks[i], 0), CUDA_SUCCESS);
+  });
+  const double access_us = per_call_us([&](int i) {
+    ASSERT_EQ(set_access(va[i], kBlock + kPage, &access, 1), CUDA_SUCCESS);
+  });
+  const double unmap_block = per_call_us(
+      [&](int i) { ASSERT_EQ(unmap(va[i], kBlock), CUDA_SUCCESS); });
+  // Pages 2..7 of a block mapped alone (a fork sharing part of a block):
+  // the driver refuses it, so a shared page must be a block of its own.
+  const CUresult part = map(va[0], 6 * kPage, 2 * kPage, blocks[0], 0);
+  if (part == CUDA_SUCCESS) unmap(va[0], 6 * kPage);
+  const double map_pages = per_call_us([&](int i) {
+    for (int j = 0; j < 8; ++j) {
+      ASSERT_EQ(map(va[i] + j * kPage, kPage, 0, pages[(i + j) % kN], 0),
+                CUDA_SUCCESS);
+    }
+  });
+  const double unmap_pages = per_call_us([&](int i) {
+    for (int j = 0; j < 8; ++j) {
+      ASSERT_EQ(unmap(va[i] + j * kPage, kPage), CUDA_SUCCESS);
+    }
+  });
+  std::printf(
+      "driver call us: cuMemCreate page %.1f, 8 pages %.1f; "
+      "cuMemAddressReserve %.1f; cuMemMap page %.1f, 8-page block %.1f, "
+      "8 pages one by one %.1f; cuMemSetAccess 9 pages %.1f; cuMemUnmap "
+      "8-page block %.1f, 8 pages one by one %.1f; a block's pages 2..7 "
+      "mapped alone: CUresult %d\n",
+      create_page, create_block, reserve_us, map_page, map_block, map_pages,
+      access_us, unmap_block, unmap_pages, static_cast<int>(part));
+  for (int i = 0; i < kN; ++i) {
+    unmap(va[i] + kBlock, kPage);
+    address_free(va[i], kBlock + kPage);
+  }
+
+  // A fork's 32 buffers of 8 shared pages each: reserve, 8 maps, access.
+  // (build_ms and release_ms: the two halves' time on one thread)
+  auto fork_like = [&](int t, int buffers, double* build_ms,
+                       double* release_ms) {
+    std::vector<CUdeviceptr> at(buffers);
+    auto t0 = std::chrono::steady_clock::now();
+    for (int b = 0; b < buffers; ++b) {
+      ASSERT_EQ(reserve(&at[b], 9 * kPage, kPage, 0, 0), CUDA_SUCCESS);
+      for (int j = 0; j < 8; ++j) {
+        ASSERT_EQ(map(at[b] + j * kPage, kPage, 0, pages[(t + j) % kN], 0),
+                  CUDA_SUCCESS);
+      }
+      ASSERT_EQ(set_access(at[b], 8 * kPage, &access, 1), CUDA_SUCCESS);
+    }
+    auto t1 = std::chrono::steady_clock::now();
+    for (int b = 0; b < buffers; ++b) {
+      for (int j = 0; j < 8; ++j) unmap(at[b] + j * kPage, kPage);
+      address_free(at[b], 9 * kPage);
+    }
+    auto t2 = std::chrono::steady_clock::now();
+    *build_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
+    *release_ms += std::chrono::duration<double, std::milli>(t2 - t1).count();
+  };
+  constexpr int kThreads = 8, kBuffers = 32;
+  double build_ms = 0, release_ms = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int t = 0; t < kThreads; ++t) {
+    fork_like(t, kBuffers, &build_ms, &release_ms);
+  }
+  const double serial = std::chrono::duration<double, std::milli>(
+                            std::chrono::steady_clock::now() - t0)
+                            .count();
+  t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      cudaSetDevice(0);
+      double b = 0, r = 0;
+      fork_like(t, kBuffers, &b, &r);
+    });
+  }
+  for (auto& th : threads) th.join();
+  const double parallel = std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - t0)
+                              .count();
+  std::printf(
+      "driver calls of %d fork-like mappings (%d buffers x 8 pages: reserve, "
+      "map, access; then unmap, free): one thread %.1f ms (%.1f building, "
+      "%.1f releasing), %d threads %.1f ms\n",
+      kThreads, kBuffers, serial, build_ms, release_ms, kThreads, parallel);
+  for (int i = 0; i < kN; ++i) {
+    release(pages[i]);
+    release(blocks[i]);
+  }
 }
 
 }  // namespace
