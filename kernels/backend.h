@@ -80,20 +80,27 @@ class Backend {
   // The page: the bytes of the smallest piece shared (0: nothing shared).
   virtual size_t SharingPageBytes() const { return 0; }
   // A zero-filled buffer whose pages AllocateSharing can lend to another.
-  virtual absl::StatusOr<Buffer> AllocateShareable(size_t bytes) {
+  // `share_points`: byte offsets where later AllocateSharing calls of it are
+  // expected to end their sharing (the rows forks will resume at); a backend
+  // whose sharing is cheaper in larger pieces keeps whole pieces between
+  // them. Any offset still shares up to a page at or below it where the
+  // backend can.
+  virtual absl::StatusOr<Buffer> AllocateShareable(
+      size_t bytes, absl::Span<const size_t> share_points) {
     return Allocate(bytes);
   }
   // A shareable buffer of `bytes` whose first `share` bytes, rounded down to
-  // whole pages, are `src`'s memory (the same bytes, not a copy); the rest
-  // is zero-filled. *shared gets the bytes shared: 0 where the backend
-  // cannot share or `src` was not made shareable. share <= bytes and <=
+  // whole pages (to whole pieces of `src`), are `src`'s memory (the same
+  // bytes, not a copy); the rest is zero-filled. *shared gets the bytes
+  // shared: 0 where the backend cannot share or `src` was not made
+  // shareable. share <= bytes and <=
   // src.bytes(). The callers keep the invariant that makes this exact: a
   // shared byte is never written while two buffers map it (Unshare first).
   virtual absl::StatusOr<Buffer> AllocateSharing(size_t bytes,
                                                  const Buffer& src,
                                                  size_t share, size_t* shared) {
     *shared = 0;
-    return AllocateShareable(bytes);
+    return AllocateShareable(bytes, {});
   }
   // Gives `buffer` memory of its own from byte `from` (rounded down to its
   // page) to its end wherever another buffer maps the same pages, holding

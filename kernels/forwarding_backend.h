@@ -27,8 +27,9 @@ class ForwardingBackend : public Backend {
   size_t SharingPageBytes() const override {
     return inner_->SharingPageBytes();
   }
-  absl::StatusOr<Buffer> AllocateShareable(size_t bytes) override {
-    return inner_->AllocateShareable(bytes);
+  absl::StatusOr<Buffer> AllocateShareable(
+      size_t bytes, absl::Span<const size_t> share_points) override {
+    return inner_->AllocateShareable(bytes, share_points);
   }
   absl::StatusOr<Buffer> AllocateSharing(size_t bytes, const Buffer& src,
                                          size_t share,

@@ -174,18 +174,20 @@ absl::StatusOr<Buffer> CudaBackend::Allocate(size_t bytes) {
   return std::move(buffer);
 }
 
-absl::StatusOr<Buffer> CudaBackend::AllocateShareable(size_t bytes) {
+absl::StatusOr<Buffer> CudaBackend::AllocateShareable(
+    size_t bytes, absl::Span<const size_t> share_points) {
   if (pages_ == nullptr || !pages_->Worthwhile(bytes)) return Allocate(bytes);
   SS_RETURN_IF_ERROR(recording_.Refuse("AllocateShareable"));
   SS_RETURN_IF_ERROR(UseDevice());
-  absl::StatusOr<void*> p = pages_->Allocate(bytes, stream_.get());
+  absl::StatusOr<void*> p =
+      pages_->Allocate(bytes, share_points, stream_.get());
   if (absl::IsResourceExhausted(p.status())) {
     // The runtime's pool keeps what it freed; give it back and retry.
     cudaMemPool_t pool = nullptr;
     if (cudaStreamSynchronize(stream_.get()) == cudaSuccess &&
         cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) {
       cudaMemPoolTrimTo(pool, 0);
-      p = pages_->Allocate(bytes, stream_.get());
+      p = pages_->Allocate(bytes, share_points, stream_.get());
     }
     cudaGetLastError();
   }

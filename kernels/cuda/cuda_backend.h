@@ -98,7 +98,8 @@ class CudaBackend : public Backend {
   size_t SharingPageBytes() const override {
     return pages_ != nullptr ? pages_->page() : 0;
   }
-  absl::StatusOr<Buffer> AllocateShareable(size_t bytes) override;
+  absl::StatusOr<Buffer> AllocateShareable(
+      size_t bytes, absl::Span<const size_t> share_points) override;
   absl::StatusOr<Buffer> AllocateSharing(size_t bytes, const Buffer& src,
                                          size_t share, size_t* shared) override;
   // Waits for the stream when it remaps anything (refused while recording).

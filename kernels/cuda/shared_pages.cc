@@ -100,6 +100,31 @@ bool SharedPages::Owns(const void* p) const {
   return ranges_.count(reinterpret_cast<uintptr_t>(p)) != 0;
 }
 
+std::vector<size_t> SharedPages::BlockSizes(
+    size_t from, size_t total, absl::Span<const size_t> cuts) const {
+  std::vector<size_t> ends;
+  for (size_t c : cuts) {
+    const size_t at = c / page_ * page_;
+    if (at > from && at < total) ends.push_back(at);
+  }
+  std::sort(ends.begin(), ends.end());
+  ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
+  std::vector<size_t> sizes;
+  size_t at = from;
+  for (size_t end : ends) {
+    sizes.push_back(end - at);
+    at = end;
+  }
+  for (; at < total; at += page_) sizes.push_back(page_);
+  return sizes;
+}
+
+SharedPages::Layout SharedPages::LayoutOf(const Range& r) {
+  Layout l{r.bytes, {}};
+  for (const Segment& g : r.segments) l.second.push_back(g.bytes);
+  return l;
+}
+
 absl::StatusOr<std::shared_ptr<SharedPages::Block>> SharedPages::NewBlock(
     size_t bytes) {
   const CUmemAllocationProp prop = DeviceProp(device_);
@@ -117,8 +142,9 @@ absl::StatusOr<uintptr_t> SharedPages::Reserve(size_t bytes) {
   return static_cast<uintptr_t>(p);
 }
 
-absl::Status SharedPages::MapAt(uintptr_t at, const Block& block) {
-  return DriverStatus(driver_.map(at, page_, 0, block.handle, 0), "cuMemMap");
+absl::Status SharedPages::MapAt(uintptr_t at, size_t bytes,
+                                const Block& block) {
+  return DriverStatus(driver_.map(at, bytes, 0, block.handle, 0), "cuMemMap");
 }
 
 absl::Status SharedPages::Grant(uintptr_t at, size_t bytes) {
@@ -131,39 +157,43 @@ absl::Status SharedPages::Grant(uintptr_t at, size_t bytes) {
 }
 
 void SharedPages::Destroy(uintptr_t base, Range& r) {
-  for (size_t i = 0; i < r.pages.size(); ++i) {
-    const CUresult u = driver_.unmap(base + i * page_, page_);
+  for (const Segment& g : r.segments) {
+    const CUresult u = driver_.unmap(base + g.offset, g.bytes);
     if (u != CUDA_SUCCESS) LOG(ERROR) << "cuda: cuMemUnmap: CUresult " << u;
   }
-  r.pages.clear();  // a block goes with its last mapping
+  r.segments.clear();  // a block goes with its last mapping
   const CUresult f = driver_.address_free(base, r.bytes);
   if (f != CUDA_SUCCESS) LOG(ERROR) << "cuda: cuMemAddressFree: CUresult " << f;
 }
 
 absl::StatusOr<uintptr_t> SharedPages::Build(
-    size_t bytes, const std::vector<std::shared_ptr<Block>>& borrowed,
-    cudaStream_t stream) {
+    size_t bytes, const std::vector<Segment>& borrowed,
+    absl::Span<const size_t> cuts, cudaStream_t stream) {
   const size_t total = RoundUp(bytes);
-  const size_t n = total / page_;
   SS_ASSIGN_OR_RETURN(const uintptr_t base, Reserve(total));
   Range r;
   r.bytes = total;
   absl::Status s;
-  for (size_t i = 0; i < n && s.ok(); ++i) {
-    std::shared_ptr<Block> block;
-    if (i < borrowed.size()) {
-      block = borrowed[i];
-    } else {
-      absl::StatusOr<std::shared_ptr<Block>> fresh = NewBlock(page_);
+  size_t own = 0;  // where the fresh blocks start
+  for (const Segment& g : borrowed) {
+    if (g.offset + g.bytes > total) break;
+    s = MapAt(base + g.offset, g.bytes, *g.block);
+    if (!s.ok()) break;
+    r.segments.push_back(g);
+    own = g.offset + g.bytes;
+  }
+  if (s.ok()) {
+    size_t at = own;
+    for (size_t n : BlockSizes(own, total, cuts)) {
+      absl::StatusOr<std::shared_ptr<Block>> fresh = NewBlock(n);
       s = fresh.status();
+      if (s.ok()) s = MapAt(base + at, n, **fresh);
       if (!s.ok()) break;
-      block = *std::move(fresh);
+      r.segments.push_back({at, n, *std::move(fresh)});
+      at += n;
     }
-    s = MapAt(base + i * page_, *block);
-    if (s.ok()) r.pages.push_back(std::move(block));
   }
   if (s.ok()) s = Grant(base, total);
-  const size_t own = std::min(borrowed.size(), n) * page_;
   if (s.ok() && own < total) {
     s = CudaStatus(cudaMemsetAsync(reinterpret_cast<void*>(base + own), 0,
                                    total - own, stream),
@@ -177,11 +207,13 @@ absl::StatusOr<uintptr_t> SharedPages::Build(
   return base;
 }
 
-absl::StatusOr<void*> SharedPages::Allocate(size_t bytes, cudaStream_t stream) {
+absl::StatusOr<void*> SharedPages::Allocate(size_t bytes,
+                                            absl::Span<const size_t> cuts,
+                                            cudaStream_t stream) {
   absl::MutexLock lock(&mu_);
   ReapLocked(/*wait=*/false);
   const size_t total = RoundUp(bytes);
-  auto kept = kept_.find(total);
+  auto kept = kept_.find(Layout{total, BlockSizes(0, total, cuts)});
   if (kept != kept_.end()) {
     const uintptr_t base = kept->second;
     kept_.erase(kept);
@@ -190,10 +222,10 @@ absl::StatusOr<void*> SharedPages::Allocate(size_t bytes, cudaStream_t stream) {
         "cudaMemsetAsync");
     return reinterpret_cast<void*>(base);
   }
-  absl::StatusOr<uintptr_t> base = Build(bytes, {}, stream);
+  absl::StatusOr<uintptr_t> base = Build(bytes, {}, cuts, stream);
   if (absl::IsResourceExhausted(base.status()) && !kept_.empty()) {
     TrimLocked();
-    base = Build(bytes, {}, stream);
+    base = Build(bytes, {}, cuts, stream);
   }
   SS_RETURN_IF_ERROR(base.status());
   return reinterpret_cast<void*>(*base);
@@ -207,23 +239,28 @@ absl::StatusOr<void*> SharedPages::AllocateSharing(size_t bytes,
   {
     absl::MutexLock lock(&mu_);
     auto it = ranges_.find(reinterpret_cast<uintptr_t>(src));
-    const size_t pages = std::min(share, bytes) / page_;  // whole pages only
-    if (it != ranges_.end() && pages > 0) {
-      const std::vector<std::shared_ptr<Block>>& from = it->second.pages;
-      const std::vector<std::shared_ptr<Block>> borrowed(
-          from.begin(), from.begin() + std::min(pages, from.size()));
+    // Whole blocks only, from the start.
+    const size_t limit = std::min(share, bytes) / page_ * page_;
+    std::vector<Segment> borrowed;
+    if (it != ranges_.end()) {
+      for (const Segment& g : it->second.segments) {
+        if (g.offset + g.bytes > limit) break;
+        borrowed.push_back(g);
+      }
+    }
+    if (!borrowed.empty()) {
       ReapLocked(/*wait=*/false);
-      absl::StatusOr<uintptr_t> base = Build(bytes, borrowed, stream);
+      absl::StatusOr<uintptr_t> base = Build(bytes, borrowed, {}, stream);
       if (absl::IsResourceExhausted(base.status()) && !kept_.empty()) {
         TrimLocked();
-        base = Build(bytes, borrowed, stream);
+        base = Build(bytes, borrowed, {}, stream);
       }
       SS_RETURN_IF_ERROR(base.status());
-      *shared = borrowed.size() * page_;
+      *shared = borrowed.back().offset + borrowed.back().bytes;
       return reinterpret_cast<void*>(*base);
     }
   }
-  return Allocate(bytes, stream);
+  return Allocate(bytes, {}, stream);
 }
 
 absl::Status SharedPages::Unshare(const void* p, size_t from,
@@ -233,39 +270,43 @@ absl::Status SharedPages::Unshare(const void* p, size_t from,
   auto it = ranges_.find(base);
   if (it == ranges_.end()) return absl::OkStatus();
   Range& r = it->second;
-  // Each shared page from `from`'s on gets a fresh block, filled from the
-  // old page through a scratch mapping, then mapped in its place.
+  // Each shared block ending past `from` gets a fresh block of its size,
+  // filled from the old one through a scratch mapping, then mapped in its
+  // place (a mapping is only ever unmapped whole).
   struct Move {
-    size_t page;
+    size_t segment;
     std::shared_ptr<Block> fresh;
     uintptr_t scratch;
   };
   std::vector<Move> moves;
   auto drop_scratch = [&]() {
     for (const Move& m : moves) {
-      driver_.unmap(m.scratch, page_);
-      driver_.address_free(m.scratch, page_);
+      const size_t n = r.segments[m.segment].bytes;
+      driver_.unmap(m.scratch, n);
+      driver_.address_free(m.scratch, n);
     }
   };
-  for (size_t i = from / page_; i < r.pages.size(); ++i) {
-    if (r.pages[i].use_count() == 1) continue;
-    absl::StatusOr<std::shared_ptr<Block>> fresh = NewBlock(page_);
+  for (size_t i = 0; i < r.segments.size(); ++i) {
+    const Segment& g = r.segments[i];
+    if (g.offset + g.bytes <= from || g.block.use_count() == 1) continue;
+    absl::StatusOr<std::shared_ptr<Block>> fresh = NewBlock(g.bytes);
     absl::StatusOr<uintptr_t> scratch =
-        fresh.ok() ? Reserve(page_) : absl::StatusOr<uintptr_t>(fresh.status());
+        fresh.ok() ? Reserve(g.bytes)
+                   : absl::StatusOr<uintptr_t>(fresh.status());
     absl::Status s = scratch.status();
     if (s.ok()) {
-      s = MapAt(*scratch, **fresh);
-      if (s.ok()) s = Grant(*scratch, page_);
+      s = MapAt(*scratch, g.bytes, **fresh);
+      if (s.ok()) s = Grant(*scratch, g.bytes);
       if (!s.ok()) {
-        driver_.unmap(*scratch, page_);
-        driver_.address_free(*scratch, page_);
+        driver_.unmap(*scratch, g.bytes);
+        driver_.address_free(*scratch, g.bytes);
       }
     }
     if (s.ok()) {
       moves.push_back({i, *std::move(fresh), *scratch});
       s = CudaStatus(cudaMemcpyAsync(reinterpret_cast<void*>(*scratch),
-                                     reinterpret_cast<void*>(base + i * page_),
-                                     page_, cudaMemcpyDeviceToDevice, stream),
+                                     reinterpret_cast<void*>(base + g.offset),
+                                     g.bytes, cudaMemcpyDeviceToDevice, stream),
                      "cudaMemcpyAsync");
     }
     if (!s.ok()) {
@@ -275,16 +316,17 @@ absl::Status SharedPages::Unshare(const void* p, size_t from,
     }
   }
   if (moves.empty()) return absl::OkStatus();
-  // The copies, and every op that read the old pages, are done.
+  // The copies, and every op that read the old blocks, are done.
   absl::Status s =
       CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   for (const Move& m : moves) {
     if (!s.ok()) break;
-    const uintptr_t at = base + m.page * page_;
-    s = DriverStatus(driver_.unmap(at, page_), "cuMemUnmap");
-    if (s.ok()) s = MapAt(at, *m.fresh);
-    if (s.ok()) s = Grant(at, page_);
-    if (s.ok()) r.pages[m.page] = m.fresh;
+    Segment& g = r.segments[m.segment];
+    const uintptr_t at = base + g.offset;
+    s = DriverStatus(driver_.unmap(at, g.bytes), "cuMemUnmap");
+    if (s.ok()) s = MapAt(at, g.bytes, *m.fresh);
+    if (s.ok()) s = Grant(at, g.bytes);
+    if (s.ok()) g.block = m.fresh;
   }
   drop_scratch();
   return s;
@@ -321,11 +363,11 @@ void SharedPages::ReapLocked(bool wait) {
     auto it = ranges_.find(pr.base);
     if (it == ranges_.end()) continue;
     Range& r = it->second;
-    const bool own = std::all_of(
-        r.pages.begin(), r.pages.end(),
-        [](const std::shared_ptr<Block>& b) { return b.use_count() == 1; });
+    const bool own =
+        std::all_of(r.segments.begin(), r.segments.end(),
+                    [](const Segment& g) { return g.block.use_count() == 1; });
     if (own) {
-      kept_.emplace(r.bytes, pr.base);
+      kept_.emplace(LayoutOf(r), pr.base);
     } else {
       Destroy(pr.base, r);
       ranges_.erase(it);
@@ -340,7 +382,7 @@ void SharedPages::Trim() {
 }
 
 void SharedPages::TrimLocked() {
-  for (const auto& [bytes, base] : kept_) {
+  for (const auto& [layout, base] : kept_) {
     auto it = ranges_.find(base);
     if (it == ranges_.end()) continue;
     Destroy(base, it->second);

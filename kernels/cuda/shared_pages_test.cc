@@ -53,7 +53,7 @@ class SharedPagesTest : public ::testing::Test {
 };
 
 TEST_F(SharedPagesTest, ASharingBufferIsTheSourcesMemoryUntilUnshared) {
-  auto src = be_->AllocateShareable(16 * kMiB);
+  auto src = be_->AllocateShareable(16 * kMiB, {});
   ASSERT_TRUE(src.ok()) << src.status();
   Fill(*src, 0, 16 * kMiB, 1);
   size_t shared = 0;
@@ -87,14 +87,14 @@ TEST_F(SharedPagesTest, ASharingBufferIsTheSourcesMemoryUntilUnshared) {
   const std::vector<uint8_t> kept = Read(*dst, 0, shared);
   *src = Buffer();
   ASSERT_TRUE(be_->Synchronize().ok());
-  auto churn = be_->AllocateShareable(16 * kMiB);  // may reuse src's range
+  auto churn = be_->AllocateShareable(16 * kMiB, {});  // may reuse src's range
   ASSERT_TRUE(churn.ok());
   Fill(*churn, 0, 16 * kMiB, 13);
   EXPECT_EQ(Read(*dst, 0, shared), kept);
 }
 
 TEST_F(SharedPagesTest, ASharingBufferUnsharesItselfAndSharesOnward) {
-  auto src = be_->AllocateShareable(12 * kMiB);
+  auto src = be_->AllocateShareable(12 * kMiB, {});
   ASSERT_TRUE(src.ok());
   Fill(*src, 0, 12 * kMiB, 3);
   size_t shared = 0;
@@ -124,8 +124,50 @@ TEST_F(SharedPagesTest, ASharingBufferUnsharesItselfAndSharesOnward) {
   EXPECT_NE(Read(*b, 0, 4096), Read(*src, 0, 4096));
 }
 
+// With share points the source is blocks between them (then single pages):
+// a fork shares whole blocks only, and unsharing takes a whole block.
+TEST_F(SharedPagesTest, ForksShareWholeBlocksBetweenSharePoints) {
+  const size_t points[] = {6 * kMiB, 12 * kMiB + kMiB / 2};
+  auto src = be_->AllocateShareable(16 * kMiB, points);
+  ASSERT_TRUE(src.ok()) << src.status();
+  Fill(*src, 0, 16 * kMiB, 29);
+  // Blocks [0, 6), [6, 12), then pages [12, 14), [14, 16) (MiB).
+  for (const auto& [ask, want] : {std::pair<size_t, size_t>{5 * kMiB, 0},
+                                  {10 * kMiB, 6 * kMiB},
+                                  {12 * kMiB, 12 * kMiB},
+                                  {15 * kMiB, 14 * kMiB}}) {
+    size_t shared = 1;
+    auto dst = be_->AllocateSharing(16 * kMiB, *src, ask, &shared);
+    ASSERT_TRUE(dst.ok()) << dst.status();
+    EXPECT_EQ(shared, want) << "asked " << ask;
+    EXPECT_EQ(Read(*dst, 0, shared), Read(*src, 0, shared));
+    EXPECT_EQ(Read(*dst, shared, kMiB), std::vector<uint8_t>(kMiB, 0));
+  }
+  size_t shared = 0;
+  auto dst = be_->AllocateSharing(16 * kMiB, *src, 12 * kMiB, &shared);
+  ASSERT_TRUE(dst.ok());
+  ASSERT_EQ(shared, 12 * kMiB);
+  // Unshared from inside the second block: all of it is the fork's own, with
+  // the same bytes; the first block still shows the source's writes.
+  const std::vector<uint8_t> before = Read(*src, 0, shared);
+  ASSERT_TRUE(be_->Unshare(*dst, 9 * kMiB).ok());
+  EXPECT_EQ(Read(*dst, 0, shared), before);
+  Fill(*src, 6 * kMiB, 4096, 31);
+  EXPECT_EQ(Read(*dst, 6 * kMiB, 4096),
+            std::vector<uint8_t>(before.begin() + 6 * kMiB,
+                                 before.begin() + 6 * kMiB + 4096));
+  Fill(*src, 0, 4096, 37);
+  EXPECT_EQ(Read(*dst, 0, 4096), Read(*src, 0, 4096));
+  // A fork of the fork shares its blocks onward, the borrowed one too.
+  size_t onward = 0;
+  auto next = be_->AllocateSharing(16 * kMiB, *dst, 16 * kMiB, &onward);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(onward, 16 * kMiB);
+  EXPECT_EQ(Read(*next, 0, 16 * kMiB), Read(*dst, 0, 16 * kMiB));
+}
+
 TEST_F(SharedPagesTest, SmallBuffersShareNothing) {
-  auto src = be_->AllocateShareable(64 * 1024);
+  auto src = be_->AllocateShareable(64 * 1024, {});
   ASSERT_TRUE(src.ok());
   Fill(*src, 0, 64 * 1024, 23);
   size_t shared = 1;
@@ -154,19 +196,19 @@ TEST_F(SharedPagesTest, PrintsWhatAllocationCosts) {
   };
   std::vector<Buffer> src, held;
   time("fresh", [&](int) {
-    auto b = be_->AllocateShareable(kBytes);
+    auto b = be_->AllocateShareable(kBytes, {});
     ASSERT_TRUE(b.ok()) << b.status();
     src.push_back(*std::move(b));
   });
   time("fresh again", [&](int) {
-    auto b = be_->AllocateShareable(kBytes);
+    auto b = be_->AllocateShareable(kBytes, {});
     ASSERT_TRUE(b.ok()) << b.status();
     held.push_back(*std::move(b));
   });
   held.clear();
   ASSERT_TRUE(be_->Synchronize().ok());
   time("reused", [&](int) {
-    auto b = be_->AllocateShareable(kBytes);
+    auto b = be_->AllocateShareable(kBytes, {});
     ASSERT_TRUE(b.ok()) << b.status();
     held.push_back(*std::move(b));
   });

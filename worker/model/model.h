@@ -154,6 +154,11 @@ struct StateOptions {
   // which costs more to allocate on CUDA than the pool's memory: asked for
   // where the history will fill a page (Model::WorthSharing).
   bool shareable = false;
+  // Rows where later forks are expected to resume (the first prompt's end
+  // and its prefix checkpoints): a shareable state's KV memory is laid out
+  // so that a fork at one of them shares it in few pieces
+  // (Backend::AllocateShareable's share points).
+  std::vector<int> share_rows;
 };
 
 // Recorded steps (Backend::BeginRecording) by key (step kind, rows,
@@ -205,6 +210,7 @@ class ModelState {
   bool draft_freed_ = false;
   bool graph_fallback_ = false;
   bool shareable_ = false;           // StateOptions::shareable
+  std::vector<int> share_rows_;      // StateOptions::share_rows
   std::vector<KvCache> kv_;          // one per full-attention layer, in order
   std::vector<LinearCache> linear_;  // one per linear-attention layer
   KvCache mtp_kv_;                   // the MTP layer's cache (when has_mtp)

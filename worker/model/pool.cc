@@ -171,6 +171,7 @@ absl::Status Model::Restore(ModelState* state,
     fresh.max_verify_columns_ = state->max_verify_columns_;
     fresh.draft_freed_ = state->draft_freed_;
     fresh.shareable_ = state->shareable_;
+    fresh.share_rows_ = state->share_rows_;
     SS_RETURN_IF_ERROR(AllocateCaches(&fresh));
     target = &fresh;
   }

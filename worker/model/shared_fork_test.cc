@@ -43,9 +43,12 @@ class SharedForkTest : public testing::ModelTest {
   // A state holding `history` (prefilled, with the MTP rows an engine would
   // leave), its last hidden returned through `hidden`.
   std::unique_ptr<ModelState> Filled(const std::vector<int32_t>& history,
-                                     std::vector<float>* hidden = nullptr) {
-    auto made = model_->NewState(
-        {.capacity = 160, .max_verify_columns = 5, .shareable = true});
+                                     std::vector<float>* hidden = nullptr,
+                                     std::vector<int> share_rows = {}) {
+    auto made = model_->NewState({.capacity = 160,
+                                  .max_verify_columns = 5,
+                                  .shareable = true,
+                                  .share_rows = std::move(share_rows)});
     EXPECT_TRUE(made.ok()) << made.status();
     auto s = std::move(*made);
     ForwardResult r;
@@ -122,6 +125,42 @@ TEST_P(SharedForkTest, AForkBorrowsWholePagesAndCountsThemOnce) {
   src.reset();
   EXPECT_EQ(model_->StateBytes(*fork), alone);
   ExpectLikeFresh(fork.get(), &history);
+}
+
+// A source laid out for forks at rows 13 and 27 (StateOptions::share_rows):
+// a fork at 27 shares all whole pages below it; one at a checkpoint at 20,
+// inside the piece between the two, shares only the piece below 13 and
+// copies the rest; both continue like fresh states.
+TEST_P(SharedForkTest, ForksShareWholePiecesBetweenShareRows) {
+  const std::vector<int32_t> all = RandomTokens(27);
+  const std::vector<int32_t> first(all.begin(), all.begin() + 20);
+  auto src = Filled(first, nullptr, {13, 27});
+  auto cp = model_->SaveCheckpoint(*src);
+  ASSERT_TRUE(cp.ok());
+  ForwardResult r;
+  ASSERT_TRUE(
+      model_->Prefill(src.get(), absl::MakeConstSpan(all).subspan(20), {}, &r)
+          .ok());
+  const uint64_t buffers = 2 * model_->config().num_full_attention_layers();
+  const uint64_t page = sharing_->SharingPageBytes();
+  auto whole_pages = [&](int rows) {
+    return rows * model_->kv_row_bytes() / page * page;
+  };
+  ASSERT_GT(whole_pages(13), 0u);
+  ASSERT_LT(whole_pages(13), whole_pages(20));
+
+  auto at_end = Fork(*src);
+  ASSERT_NE(at_end, nullptr);
+  EXPECT_EQ(sharing_->SharedBytes(), buffers * whole_pages(27));
+  auto at_20 = Fork(*src, cp->get());
+  ASSERT_NE(at_20, nullptr);
+  EXPECT_EQ(sharing_->SharedBytes(),
+            buffers * (whole_pages(27) + whole_pages(13)));
+
+  std::vector<int32_t> history = all;
+  ExpectLikeFresh(at_end.get(), &history);
+  history = first;
+  ExpectLikeFresh(at_20.get(), &history);
 }
 
 TEST_P(SharedForkTest, TheSourceRewindsBelowTheForkAndWritesAnotherHistory) {

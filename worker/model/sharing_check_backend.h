@@ -2,7 +2,9 @@
 // by copying, so that the copy-on-write invariant of Model::Fork can be
 // checked anywhere (the CPU in CI, the tiny models on CUDA whose caches are
 // smaller than a device page): AllocateSharing copies the source's leading
-// whole pages and remembers the pair; Unshare forgets the pair's pages from
+// whole pieces (as the CUDA backend's blocks: split at the share points,
+// single pages past them) and remembers the pair; Unshare forgets the pair's
+// pages from
 // its start on; CheckShares() fails when a remembered pair's bytes differ,
 // which is what a write to a shared page without Unshare would have done to
 // the other buffer on a backend that truly shares (kernels/backend.h).
@@ -16,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/forwarding_backend.h"
 
 namespace specserve::model::testing {
@@ -27,7 +30,8 @@ class SharingCheckBackend : public kernels::ForwardingBackend {
       : ForwardingBackend(inner), page_(page) {}
 
   size_t SharingPageBytes() const override { return page_; }
-  absl::StatusOr<kernels::Buffer> AllocateShareable(size_t bytes) override;
+  absl::StatusOr<kernels::Buffer> AllocateShareable(
+      size_t bytes, absl::Span<const size_t> share_points) override;
   absl::StatusOr<kernels::Buffer> AllocateSharing(size_t bytes,
                                                   const kernels::Buffer& src,
                                                   size_t share,
@@ -52,9 +56,20 @@ class SharingCheckBackend : public kernels::ForwardingBackend {
     const void* b = nullptr;  // the buffer made sharing it
     size_t bytes = 0;         // shared: [0, bytes) of both
   };
+  // A handed-out buffer: the inner backend's, and where its pieces end.
+  struct Owned {
+    kernels::Buffer inner;
+    std::vector<size_t> ends;  // ascending
+  };
+  // The ends of a buffer of `bytes` whose pieces are `kept` (ascending),
+  // then end at `cuts` (rounded down to pages), then single pages.
+  std::vector<size_t> Ends(size_t bytes, std::vector<size_t> kept,
+                           absl::Span<const size_t> cuts) const;
+  absl::StatusOr<kernels::Buffer> Make(size_t bytes, std::vector<size_t> ends);
+
   const size_t page_;
   // The inner backend's buffers behind the ones this backend handed out.
-  std::map<void*, kernels::Buffer> owned_;
+  std::map<void*, Owned> owned_;
   std::vector<Pair> pairs_;
   int shares_ = 0, unshares_ = 0;
 };

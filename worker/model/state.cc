@@ -25,6 +25,7 @@ absl::StatusOr<std::unique_ptr<ModelState>> Model::NewState(
   s->max_verify_columns_ = options.max_verify_columns;
   s->draft_freed_ = !options.draft_state;
   s->shareable_ = options.shareable;
+  s->share_rows_ = options.share_rows;
   SS_RETURN_IF_ERROR(AllocateCaches(s.get()));
   return s;
 }
@@ -47,9 +48,13 @@ absl::Status Model::AllocateCaches(ModelState* s, const ModelState* share_from,
       share_from != nullptr ? static_cast<size_t>(share_rows) * kv_row_bytes()
                             : 0;
   size_t least_shared = share_bytes;
+  std::vector<size_t> share_points;
+  for (int r : s->share_rows_) {
+    share_points.push_back(static_cast<size_t>(r) * kv_row_bytes());
+  }
   auto allocate_kv = [&](const Buffer* src) -> absl::StatusOr<Buffer> {
     if (share_bytes == 0 || src == nullptr) {
-      return s->shareable_ ? be.AllocateShareable(kv_bytes)
+      return s->shareable_ ? be.AllocateShareable(kv_bytes, share_points)
                            : be.Allocate(kv_bytes);
     }
     size_t shared = 0;

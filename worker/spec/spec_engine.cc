@@ -67,8 +67,17 @@ absl::StatusOr<std::unique_ptr<SpecSession>> SpecEngine::Admit(
   options.max_verify_columns =
       drafts ? std::clamp(draft_depth, 1, kMaxDraftDepth) + 1 : 1;
   options.draft_state = drafts;
-  // Pages a later fork can share, where the history fills one.
-  options.shareable = model_->WorthSharing(std::max(n, prompt_rows));
+  // Pages a later fork can share, where the history fills one, laid out for
+  // forks at the first prompt's end and its prefix checkpoints (and the
+  // rebuilt history's checkpoint and end).
+  const int prompt_end = std::max(n, prompt_rows);
+  options.shareable = model_->WorthSharing(prompt_end);
+  if (options.shareable) {
+    options.share_rows = PrefixCheckpointTargets(0, prompt_end);
+    options.share_rows.push_back(checkpoint);
+    options.share_rows.push_back(n);
+    options.share_rows.push_back(prompt_end);
+  }
   // The caches are allocated and zeroed with the model held: backend work
   // from another thread while a step shape is being recorded would be
   // refused ("Allocate cannot be recorded") or, on a shared stream, land in
