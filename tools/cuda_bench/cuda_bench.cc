@@ -8,7 +8,9 @@
 //     (tools/cuda_bench/random_model.h): (a) decode step at batch 1,
 //     (b) verify of 2..8 columns, (c) DecodeBatch of 1..64 sessions
 //     (each B also beside its state-inclusive floor, and B = 1 and 64
-//     again with a bf16 recurrent state), (f) prefill of 64..2048 tokens;
+//     again with a bf16 recurrent state), (f) prefill of 64..2048 tokens,
+//     (g) with --prefill_only: suffixes after a shared prefix in one
+//     PrefillBatch pass;
 //  4. decode tokens/s of --default_model (a checkpoint dir), if given, and
 //     (d) plain vs speculative greedy tokens/s through the engine
 //     (SpecEngine bursts, k = 0..4), checking spec == plain token for token.
