@@ -61,8 +61,8 @@ cd "$(dirname "$0")/.."
 mode="${1:-run}"
 carry=.carry/cuda
 
-# prepare also packs the binaries (.carry/pack/cuda.tar.xz, a fifth of their
-# size: the working tree that travels is capped); the GPU machine unpacks
+# prepare also packs the binaries (.carry/pack/cuda.tar.xz, a small part of
+# their size: the working tree that travels is capped); the GPU machine unpacks
 # them into $carry once.
 untar() {  # ARCHIVE DIR
   mkdir -p "$2" &&
@@ -74,7 +74,7 @@ unpack() {
 }
 
 if [ "$mode" = prepare ]; then
-  tools/cuda_check.sh prepare || exit 1
+  CUDA_CHECK_NO_PACK=1 tools/cuda_check.sh prepare || exit 1
   ob="${CUDA_CHECK_OUTPUT_BASE:-$HOME/.cache/bazel_cuda/ob}"
   flags=(--config=cuda --config=static)
   bazel --output_base="$ob" build "${flags[@]}" --symlink_prefix=/ //tools/cuda_bench \
@@ -85,7 +85,8 @@ if [ "$mode" = prepare ]; then
     cp "$bin/tools/$b" "$carry/${b#*/}" && chmod u+w,a+x "$carry/${b#*/}" || exit 1
   done
   mkdir -p .carry/pack
-  tar -C "$carry" -cf - $(cd "$carry" && ls) | xz -6 -T2 > .carry/pack/cuda.tar.xz || exit 1
+  # (-9 -T1: see tools/cuda_check.sh prepare)
+  tar -C "$carry" -cf - $(cd "$carry" && ls) | xz -9 -T1 > .carry/pack/cuda.tar.xz || exit 1
   # tools/serve_bench's own pack, carried instead of .carry/pack (with it the
   # tree would pass 64 MiB): the worker, cuda_bench, the scheduler, and the
   # shared libraries the scheduler still loads (libcpp-httplib has no static
