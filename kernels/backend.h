@@ -224,6 +224,24 @@ class Backend {
   virtual absl::Status PrefillGatedDeltaRule(const GatedDeltaRuleParams& p) {
     return GatedDeltaRule(p);
   }
+  // PrefillGatedDeltaRule and Conv1d of several sessions' tokens, one params
+  // each (the same heads or channels, strides, weights; their own rows,
+  // position, inputs, outputs and state): each session's outputs and state
+  // bit-identical to its own call, in fewer launches where the backend can.
+  // The defaults run them one by one.
+  virtual absl::Status PrefillGatedDeltaRuleSlices(
+      absl::Span<const GatedDeltaRuleParams> slices) {
+    for (const GatedDeltaRuleParams& p : slices) {
+      if (absl::Status s = PrefillGatedDeltaRule(p); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  virtual absl::Status Conv1dSlices(absl::Span<const Conv1dParams> slices) {
+    for (const Conv1dParams& p : slices) {
+      if (absl::Status s = Conv1d(p); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
 
  protected:
   friend class Buffer;

@@ -129,6 +129,13 @@ class ForwardingBackend : public Backend {
   absl::Status PrefillGatedDeltaRule(const GatedDeltaRuleParams& p) override {
     return inner_->PrefillGatedDeltaRule(p);
   }
+  absl::Status PrefillGatedDeltaRuleSlices(
+      absl::Span<const GatedDeltaRuleParams> slices) override {
+    return inner_->PrefillGatedDeltaRuleSlices(slices);
+  }
+  absl::Status Conv1dSlices(absl::Span<const Conv1dParams> slices) override {
+    return inner_->Conv1dSlices(slices);
+  }
   absl::Status SampleRows(const SampleRowsParams& p) override {
     return inner_->SampleRows(p);
   }

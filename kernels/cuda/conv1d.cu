@@ -12,6 +12,10 @@
 // (the raw inputs before the run, or the state before token 0), and a
 // second kernel writes each channel's new state. A window holds the same
 // values whichever thread builds it, so every output has the walk's bits.
+// Several sessions' chunks (LaunchConv1dSlices) run as the same runs, one
+// grid slice per session.
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
@@ -127,7 +131,124 @@ void LaunchRuns(const Conv1dParams& p, cudaStream_t stream) {
   LaunchPdl(Conv1dStateKernel<K>, dim3(channel_blocks), kThreads, 0, stream, p);
 }
 
+// Several sessions' runs in one launch (LaunchConv1dSlices): slice z of the
+// grid takes its rows, inputs, outputs and state from the table, and a
+// block runs what the slice's own runs launch gives it; blocks past a
+// slice's runs return.
+constexpr int kMaxLaunchSlices = 32;
+struct ConvSlices {
+  int count;
+  int64_t rows[kMaxLaunchSlices];
+  const float* x[kMaxLaunchSlices];
+  float* y[kMaxLaunchSlices];
+  const float* state_in[kMaxLaunchSlices];
+  float* state_out[kMaxLaunchSlices];
+};
+
+// The slice's params: p with the slice's own fields.
+__device__ __forceinline__ Conv1dParams SliceOf(const Conv1dParams& p,
+                                                const ConvSlices& t, int i) {
+  Conv1dParams q = p;
+  q.rows = t.rows[i];
+  q.x = t.x[i];
+  q.y = t.y[i];
+  q.state_in = t.state_in[i];
+  q.state_out = t.state_out[i];
+  return q;
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads)
+    Conv1dSliceRunsKernel(const __grid_constant__ Conv1dParams shared,
+                          const __grid_constant__ ConvSlices t) {
+  PdlBegin();
+  const Conv1dParams p = SliceOf(shared, t, static_cast<int>(blockIdx.z));
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kRunTokens;
+  if (c >= p.channels || t0 >= p.rows) return;
+  const int64_t t1 = t0 + kRunTokens < p.rows ? t0 + kRunTokens : p.rows;
+  float w[K], win[K];
+#pragma unroll
+  for (int j = 0; j < K; ++j) w[j] = p.weight[c * K + j];
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j)
+    win[j] = SequenceAt<K>(p, c, t0 - (K - 1) + j);
+  for (int64_t tt = t0; tt < t1; ++tt) {
+    win[K - 1] = p.x[tt * p.x_stride + c];
+    const float acc = ConvWindowSum(w, win, K);
+    p.y[tt * p.y_stride + c] = p.silu ? Silu(acc) : acc;
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j) win[j] = win[j + 1];
+  }
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads)
+    Conv1dSliceStateKernel(const __grid_constant__ Conv1dParams shared,
+                           const __grid_constant__ ConvSlices t) {
+  PdlBegin();
+  const Conv1dParams p = SliceOf(shared, t, static_cast<int>(blockIdx.y));
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= p.channels) return;
+  float next[K - 1];
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j)
+    next[j] = SequenceAt<K>(p, c, p.rows - (K - 1) + j);
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) p.state_out[c * (K - 1) + j] = next[j];
+}
+
+// What the slices of one call share (the kernels read it from the first).
+bool SameConvShape(const Conv1dParams& a, const Conv1dParams& b) {
+  return a.channels == b.channels && a.kernel == b.kernel &&
+         a.x_stride == b.x_stride && a.y_stride == b.y_stride &&
+         a.weight == b.weight && a.silu == b.silu;
+}
+
 }  // namespace
+
+absl::Status LaunchConv1dSlices(absl::Span<const Conv1dParams> slices,
+                                cudaStream_t stream) {
+  if (slices.empty()) return absl::OkStatus();
+  for (const Conv1dParams& p : slices) {
+    if (absl::Status s = Validate(p); !s.ok()) return s;
+    if (p.states != nullptr || p.state_out_stride != 0 || p.kernel != 4 ||
+        CeilDiv(p.rows, kRunTokens) > 65535) {
+      return absl::UnimplementedError(
+          "conv1d slices: one state slot each, kernel 4");
+    }
+    if (!SameConvShape(p, slices[0])) {
+      return absl::InvalidArgumentError(
+          "conv1d slices: the slices of one call differ in channels, kernel, "
+          "strides, weights or activation");
+    }
+  }
+  const unsigned channel_blocks =
+      static_cast<unsigned>(CeilDiv(slices[0].channels, kThreads));
+  for (size_t i = 0; i < slices.size(); i += kMaxLaunchSlices) {
+    const auto part = slices.subspan(i, kMaxLaunchSlices);
+    ConvSlices t{};
+    t.count = static_cast<int>(part.size());
+    int64_t runs = 1;
+    for (int j = 0; j < t.count; ++j) {
+      t.rows[j] = part[j].rows;
+      t.x[j] = part[j].x;
+      t.y[j] = part[j].y;
+      t.state_in[j] = part[j].state_in;
+      t.state_out[j] = part[j].state_out;
+      runs = std::max<int64_t>(runs, CeilDiv(part[j].rows, kRunTokens));
+    }
+    const unsigned count = static_cast<unsigned>(t.count);
+    LaunchPdl(Conv1dSliceRunsKernel<4>,
+              dim3(channel_blocks, static_cast<unsigned>(runs), count),
+              kThreads, 0, stream, part[0], t);
+    LaunchPdl(Conv1dSliceStateKernel<4>, dim3(channel_blocks, count), kThreads,
+              0, stream, part[0], t);
+    if (absl::Status s = LaunchStatus("conv1d slices launch"); !s.ok())
+      return s;
+  }
+  return absl::OkStatus();
+}
 
 absl::Status LaunchConv1d(const Conv1dParams& p, cudaStream_t stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;

@@ -573,9 +573,25 @@ absl::Status CudaBackend::PrefillGatedDeltaRule(const GatedDeltaRuleParams& p) {
   return absl::IsUnimplemented(s) ? GatedDeltaRule(p) : s;
 }
 
+absl::Status CudaBackend::PrefillGatedDeltaRuleSlices(
+    absl::Span<const GatedDeltaRuleParams> slices) {
+  SS_RETURN_IF_ERROR(UseDevice());
+  const absl::Status s =
+      LaunchPrefillChunkedDeltaRuleSlices(slices, stream_.get());
+  if (!absl::IsUnimplemented(s)) return s;
+  return Backend::PrefillGatedDeltaRuleSlices(slices);
+}
+
 absl::Status CudaBackend::Conv1d(const Conv1dParams& p) {
   SS_RETURN_IF_ERROR(UseDevice());
   return LaunchConv1d(p, stream_.get());
+}
+
+absl::Status CudaBackend::Conv1dSlices(absl::Span<const Conv1dParams> slices) {
+  SS_RETURN_IF_ERROR(UseDevice());
+  const absl::Status s = LaunchConv1dSlices(slices, stream_.get());
+  if (!absl::IsUnimplemented(s)) return s;
+  return Backend::Conv1dSlices(slices);
 }
 
 absl::Status CudaBackend::GatedDeltaRule(const GatedDeltaRuleParams& p) {

@@ -139,6 +139,9 @@ class CudaBackend : public Backend {
   absl::Status Rope(const RopeParams& p) override;
   absl::Status Attention(const AttentionParams& p) override;
   absl::Status Conv1d(const Conv1dParams& p) override;
+  absl::Status Conv1dSlices(absl::Span<const Conv1dParams> slices) override;
+  absl::Status PrefillGatedDeltaRuleSlices(
+      absl::Span<const GatedDeltaRuleParams> slices) override;
   absl::Status GatedDeltaRule(const GatedDeltaRuleParams& p) override;
   absl::Status GatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p) override;
   absl::Status Swiglu(const SwigluParams& p) override;

@@ -763,6 +763,68 @@ TEST_F(CudaBackendTest, Conv1dSnapshotsAndDecode) {
   }
 }
 
+// Several sessions' chunks in one call (LaunchConv1dSlices: a PrefillBatch
+// pass) == each chunk's own call, outputs and states bit for bit; more
+// chunks than one launch's table holds; one chunk of a single row.
+TEST_F(CudaBackendTest, Conv1dSlicesEqualEachAlone) {
+  const int channels = 300, kernel = 4, s = kernel - 1, xs = channels + 5;
+  const std::vector<float> w = Random(channels * kernel);
+  Dual wd = UpF(w);
+  std::vector<int> rows;
+  for (int i = 0; i < 37; ++i) rows.push_back(i == 3 ? 1 : 1 + (i * 29) % 150);
+  struct Chunk {
+    Dual x, y, state;
+  };
+  auto make = [&]() {
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> d(-2, 2);
+    std::vector<Chunk> chunks;
+    for (int r : rows) {
+      std::vector<float> x(r * xs), st(channels * s);
+      for (float& v : x) v = d(rng);
+      for (float& v : st) v = d(rng);
+      chunks.push_back({UpF(x), Zeros(r * xs), UpF(st)});
+    }
+    return chunks;
+  };
+  auto params = [&](const std::vector<Chunk>& chunks) {
+    std::vector<Conv1dParams> ps;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      Conv1dParams p;
+      p.rows = rows[i];
+      p.channels = channels;
+      p.kernel = kernel;
+      p.x = chunks[i].x.F(true);
+      p.x_stride = xs;
+      p.y = chunks[i].y.F(true);
+      p.y_stride = xs;
+      p.weight = wd.F(true);
+      p.state_in = p.state_out = chunks[i].state.F(true);
+      ps.push_back(p);
+    }
+    return ps;
+  };
+  const std::vector<Chunk> alone = make(), together = make();
+  for (const Conv1dParams& p : params(alone)) ASSERT_TRUE(gpu_->Conv1d(p).ok());
+  ASSERT_TRUE(LaunchConv1dSlices(params(together), nullptr).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::string what =
+        absl::StrCat("conv1d slice ", i, " of ", rows[i], " rows");
+    ExpectBitEqual(Down(together[i].y, true, rows[i] * xs).data(),
+                   Down(alone[i].y, true, rows[i] * xs).data(), rows[i] * xs,
+                   what + " y");
+    ExpectBitEqual(Down(together[i].state, true, channels * s).data(),
+                   Down(alone[i].state, true, channels * s).data(),
+                   channels * s, what + " state");
+  }
+  // The chunks of one call share their weights.
+  std::vector<Conv1dParams> mixed = params(together);
+  mixed[1].weight = mixed[0].y;
+  EXPECT_EQ(LaunchConv1dSlices(mixed, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // ---------------------------------------------------------------- GDN
 
 TEST_F(CudaBackendTest, GatedDeltaRuleSnapshotsAndDecode) {

@@ -135,6 +135,13 @@ absl::Status LaunchAttentionInputs(const AttentionInputsParams& p,
                                    cudaStream_t stream);
 
 absl::Status LaunchConv1d(const Conv1dParams& p, cudaStream_t stream);
+// Conv1d of several sessions' chunks (one state slot each, kernel 4), one
+// grid slice per session, each chunk's outputs and state bit-identical to
+// its own call. The chunks share channels, kernel, strides, weights and
+// activation (INVALID_ARGUMENT otherwise); UNIMPLEMENTED for other shapes,
+// decided before any launch.
+absl::Status LaunchConv1dSlices(absl::Span<const Conv1dParams> slices,
+                                cudaStream_t stream);
 // The gated delta rule for many tokens of one session
 // (prefill_gated_delta_rule.cu): each warp carries a few state columns of
 // one head through all T tokens with warp-shuffle reductions and no block
@@ -150,6 +157,13 @@ absl::Status LaunchPrefillGatedDeltaRule(const GatedDeltaRuleParams& p,
 // 128, dv % 64 == 0, a single state slot; UNIMPLEMENTED otherwise.
 absl::Status LaunchPrefillChunkedDeltaRule(const GatedDeltaRuleParams& p,
                                            cudaStream_t stream);
+// LaunchPrefillChunkedDeltaRule of several sessions' calls (one state slot
+// each) in as few launches as the slice table allows, each call's outputs
+// and state bit-identical to its own launch. The calls share heads,
+// strides, gates and state type (INVALID_ARGUMENT otherwise);
+// UNIMPLEMENTED as the one-call form, decided before any launch.
+absl::Status LaunchPrefillChunkedDeltaRuleSlices(
+    absl::Span<const GatedDeltaRuleParams> slices, cudaStream_t stream);
 absl::Status LaunchGatedDeltaRule(const GatedDeltaRuleParams& p,
                                   cudaStream_t stream);
 // The rule and its gated norm in one kernel (gated_delta_rule.cu), for one

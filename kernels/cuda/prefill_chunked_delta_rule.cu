@@ -44,7 +44,9 @@
 // bits; a call starting or ending inside a chunk agrees within tolerance.
 // The inputs are read through the read-only cache: no output may overlap
 // them; state_in may be state_out (a block reads its slice first and
-// writes it last).
+// writes it last). Several sessions' calls in one launch (a PrefillBatch
+// pass: LaunchPrefillChunkedDeltaRuleSlices) are one grid row each, each
+// block doing exactly its own call's work: the same bits.
 //
 // State storage (ST: float or __nv_bfloat16, GatedDeltaRuleParams
 // state_dtype): widened on load, and the state a chunk hands to the next
@@ -53,6 +55,7 @@
 // arithmetic is fp32 as above.
 #include <cstdint>
 
+#include "absl/types/span.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
@@ -168,9 +171,48 @@ __device__ __forceinline__ void ForEach(float (&c)[MT][NT][4], F f) {
   }
 }
 
+// Several sessions' tokens in one launch (LaunchPrefillChunkedDeltaRule
+// Slices): grid row y is slice y, with its own rows, position, inputs,
+// outputs and state from the table; a block does what the slice's own
+// launch gives it. count 0: one slice, p's.
+constexpr int kMaxLaunchSlices = 32;
+struct DeltaSlices {
+  int count;
+  int64_t rows[kMaxLaunchSlices];
+  int64_t position[kMaxLaunchSlices];
+  const float* q[kMaxLaunchSlices];
+  const float* k[kMaxLaunchSlices];
+  const float* v[kMaxLaunchSlices];
+  const float* a[kMaxLaunchSlices];
+  const float* b[kMaxLaunchSlices];
+  const void* state_in[kMaxLaunchSlices];
+  void* state_out[kMaxLaunchSlices];
+  float* out[kMaxLaunchSlices];
+};
+
+__device__ __forceinline__ GatedDeltaRuleParams
+SliceOf(const GatedDeltaRuleParams& shared, const DeltaSlices& t, int i) {
+  GatedDeltaRuleParams p = shared;
+  p.rows = t.rows[i];
+  p.position = t.position[i];
+  p.q = t.q[i];
+  p.k = t.k[i];
+  p.v = t.v[i];
+  p.a = t.a[i];
+  p.b = t.b[i];
+  p.state_in = t.state_in[i];
+  p.state_out = t.state_out[i];
+  p.out = t.out[i];
+  return p;
+}
+
 template <typename ST>
 __global__ void __launch_bounds__(kThreads, 1)
-    ChunkedDeltaRuleKernel(const __grid_constant__ GatedDeltaRuleParams p) {
+    ChunkedDeltaRuleKernel(const __grid_constant__ GatedDeltaRuleParams shared,
+                           const __grid_constant__ DeltaSlices slices) {
+  const GatedDeltaRuleParams p =
+      slices.count > 0 ? SliceOf(shared, slices, static_cast<int>(blockIdx.y))
+                       : shared;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   const int64_t dv = p.v_head_dim;
@@ -413,8 +455,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-absl::Status LaunchPrefillChunkedDeltaRule(const GatedDeltaRuleParams& p,
-                                           cudaStream_t stream) {
+namespace {
+
+// What LaunchPrefillChunkedDeltaRule refuses of one call before launching.
+absl::Status CheckChunked(const GatedDeltaRuleParams& p) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (p.states != nullptr || p.state_out_stride != 0) {
     return absl::UnimplementedError(
@@ -433,6 +477,21 @@ absl::Status LaunchPrefillChunkedDeltaRule(const GatedDeltaRuleParams& p,
     return absl::InvalidArgumentError(
         "prefill chunked delta rule: negative position");
   }
+  return absl::OkStatus();
+}
+
+// The fields every slice of one launch shares (read from the first).
+bool SameDeltaShape(const GatedDeltaRuleParams& a,
+                    const GatedDeltaRuleParams& b) {
+  return a.num_k_heads == b.num_k_heads && a.num_v_heads == b.num_v_heads &&
+         a.k_head_dim == b.k_head_dim && a.v_head_dim == b.v_head_dim &&
+         a.qkv_stride == b.qkv_stride && a.ab_stride == b.ab_stride &&
+         a.a_log == b.a_log && a.dt_bias == b.dt_bias &&
+         a.state_dtype == b.state_dtype && a.out_stride == b.out_stride;
+}
+
+absl::Status Launch(const GatedDeltaRuleParams& p, const DeltaSlices& t,
+                    cudaStream_t stream) {
   const size_t smem = sizeof(Smem);
   auto kernel = p.state_dtype == DType::kBF16
                     ? ChunkedDeltaRuleKernel<__nv_bfloat16>
@@ -442,8 +501,51 @@ absl::Status LaunchPrefillChunkedDeltaRule(const GatedDeltaRuleParams& p,
                            static_cast<int>(smem)),
       "prefill chunked delta rule smem attribute");
   const int64_t blocks = p.num_v_heads * (p.v_head_dim / kJ);
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(blocks),
+                  static_cast<unsigned>(t.count > 0 ? t.count : 1));
+  kernel<<<grid, kThreads, smem, stream>>>(p, t);
   return LaunchStatus("prefill chunked delta rule launch");
+}
+
+}  // namespace
+
+absl::Status LaunchPrefillChunkedDeltaRule(const GatedDeltaRuleParams& p,
+                                           cudaStream_t stream) {
+  if (absl::Status s = CheckChunked(p); !s.ok()) return s;
+  return Launch(p, DeltaSlices{}, stream);
+}
+
+absl::Status LaunchPrefillChunkedDeltaRuleSlices(
+    absl::Span<const GatedDeltaRuleParams> slices, cudaStream_t stream) {
+  if (slices.empty()) return absl::OkStatus();
+  for (const GatedDeltaRuleParams& p : slices) {
+    if (absl::Status s = CheckChunked(p); !s.ok()) return s;
+    if (!SameDeltaShape(p, slices[0])) {
+      return absl::InvalidArgumentError(
+          "prefill chunked delta rule: the slices of one call differ in "
+          "heads, strides, gates or state type");
+    }
+  }
+  for (size_t i = 0; i < slices.size(); i += kMaxLaunchSlices) {
+    const auto part = slices.subspan(i, kMaxLaunchSlices);
+    DeltaSlices t{};
+    t.count = static_cast<int>(part.size());
+    for (int j = 0; j < t.count; ++j) {
+      const GatedDeltaRuleParams& p = part[j];
+      t.rows[j] = p.rows;
+      t.position[j] = p.position;
+      t.q[j] = p.q;
+      t.k[j] = p.k;
+      t.v[j] = p.v;
+      t.a[j] = p.a;
+      t.b[j] = p.b;
+      t.state_in[j] = p.state_in;
+      t.state_out[j] = p.state_out;
+      t.out[j] = p.out;
+    }
+    if (absl::Status s = Launch(part[0], t, stream); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace specserve::kernels::cuda

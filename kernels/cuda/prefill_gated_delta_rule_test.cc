@@ -380,6 +380,70 @@ TEST_F(PrefillGatedDeltaRuleTest, ChunkedCallsAndRepeatsGiveOneCallsBits) {
   }
 }
 
+// Several sessions' calls in one (PrefillGatedDeltaRuleSlices, a
+// PrefillBatch pass: short calls far into their sequences among them) ==
+// each call alone, outputs and states bit for bit; for the chunked shape
+// through the slice kernel itself and over more calls than one launch's
+// table holds.
+TEST_F(PrefillGatedDeltaRuleTest, SlicesEqualEachAlone) {
+  for (Shape shape : {kQwen27B, kSmall}) {
+    std::vector<std::pair<int, int64_t>> calls = {
+        {64, 8192}, {1, 0}, {130, 37}, {64, 64}, {200, 5}, {7, 500}};
+    if (Chunked(shape)) {
+      for (int i = 0; i < 30; ++i) calls.push_back({1 + 13 * i % 70, 3 * i});
+    }
+    std::vector<Problem> problems;
+    for (const auto& [rows, position] : calls) {
+      problems.push_back(Make(shape, rows));
+      problems.back().position = position;
+    }
+    // Every call reads the first problem's gates (one layer's weights).
+    auto params = [&](std::vector<Buffers>* bufs) {
+      std::vector<GatedDeltaRuleParams> out;
+      for (size_t i = 0; i < problems.size(); ++i) {
+        bufs->push_back(Upload(gpu_.get(), problems[i], /*in_place=*/true));
+      }
+      for (size_t i = 0; i < problems.size(); ++i) {
+        GatedDeltaRuleParams g =
+            Params(problems[i], (*bufs)[i], true, 0, problems[i].rows);
+        g.a_log = (*bufs)[0].a_log.f32();
+        g.dt_bias = (*bufs)[0].dt_bias.f32();
+        out.push_back(g);
+      }
+      return out;
+    };
+    auto results = [&](const std::vector<Buffers>& bufs) {
+      std::vector<Result> r;
+      for (size_t i = 0; i < problems.size(); ++i) {
+        const Problem& p = problems[i];
+        r.push_back({Down(gpu_.get(), bufs[i].out.f32(), p.rows * p.out_stride),
+                     DownState(gpu_.get(), bufs[i].state_in, p.state_size)});
+      }
+      return r;
+    };
+    std::vector<Buffers> alone_bufs, together_bufs;
+    for (const GatedDeltaRuleParams& g : params(&alone_bufs)) {
+      ASSERT_TRUE(gpu_->PrefillGatedDeltaRule(g).ok());
+    }
+    const std::vector<Result> alone = results(alone_bufs);
+    const std::vector<GatedDeltaRuleParams> together = params(&together_bufs);
+    if (Chunked(shape)) {
+      ASSERT_TRUE(LaunchPrefillChunkedDeltaRuleSlices(together, stream()).ok());
+      ASSERT_TRUE(gpu_->Synchronize().ok());
+    } else {
+      ASSERT_TRUE(gpu_->PrefillGatedDeltaRuleSlices(together).ok());
+    }
+    const std::vector<Result> got = results(together_bufs);
+    for (size_t i = 0; i < problems.size(); ++i) {
+      const std::string what =
+          absl::StrCat(Name(shape, problems[i].rows), " at ",
+                       problems[i].position, ", call ", i);
+      EXPECT_TRUE(BitEqual(alone[i].out, got[i].out)) << what << ": out";
+      EXPECT_TRUE(BitEqual(alone[i].state, got[i].state)) << what << ": state";
+    }
+  }
+}
+
 // A bf16 state (rounded after every token by the per-token kernels, at
 // chunk ends by the chunked forms): the GPU's prefill against the CPU with
 // the same state type (the exact rule; for dk = 128 also the CPU's chunked

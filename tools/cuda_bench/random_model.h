@@ -114,6 +114,14 @@ class RandomWeightsBackend : public kernels::ForwardingBackend {
   absl::Status Conv1d(const kernels::Conv1dParams& p) override {
     return Enqueue("conv1d", [&] { return inner_->Conv1d(p); });
   }
+  absl::Status Conv1dSlices(absl::Span<const kernels::Conv1dParams> slices) override {
+    return Enqueue("conv1d_slices", [&] { return inner_->Conv1dSlices(slices); });
+  }
+  absl::Status PrefillGatedDeltaRuleSlices(
+      absl::Span<const kernels::GatedDeltaRuleParams> slices) override {
+    return Enqueue("prefill_gated_delta_rule_slices",
+                   [&] { return inner_->PrefillGatedDeltaRuleSlices(slices); });
+  }
   absl::Status GatedDeltaRule(const kernels::GatedDeltaRuleParams& p) override {
     return Enqueue("gated_delta_rule", [&] { return inner_->GatedDeltaRule(p); });
   }

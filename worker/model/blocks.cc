@@ -209,6 +209,11 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
   };
   const size_t passes = batch != nullptr ? 1 : slices.size();
   CHECK(batch == nullptr || !verify) << "a session batch commits";
+  // The prefill forms run over all slices at once after the loop (each
+  // slice's conv writes only its own conv_out rows and conv state, each
+  // rule reads only its own: the order between slices changes nothing).
+  std::vector<kernels::Conv1dParams> convs;
+  std::vector<kernels::GatedDeltaRuleParams> rules;
   for (size_t i = 0; i < passes; ++i) {
     const Slice& s = batch != nullptr ? all : slices[i];
     LinearCache* cache = batch != nullptr ? nullptr : caches[i];
@@ -262,14 +267,16 @@ absl::Status Model::LinearAttentionBlock(const LayerWeights& w,
     if (prefill) {
       // The rule's prefill form after the conv, whatever the slice's rows (a
       // fused one-row kernel would change the bits); the norm below.
-      SS_RETURN_IF_ERROR(be.Conv1d(cv));
-      SS_RETURN_IF_ERROR(be.PrefillGatedDeltaRule(g));
+      convs.push_back(cv);
+      rules.push_back(g);
     } else {
       // The conv, the rule and the norm: one kernel where the backend can.
       SS_RETURN_IF_ERROR(be.GatedDeltaRuleNormed({g, norm_of(s), cv}));
     }
   }
   if (prefill) {
+    SS_RETURN_IF_ERROR(be.Conv1dSlices(convs));
+    SS_RETURN_IF_ERROR(be.PrefillGatedDeltaRuleSlices(rules));
     // The gated norm is row by row and the slices' rows are contiguous: one
     // call over every slice's outputs, each row's bits as in its own call.
     SS_RETURN_IF_ERROR(be.GatedRmsNorm(norm_of(all)));
