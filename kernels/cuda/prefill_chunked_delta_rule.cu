@@ -209,10 +209,10 @@ SliceOf(const GatedDeltaRuleParams& shared, const DeltaSlices& t, int i) {
 template <typename ST>
 __global__ void __launch_bounds__(kThreads, 1)
     ChunkedDeltaRuleKernel(const __grid_constant__ GatedDeltaRuleParams shared,
-                           const __grid_constant__ DeltaSlices slices) {
+                           const __grid_constant__ DeltaSlices table) {
   const GatedDeltaRuleParams p =
-      slices.count > 0 ? SliceOf(shared, slices, static_cast<int>(blockIdx.y))
-                       : shared;
+      table.count > 0 ? SliceOf(shared, table, static_cast<int>(blockIdx.y))
+                      : shared;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   const int64_t dv = p.v_head_dim;
