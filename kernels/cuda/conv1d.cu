@@ -82,12 +82,10 @@ __device__ __forceinline__ float SequenceAt(const Conv1dParams& p, int64_t c,
                : p.x[i * p.x_stride + c];
 }
 
+// Channel c's run of tokens [t0, t0 + kRunTokens) ∩ [0, p.rows).
 template <int K>
-__global__ void __launch_bounds__(kThreads) Conv1dRunsKernel(Conv1dParams p) {
-  PdlBegin();
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (c >= p.channels) return;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kRunTokens;
+__device__ __forceinline__ void Run(const Conv1dParams& p, int64_t c,
+                                    int64_t t0) {
   const int64_t t1 = t0 + kRunTokens < p.rows ? t0 + kRunTokens : p.rows;
   float w[K], win[K];
 #pragma unroll
@@ -104,19 +102,33 @@ __global__ void __launch_bounds__(kThreads) Conv1dRunsKernel(Conv1dParams p) {
   }
 }
 
-// The state after the last token: inputs rows−(K−1) .. rows−1 of the
-// sequence, read before written (in place: each thread owns its channel).
+// Channel c's state after the last token: inputs rows−(K−1) .. rows−1 of
+// the sequence, read before written (in place: each thread owns its
+// channel).
 template <int K>
-__global__ void __launch_bounds__(kThreads) Conv1dStateKernel(Conv1dParams p) {
-  PdlBegin();
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (c >= p.channels) return;
+__device__ __forceinline__ void FinalState(const Conv1dParams& p, int64_t c) {
   float next[K - 1];
 #pragma unroll
   for (int j = 0; j < K - 1; ++j)
     next[j] = SequenceAt<K>(p, c, p.rows - (K - 1) + j);
 #pragma unroll
   for (int j = 0; j < K - 1; ++j) p.state_out[c * (K - 1) + j] = next[j];
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads) Conv1dRunsKernel(Conv1dParams p) {
+  PdlBegin();
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= p.channels) return;
+  Run<K>(p, c, static_cast<int64_t>(blockIdx.y) * kRunTokens);
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads) Conv1dStateKernel(Conv1dParams p) {
+  PdlBegin();
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= p.channels) return;
+  FinalState<K>(p, c);
 }
 
 // The runs and then the state, for the model's kernel size.
@@ -166,20 +178,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kRunTokens;
   if (c >= p.channels || t0 >= p.rows) return;
-  const int64_t t1 = t0 + kRunTokens < p.rows ? t0 + kRunTokens : p.rows;
-  float w[K], win[K];
-#pragma unroll
-  for (int j = 0; j < K; ++j) w[j] = p.weight[c * K + j];
-#pragma unroll
-  for (int j = 0; j < K - 1; ++j)
-    win[j] = SequenceAt<K>(p, c, t0 - (K - 1) + j);
-  for (int64_t tt = t0; tt < t1; ++tt) {
-    win[K - 1] = p.x[tt * p.x_stride + c];
-    const float acc = ConvWindowSum(w, win, K);
-    p.y[tt * p.y_stride + c] = p.silu ? Silu(acc) : acc;
-#pragma unroll
-    for (int j = 0; j < K - 1; ++j) win[j] = win[j + 1];
-  }
+  Run<K>(p, c, t0);
 }
 
 template <int K>
@@ -190,12 +189,7 @@ __global__ void __launch_bounds__(kThreads)
   const Conv1dParams p = SliceOf(shared, t, static_cast<int>(blockIdx.y));
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= p.channels) return;
-  float next[K - 1];
-#pragma unroll
-  for (int j = 0; j < K - 1; ++j)
-    next[j] = SequenceAt<K>(p, c, p.rows - (K - 1) + j);
-#pragma unroll
-  for (int j = 0; j < K - 1; ++j) p.state_out[c * (K - 1) + j] = next[j];
+  FinalState<K>(p, c);
 }
 
 // What the slices of one call share (the kernels read it from the first).
