@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "kernels/types.h"
 
 namespace specserve::kernels::cuda {
@@ -153,6 +155,20 @@ __device__ __forceinline__ double BlockSumD(double v, double* sm) {
 }
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Slice tables (several sessions' calls in one launch: a PrefillBatch pass)
+// hold this many slices, as kernel parameters; a call with more runs
+// `launch` once per part of at most this many.
+constexpr int kMaxLaunchSlices = 32;
+template <typename P, typename Launch>
+absl::Status ForEachLaunchPart(absl::Span<const P> slices, Launch launch) {
+  for (size_t i = 0; i < slices.size(); i += kMaxLaunchSlices) {
+    if (absl::Status s = launch(slices.subspan(i, kMaxLaunchSlices)); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
 
 // Programmatic dependent launch: the backend's kernels are launched with
 // LaunchPdl and start with PdlBegin: the kernel waits until the previous

@@ -147,7 +147,6 @@ void LaunchRuns(const Conv1dParams& p, cudaStream_t stream) {
 // grid takes its rows, inputs, outputs and state from the table, and a
 // block runs what the slice's own runs launch gives it; blocks past a
 // slice's runs return.
-constexpr int kMaxLaunchSlices = 32;
 struct ConvSlices {
   int count;
   int64_t rows[kMaxLaunchSlices];
@@ -219,8 +218,7 @@ absl::Status LaunchConv1dSlices(absl::Span<const Conv1dParams> slices,
   }
   const unsigned channel_blocks =
       static_cast<unsigned>(CeilDiv(slices[0].channels, kThreads));
-  for (size_t i = 0; i < slices.size(); i += kMaxLaunchSlices) {
-    const auto part = slices.subspan(i, kMaxLaunchSlices);
+  return ForEachLaunchPart(slices, [&](absl::Span<const Conv1dParams> part) {
     ConvSlices t{};
     t.count = static_cast<int>(part.size());
     int64_t runs = 1;
@@ -238,10 +236,8 @@ absl::Status LaunchConv1dSlices(absl::Span<const Conv1dParams> slices,
               kThreads, 0, stream, part[0], t);
     LaunchPdl(Conv1dSliceStateKernel<4>, dim3(channel_blocks, count), kThreads,
               0, stream, part[0], t);
-    if (absl::Status s = LaunchStatus("conv1d slices launch"); !s.ok())
-      return s;
-  }
-  return absl::OkStatus();
+    return LaunchStatus("conv1d slices launch");
+  });
 }
 
 absl::Status LaunchConv1d(const Conv1dParams& p, cudaStream_t stream) {

@@ -121,7 +121,6 @@ struct Tiling {
 // i owns blocks [block0[i], block0[i + 1]) and reads its own rows, caches and
 // output through these fields in place of p's; count 0 is one slice, p's.
 // A block's arithmetic is what the one-slice launch of its slice gives it.
-constexpr int kMaxLaunchSlices = 32;
 struct SliceTable {
   int count;
   int block0[kMaxLaunchSlices + 1];
@@ -694,10 +693,8 @@ absl::Status RunHeadDim(absl::Span<const AttentionParams> slices,
       return Run<KvT, 128>(slices, stream);
     case 256:
       return Run<KvT, 256>(slices, stream);
-    default:
-      return absl::UnimplementedError(
-          absl::StrCat("prefill attention: head_dim ", slices[0].head_dim,
-                       " unsupported (64, 128 or 256)"));
+    default:  // CheckSlice refused it
+      return absl::InternalError("prefill attention: unchecked head_dim");
   }
 }
 
@@ -743,14 +740,11 @@ absl::Status LaunchPrefillAttentionSlices(
           "head_dim, strides, cache type or scale");
     }
   }
-  for (size_t i = 0; i < slices.size(); i += kMaxLaunchSlices) {
-    const auto part = slices.subspan(i, kMaxLaunchSlices);
-    const absl::Status s = slices[0].kv_dtype == DType::kBF16
-                               ? RunHeadDim<__nv_bfloat16>(part, stream)
-                               : RunHeadDim<float>(part, stream);
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
+  return ForEachLaunchPart(slices, [&](absl::Span<const AttentionParams> part) {
+    return part[0].kv_dtype == DType::kBF16
+               ? RunHeadDim<__nv_bfloat16>(part, stream)
+               : RunHeadDim<float>(part, stream);
+  });
 }
 
 }  // namespace specserve::kernels::cuda

@@ -175,7 +175,6 @@ __device__ __forceinline__ void ForEach(float (&c)[MT][NT][4], F f) {
 // Slices): grid row y is slice y, with its own rows, position, inputs,
 // outputs and state from the table; a block does what the slice's own
 // launch gives it. count 0: one slice, p's.
-constexpr int kMaxLaunchSlices = 32;
 struct DeltaSlices {
   int count;
   int64_t rows[kMaxLaunchSlices];
@@ -526,26 +525,25 @@ absl::Status LaunchPrefillChunkedDeltaRuleSlices(
           "heads, strides, gates or state type");
     }
   }
-  for (size_t i = 0; i < slices.size(); i += kMaxLaunchSlices) {
-    const auto part = slices.subspan(i, kMaxLaunchSlices);
-    DeltaSlices t{};
-    t.count = static_cast<int>(part.size());
-    for (int j = 0; j < t.count; ++j) {
-      const GatedDeltaRuleParams& p = part[j];
-      t.rows[j] = p.rows;
-      t.position[j] = p.position;
-      t.q[j] = p.q;
-      t.k[j] = p.k;
-      t.v[j] = p.v;
-      t.a[j] = p.a;
-      t.b[j] = p.b;
-      t.state_in[j] = p.state_in;
-      t.state_out[j] = p.state_out;
-      t.out[j] = p.out;
-    }
-    if (absl::Status s = Launch(part[0], t, stream); !s.ok()) return s;
-  }
-  return absl::OkStatus();
+  return ForEachLaunchPart(slices,
+                           [&](absl::Span<const GatedDeltaRuleParams> part) {
+                             DeltaSlices t{};
+                             t.count = static_cast<int>(part.size());
+                             for (int j = 0; j < t.count; ++j) {
+                               const GatedDeltaRuleParams& p = part[j];
+                               t.rows[j] = p.rows;
+                               t.position[j] = p.position;
+                               t.q[j] = p.q;
+                               t.k[j] = p.k;
+                               t.v[j] = p.v;
+                               t.a[j] = p.a;
+                               t.b[j] = p.b;
+                               t.state_in[j] = p.state_in;
+                               t.state_out[j] = p.state_out;
+                               t.out[j] = p.out;
+                             }
+                             return Launch(part[0], t, stream);
+                           });
 }
 
 }  // namespace specserve::kernels::cuda

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/share_points.h"
 #include "telemetry/status_macros.h"
 
 namespace specserve::kernels::cuda {
@@ -102,20 +103,12 @@ bool SharedPages::Owns(const void* p) const {
 
 std::vector<size_t> SharedPages::BlockSizes(
     size_t from, size_t total, absl::Span<const size_t> cuts) const {
-  std::vector<size_t> ends;
-  for (size_t c : cuts) {
-    const size_t at = c / page_ * page_;
-    if (at > from && at < total) ends.push_back(at);
-  }
-  std::sort(ends.begin(), ends.end());
-  ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
   std::vector<size_t> sizes;
   size_t at = from;
-  for (size_t end : ends) {
+  for (size_t end : SharePieceEnds(from, total, page_, cuts)) {
     sizes.push_back(end - at);
     at = end;
   }
-  for (; at < total; at += page_) sizes.push_back(page_);
   return sizes;
 }
 

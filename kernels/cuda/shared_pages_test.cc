@@ -328,8 +328,7 @@ TEST_F(SharedPagesTest, PrintsWhatEachDriverCallCosts) {
   std::vector<CUmemGenericAllocationHandle> source(kSourcePages);
   for (auto& h : source) ASSERT_EQ(create(&h, kPage, &prop, 0), CUDA_SUCCESS);
   // (build_ms and release_ms: the two halves' time on one thread)
-  auto fork_like = [&](int t, int buffers, double* build_ms,
-                       double* release_ms) {
+  auto fork_like = [&](int buffers, double* build_ms, double* release_ms) {
     std::vector<CUdeviceptr> at(buffers);
     auto t0 = std::chrono::steady_clock::now();
     for (int b = 0; b < buffers; ++b) {
@@ -353,7 +352,7 @@ TEST_F(SharedPagesTest, PrintsWhatEachDriverCallCosts) {
   double build_ms = 0, release_ms = 0;
   auto t0 = std::chrono::steady_clock::now();
   for (int t = 0; t < kThreads; ++t) {
-    fork_like(t, kBuffers, &build_ms, &release_ms);
+    fork_like(kBuffers, &build_ms, &release_ms);
   }
   const double serial = std::chrono::duration<double, std::milli>(
                             std::chrono::steady_clock::now() - t0)
@@ -361,10 +360,10 @@ TEST_F(SharedPagesTest, PrintsWhatEachDriverCallCosts) {
   t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
+    threads.emplace_back([&] {
       cudaSetDevice(0);
       double b = 0, r = 0;
-      fork_like(t, kBuffers, &b, &r);
+      fork_like(kBuffers, &b, &r);
     });
   }
   for (auto& th : threads) th.join();

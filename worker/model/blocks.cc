@@ -8,8 +8,10 @@
 // the delta rule run once per slice on that session's caches, or, for a
 // session batch (DecodeBatch: one row per session), once over all rows with
 // per-row positions and cache pointers (each row bit-identical to its
-// per-slice call). A prefill pass (Mode::kPrefill) runs the matmuls and the
-// attention as the backend's prefill forms, per slice.
+// per-slice call). A prefill pass (Mode::kPrefill) runs the matmuls, the
+// attention, the conv and the delta rule as the backend's prefill forms, each
+// cache op in one call over all slices (Backend::*Slices: each slice's bits
+// those of its own call).
 #include <cmath>
 #include <vector>
 

@@ -5,29 +5,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/share_points.h"
 #include "telemetry/status_macros.h"
 
 namespace specserve::model::testing {
 
 using kernels::Buffer;
-
-std::vector<size_t> SharingCheckBackend::Ends(
-    size_t bytes, std::vector<size_t> kept,
-    absl::Span<const size_t> cuts) const {
-  const size_t from = kept.empty() ? 0 : kept.back();
-  std::vector<size_t> ends = std::move(kept);
-  for (size_t c : cuts) {
-    const size_t at = c / page_ * page_;
-    if (at > from && at <= bytes) ends.push_back(at);
-  }
-  std::sort(ends.begin(), ends.end());
-  ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
-  const size_t last = ends.empty() ? 0 : ends.back();
-  for (size_t at = (last / page_ + 1) * page_; at <= bytes; at += page_) {
-    ends.push_back(at);
-  }
-  return ends;
-}
 
 absl::StatusOr<Buffer> SharingCheckBackend::Make(size_t bytes,
                                                  std::vector<size_t> ends) {
@@ -39,7 +22,7 @@ absl::StatusOr<Buffer> SharingCheckBackend::Make(size_t bytes,
 
 absl::StatusOr<Buffer> SharingCheckBackend::AllocateShareable(
     size_t bytes, absl::Span<const size_t> share_points) {
-  return Make(bytes, Ends(bytes, {}, share_points));
+  return Make(bytes, kernels::SharePieceEnds(0, bytes, page_, share_points));
 }
 
 absl::StatusOr<Buffer> SharingCheckBackend::AllocateSharing(size_t bytes,
@@ -49,15 +32,18 @@ absl::StatusOr<Buffer> SharingCheckBackend::AllocateSharing(size_t bytes,
   *shared = 0;
   auto it = owned_.find(const_cast<void*>(src.data()));
   if (it == owned_.end()) return AllocateShareable(bytes, {});
-  // The source's whole pieces within the first `share` bytes.
-  const size_t limit = std::min({share, bytes, src.bytes()});
-  std::vector<size_t> kept;
+  // The source's whole pieces within the first `share` bytes' whole pages.
+  const size_t limit = std::min({share, bytes, src.bytes()}) / page_ * page_;
+  std::vector<size_t> ends;
   for (size_t end : it->second.ends) {
     if (end > limit) break;
-    kept.push_back(end);
+    ends.push_back(end);
   }
-  const size_t n = kept.empty() ? 0 : kept.back();
-  SS_ASSIGN_OR_RETURN(Buffer b, Make(bytes, Ends(bytes, std::move(kept), {})));
+  const size_t n = ends.empty() ? 0 : ends.back();
+  for (size_t end : kernels::SharePieceEnds(n, bytes, page_, {})) {
+    ends.push_back(end);
+  }
+  SS_ASSIGN_OR_RETURN(Buffer b, Make(bytes, std::move(ends)));
   if (n == 0) return b;
   SS_RETURN_IF_ERROR(inner()->CopyOnDevice(b.data(), src.data(), n));
   pairs_.push_back({src.data(), b.data(), n});

@@ -59,12 +59,8 @@ class SharingCheckBackend : public kernels::ForwardingBackend {
   // A handed-out buffer: the inner backend's, and where its pieces end.
   struct Owned {
     kernels::Buffer inner;
-    std::vector<size_t> ends;  // ascending
+    std::vector<size_t> ends;  // ascending (kernels::SharePieceEnds)
   };
-  // The ends of a buffer of `bytes` whose pieces are `kept` (ascending),
-  // then end at `cuts` (rounded down to pages), then single pages.
-  std::vector<size_t> Ends(size_t bytes, std::vector<size_t> kept,
-                           absl::Span<const size_t> cuts) const;
   absl::StatusOr<kernels::Buffer> Make(size_t bytes, std::vector<size_t> ends);
 
   const size_t page_;
