@@ -2,8 +2,9 @@
 # Build, check and time the CUDA backend in one GPU-machine call.
 #
 #   tools/cuda_bench.sh prepare   (build machine, with Bazel)
-#       tools/cuda_check.sh prepare, plus //tools/cuda_bench (same flags and
-#       output base: --config=cuda --config=static), all into .carry/cuda/,
+#       tools/cuda_check.sh prepare, plus //tools/cuda_bench and its
+#       prefill_ops_bench and shared_pages_bench (same flags and output
+#       base: --config=cuda --config=static), all into .carry/cuda/,
 #       packed into .carry/pack/cuda.tar.xz (carry .carry/pack: the
 #       binaries themselves exceed the travelling tree's 64 MiB). Also
 #       tools/serve_bench's pack, .carry/serve/serve.tar.xz: the worker,
@@ -14,8 +15,9 @@
 #   tools/cuda_bench.sh [run]     (GPU machine, repository root; no Bazel)
 #       1. checks: the op test (CPU vs CUDA, bit-exact row invariance),
 #          sample_rows_test (device sampling == the host filters' tokens),
-#          prefill_matmul_test / prefill_attention_test (the prefill forms
-#          within tolerance of the CPU, row-invariant; their speed), the
+#          prefill_matmul_test / prefill_attention_test /
+#          prefill_gated_delta_rule_test (the prefill forms within
+#          tolerance of the CPU, row-invariant), the
 #          model test (verify == decode bit-exact, CUDA vs CPU), specgen
 #          cuda:0 vs cpu greedy ids, the CPU property tests built for CUDA
 #          (batch_cuda_test: batched == alone, offload exact;
@@ -36,6 +38,10 @@
 #          speculative engine bursts, each beside its floor (weight bytes /
 #          copy bandwidth of the same run); sampling_cuda_bench (device
 #          SampleRows against copy + host filters, tools/sampling_bench);
+#          prefill_ops_bench (the prefill matmul, gated delta rule and
+#          attention kernels at the 27B shapes); shared_pages_bench (what
+#          allocating a session's caches and each virtual-memory driver
+#          call of a fork cost);
 #       3. (e) transformers generate on the same GPU
 #          (tools/cuda_bench/hf_generate.py): greedy ids on models/default
 #          against ours, tokens/s there and on the random 27B shape.
@@ -54,7 +60,9 @@
 #   tools/cuda_bench.sh sanitize  (GPU machine) compute-sanitizer memcheck,
 #       racecheck and synccheck over the GPU tests: $OUT/sanitizers.txt.
 #       Writes into $OUT (default /tmp/cuda_bench): checks.log,
-#       cuda_bench.txt, cuda_bench.json, hf_generate.{txt,json}, summary.txt.
+#       cuda_bench.txt, cuda_bench.json, sampling_cuda_bench.{txt,json},
+#       prefill_ops_bench.txt, shared_pages_bench.txt,
+#       hf_generate.{txt,json}, summary.txt.
 #       Exit 0 only if all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -78,9 +86,11 @@ if [ "$mode" = prepare ]; then
   ob="${CUDA_CHECK_OUTPUT_BASE:-$HOME/.cache/bazel_cuda/ob}"
   flags=(--config=cuda --config=static)
   bazel --output_base="$ob" build "${flags[@]}" --symlink_prefix=/ //tools/cuda_bench \
-    //tools/cuda_bench:mma_order_probe //tools/sampling_bench:sampling_cuda_bench || exit 1
+    //tools/cuda_bench:mma_order_probe //tools/cuda_bench:prefill_ops_bench \
+    //tools/cuda_bench:shared_pages_bench //tools/sampling_bench:sampling_cuda_bench || exit 1
   bin="$(bazel --output_base="$ob" info "${flags[@]}" bazel-bin 2>/dev/null)" || exit 1
-  for b in cuda_bench/cuda_bench cuda_bench/mma_order_probe sampling_bench/sampling_cuda_bench; do
+  for b in cuda_bench/cuda_bench cuda_bench/mma_order_probe cuda_bench/prefill_ops_bench \
+      cuda_bench/shared_pages_bench sampling_bench/sampling_cuda_bench; do
     rm -f "$carry/${b#*/}"
     cp "$bin/tools/$b" "$carry/${b#*/}" && chmod u+w,a+x "$carry/${b#*/}" || exit 1
   done
@@ -324,6 +334,12 @@ echo "== sampling: device SampleRows vs copy + host filters"
 timeout 120 "$carry/sampling_cuda_bench" --json_out="$out/sampling_cuda_bench.json" 2>&1 |
   tee "$out/sampling_cuda_bench.txt"
 rc=${PIPESTATUS[0]}; note sampling_cuda_bench $rc
+echo "== prefill kernels at the 27B shapes: matmul, gated delta rule, attention"
+timeout 120 "$carry/prefill_ops_bench" 2>&1 | tee "$out/prefill_ops_bench.txt"
+rc=${PIPESTATUS[0]}; note prefill_ops_bench $rc
+echo "== shared pages: allocation and virtual-memory driver call costs"
+timeout 60 "$carry/shared_pages_bench" 2>&1 | tee "$out/shared_pages_bench.txt"
+rc=${PIPESTATUS[0]}; note shared_pages_bench $rc
 # (e) Hugging Face transformers on the same GPU, same run: greedy on
 # models/default (same ids as ours?) and the 27B shape with random bf16
 # weights (CUDA_BENCH_HF=0 skips).

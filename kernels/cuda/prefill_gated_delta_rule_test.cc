@@ -5,10 +5,10 @@
 // in the model's strided q/k/v and a/b layout, in place and out of place:
 // within 1e-4 of max |·| (the chunked form's tf32: 3e-3), NaN-free, every
 // output written; splits of the tokens into calls (at chunk boundaries for
-// the chunked form) give one call's bits; determinism; refusals; and the
-// speed at the 27B shape (printed, never asserted); a bf16 recurrent state
-// against the CPU with the same state type (and its chunked form). Every
-// test skips when no CUDA device is visible.
+// the chunked form) give one call's bits; determinism; refusals; a bf16
+// recurrent state against the CPU with the same state type (and its chunked
+// form). Its speed is tools/cuda_bench/prefill_ops_bench's. Every test skips
+// when no CUDA device is visible.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -554,77 +554,6 @@ TEST_F(PrefillGatedDeltaRuleTest, Refusals) {
             absl::StatusCode::kInvalidArgument);
   // Nothing above launched a faulting kernel.
   EXPECT_TRUE(gpu_->Synchronize().ok());
-}
-
-// The kernels TimeCalls times.
-enum Timed { kChunked, kPerTokenKernel, kExactKernel };
-
-// Milliseconds per call of one kernel over `calls` calls after one
-// warm-up, in place on `g`'s state.
-double TimeCalls(Backend* gpu, cudaStream_t stream,
-                 const GatedDeltaRuleParams& g, Timed which, int calls) {
-  auto call = [&] {
-    switch (which) {
-      case kChunked:
-        return LaunchPrefillChunkedDeltaRule(g, stream);
-      case kPerTokenKernel:
-        return LaunchPrefillGatedDeltaRule(g, stream);
-      case kExactKernel:
-        break;
-    }
-    return gpu->GatedDeltaRule(g);
-  };
-  EXPECT_TRUE(call().ok());
-  cudaEvent_t start, stop;
-  EXPECT_EQ(cudaEventCreate(&start), cudaSuccess);
-  EXPECT_EQ(cudaEventCreate(&stop), cudaSuccess);
-  EXPECT_EQ(cudaEventRecord(start, stream), cudaSuccess);
-  for (int i = 0; i < calls; ++i) EXPECT_TRUE(call().ok());
-  EXPECT_EQ(cudaEventRecord(stop, stream), cudaSuccess);
-  EXPECT_EQ(cudaEventSynchronize(stop), cudaSuccess);
-  float ms = 0.0f;
-  EXPECT_EQ(cudaEventElapsedTime(&ms, start, stop), cudaSuccess);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  EXPECT_TRUE(gpu->Synchronize().ok());
-  return ms / calls;
-}
-
-// The 27B shape at T = 1024 and 8192, the chunked form, the per-token
-// prefill kernel and the exact one, on random device data (a, b ~ U(-2, 2)).
-TEST_F(PrefillGatedDeltaRuleTest, Speed) {
-  const Shape s = kQwen27B;
-  constexpr int kMaxRows = 8192;
-  Problem p = Make(s, 1);  // the small inputs; the token rows are made below
-  p.rows = kMaxRows;
-  auto floats = [&](int64_t n, uint64_t seed, float scale) {
-    auto b = gpu_->AllocateFloats(n);
-    EXPECT_TRUE(b.ok());
-    EXPECT_TRUE(
-        LaunchFillRandom(DType::kF32, b->data(), n, seed, scale, stream())
-            .ok());
-    return std::move(*b);
-  };
-  Buffers b;
-  b.qkv = floats(kMaxRows * p.qkv_stride, 1, 1.0f);
-  b.ab = floats(kMaxRows * p.ab_stride, 2, 2.0f);
-  b.out = floats(kMaxRows * p.out_stride, 3, 1.0f);
-  b.a_log = Up(gpu_.get(), p.a_log);
-  b.dt_bias = Up(gpu_.get(), p.dt_bias);
-  b.state_in = Up(gpu_.get(), p.state);
-  for (int rows : {1024, kMaxRows}) {
-    const GatedDeltaRuleParams g = Params(p, b, /*in_place=*/true, 0, rows);
-    const double chunked = TimeCalls(gpu_.get(), stream(), g, kChunked, 10);
-    const double per_token =
-        TimeCalls(gpu_.get(), stream(), g, kPerTokenKernel, 5);
-    const double exact = TimeCalls(gpu_.get(), stream(), g, kExactKernel, 3);
-    std::printf(
-        "prefill gated delta rule speed: nk=%d nv=%d dk=%d dv=%d T=%d: "
-        "chunked %.3f ms/call (%.3f us/token), per-token %.3f ms/call "
-        "(%.3f us/token), exact %.3f ms/call (%.3f us/token)\n",
-        s.nk, s.nv, s.dk, s.dv, rows, chunked, chunked * 1e3 / rows, per_token,
-        per_token * 1e3 / rows, exact, exact * 1e3 / rows);
-  }
 }
 
 }  // namespace

@@ -6,15 +6,11 @@
 // within the prefill tolerance, 2e-2 of max |y|; bit-exact row invariance
 // (one call of 600 rows against the same rows in calls of 1, 16, 17, 128,
 // 455, and a row against changed neighbours); determinism; which weights it
-// applies to; and, in its own test, its speed at the Qwen3.5-27B shapes
-// (printed, never asserted). Every test skips when no CUDA device is
-// visible.
-#include <cuda_runtime_api.h>
-
+// applies to. Its speed is tools/cuda_bench/prefill_ops_bench's. Every test
+// skips when no CUDA device is visible.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -81,8 +77,6 @@ class PrefillMatmulTest : public ::testing::Test {
     gpu_ = std::move(*b);
     cpu_ = std::make_unique<cpu::CpuBackend>();
   }
-
-  CudaBackend* Cuda() { return static_cast<CudaBackend*>(gpu_.get()); }
 
   std::vector<float> Random(size_t n, float lo = -1.0f, float hi = 1.0f) {
     std::uniform_real_distribution<float> d(lo, hi);
@@ -456,95 +450,6 @@ TEST_F(PrefillMatmulTest, AppliesToTiledBf16Only) {
   ASSERT_TRUE(xb.ok() && yb.ok());
   EXPECT_FALSE(
       PrefillMatmulApplies(DenseMatmul(c.rows, xb->f32(), *wp, yb->f32())));
-}
-
-// ------------------------------------------------------------- speed
-
-// The Qwen3.5-27B shapes (hidden 5120) at prefill sizes, both stages
-// (x' prep + GEMM) per call, weights and x random on the GPU. Printed only.
-TEST_F(PrefillMatmulTest, Speed) {
-  struct Shape {
-    const char* name;
-    int64_t out, in;
-    Fuse fuse;
-    bool accumulate;
-    std::vector<int64_t> rows;
-  };
-  const std::vector<Shape> kShapes = {
-      {"gate|up", 34816, 5120, Fuse::kNorm, false, {1, 1024, 4096, 8192}},
-      {"down", 5120, 17408, Fuse::kSwiglu, true, {1, 1024, 4096, 8192}},
-      {"in_proj", 16480, 5120, Fuse::kNorm, false, {1024, 4096, 8192}},
-      {"q|k|v", 14336, 5120, Fuse::kNorm, false, {1024, 4096, 8192}},
-      {"o_proj", 5120, 6144, Fuse::kNone, true, {1024, 4096, 8192}},
-      {"lm_head", 248320, 5120, Fuse::kNorm, false, {1, 256, 1024}},
-  };
-  constexpr double kPeakTflops = 989.0;
-  constexpr int kWarmup = 2, kTimed = 10;
-  cudaStream_t stream = Cuda()->stream();
-  uint64_t seed = 1;
-  cudaEvent_t start, stop;
-  ASSERT_EQ(cudaEventCreate(&start), cudaSuccess);
-  ASSERT_EQ(cudaEventCreate(&stop), cudaSuccess);
-  std::printf("%-8s %6s %6s %6s %10s %9s %6s\n", "shape", "T", "out", "in",
-              "us/call", "TFLOP/s", "%peak");
-  for (const Shape& sh : kShapes) {
-    Weight w;
-    w.dtype = DType::kBF16;
-    w.rows = sh.out;
-    w.cols = sh.in;
-    auto ws = gpu_->Allocate(w.bytes());
-    ASSERT_TRUE(ws.ok()) << ws.status();
-    w.storage = std::move(*ws);
-    w.data = w.storage.data();
-    ASSERT_TRUE(LaunchFillRandom(DType::kBF16, w.storage.data(), sh.out * sh.in,
-                                 seed++, 1.0f, stream)
-                    .ok());
-    ASSERT_TRUE(Cuda()->TileForTensorCores(&w).ok());
-    ASSERT_EQ(w.layout, WeightLayout::kTensorCoreTiles);
-    auto norm = gpu_->AllocateFloats(sh.in);
-    ASSERT_TRUE(norm.ok());
-    ASSERT_TRUE(
-        LaunchFillRandom(DType::kF32, norm->data(), sh.in, seed++, 0.1f, stream)
-            .ok());
-    const int64_t max_rows = *std::max_element(sh.rows.begin(), sh.rows.end());
-    const int64_t x_stride = sh.fuse == Fuse::kSwiglu ? 2 * sh.in : sh.in;
-    auto x = gpu_->AllocateFloats(max_rows * x_stride);
-    auto y = gpu_->AllocateFloats(max_rows * sh.out);
-    ASSERT_TRUE(x.ok() && y.ok());
-    ASSERT_TRUE(LaunchFillRandom(DType::kF32, x->data(), max_rows * x_stride,
-                                 seed++, 1.0f, stream)
-                    .ok());
-    ASSERT_TRUE(gpu_->Zero(y->data(), max_rows * sh.out * 4).ok());
-    for (int64_t rows : sh.rows) {
-      MatmulParams p = DenseMatmul(rows, x->f32(), w, y->f32(), sh.accumulate);
-      p.x_stride = x_stride;
-      p.swiglu = sh.fuse == Fuse::kSwiglu;
-      if (sh.fuse == Fuse::kNorm) p.norm_weight = norm->f32();
-      ASSERT_TRUE(PrefillMatmulApplies(p));
-      for (int i = 0; i < kWarmup; ++i)
-        ASSERT_TRUE(gpu_->PrefillMatmul(p).ok());
-      ASSERT_TRUE(gpu_->Synchronize().ok());
-      ASSERT_EQ(cudaEventRecord(start, stream), cudaSuccess);
-      for (int i = 0; i < kTimed; ++i) ASSERT_TRUE(gpu_->PrefillMatmul(p).ok());
-      ASSERT_EQ(cudaEventRecord(stop, stream), cudaSuccess);
-      ASSERT_TRUE(gpu_->Synchronize().ok());
-      float ms = 0.0f;
-      ASSERT_EQ(cudaEventElapsedTime(&ms, start, stop), cudaSuccess);
-      const double us = 1e3 * ms / kTimed;
-      const double tflops = 2.0 * rows * sh.out * sh.in / (us * 1e-6) / 1e12;
-      std::printf("%-8s %6lld %6lld %6lld %10.1f %9.1f %5.1f%%", sh.name,
-                  static_cast<long long>(rows), static_cast<long long>(sh.out),
-                  static_cast<long long>(sh.in), us, tflops,
-                  100.0 * tflops / kPeakTflops);
-      if (rows == 1) {  // weight-bound: the weights' read rate
-        std::printf("  (weights %.0f GB/s)", w.bytes() / (us * 1e-6) / 1e9);
-      }
-      std::printf("\n");
-      std::fflush(stdout);
-    }
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
 }
 
 }  // namespace
