@@ -6,8 +6,12 @@ and yields ~1 + a·k tokens), while with 8 concurrent clients the sessions are
 demoted to batched decode (their grouped rounds verify 32 rows, a pass of 4
 steps' cost, for at most k+1 tokens each). Outputs are exact either way
 (greedy == specgen), demotion is one-way, and a demoted session still
-regenerates (REWIND) exactly from its cached prompt checkpoint."""
+regenerates (REWIND) exactly from its cached prompt checkpoint. A session's
+mode says what its caches can run and last_gate_decision what its latest
+burst ran: turns that ask for no speculation keep no draft state, and a later
+turn that asks for it promotes the session."""
 import threading
+import types
 
 import pytest
 
@@ -130,3 +134,39 @@ def test_many_clients_are_demoted_and_stay_exact(cluster):
     for s in sids + [sid]:
         c.call("specserve.v1.Sessions/CloseSession", session_id=s)
     u.wait_worker_idle(cluster, 0, sessions=0)
+
+
+def test_mode_is_what_the_caches_run_and_a_request_for_speculation_promotes(
+        cluster):
+    """SessionInfo.mode is what the session's caches can run,
+    last_gate_decision what its latest burst ran. A session whose turns ask
+    for no speculation holds no draft state (mode BATCHED, a fraction of the
+    memory); a later request that asks for it promotes the session (its copy
+    rebuilt with draft state), which then speculates, exactly."""
+    c = cluster.client
+    sid = _open(c)
+    prompt = u.prompt_ids(93, 6)
+    first = u.generate_ok(c, {"token_ids": {"ids": prompt},
+                              "session": {"session_id": sid,
+                                          "mode": "APPEND"},
+                              "stopping": {"max_tokens": 8,
+                                           "ignore_eos": True},
+                              "speculation": {"enable": False},
+                              "response": {"ids": True}})
+    assert len(first.ids) == 8, first  # plain decode: no overshoot
+    info = _get(c, sid)
+    assert u.enum_name(info, "mode") == "BATCHED", info
+    assert u.enum_name(info.last_gate_decision, "mode") == "BATCHED"
+    assert info.last_gate_decision.reason == "speculation not requested"
+    r = u.generate_ok(c, {"session": {"session_id": sid},
+                          "stopping": {"max_tokens": 12, "ignore_eos": True},
+                          "speculation": {"enable": True, "k": 2},
+                          "response": {"spec_stats": True, "ids": True}})
+    assert r.final.spec_stats.rounds > 0, r
+    u.assert_matches_reference(
+        prompt, types.SimpleNamespace(ids=list(first.ids) + list(r.ids)),
+        len(first.ids) + 12, ignore_eos=True)
+    info = _get(c, sid)
+    assert u.enum_name(info, "mode") == "SPECULATIVE"
+    assert u.enum_name(info.last_gate_decision, "mode") == "SPECULATIVE"
+    c.call("specserve.v1.Sessions/CloseSession", session_id=sid)
