@@ -23,6 +23,30 @@ bool Better(const WorkerLoad& a, int ia, const WorkerLoad& b, int ib,
   return ia < ib;
 }
 
+// A full worker would evict parked sessions to take one more.
+bool IsFull(const WorkerLoad& w, const PlacementOptions& options) {
+  return EstimatedMemoryFraction(w) >= options.full_fraction ||
+         !FitsAnotherSession(w);
+}
+
+// Whether a hit of `cached_tokens` on `holder` is worth its load above
+// `least`'s (the rules in placement.h). Scores within rounding of the
+// allowance count as within it.
+bool PrefixOutweighsImbalance(const WorkerLoad& holder, uint32_t cached_tokens,
+                              const WorkerLoad& least,
+                              const PlacementOptions& options) {
+  constexpr double kRounding = 1e-9;
+  const double holder_score = LoadScore(holder, options);
+  const double least_score = LoadScore(least, options);
+  double worth_sessions = options.prefix_balance_sessions;
+  if (options.prefix_tokens_per_session > 0) {
+    worth_sessions += cached_tokens / options.prefix_tokens_per_session;
+  }
+  return holder_score - least_score <=
+             options.session_weight * worth_sessions + kRounding ||
+         holder_score <= options.prefix_balance_ratio * least_score + kRounding;
+}
+
 }  // namespace
 
 WorkerLoad WorkerLoad::FromInfo(bool available,
@@ -79,14 +103,43 @@ absl::StatusOr<Placement> PlaceSession(v1::Residency residency,
   for (int i = 0; i < n; ++i) {
     const WorkerLoad& w = workers[i];
     if (!w.available) continue;
-    const bool full = EstimatedMemoryFraction(w) >= options.full_fraction ||
-                      !FitsAnotherSession(w);
+    const bool full = IsFull(w, options);
     int& slot = full ? best_full : best;
     if (slot < 0 || Better(w, i, workers[slot], slot, options)) slot = i;
   }
   if (best < 0) best = best_full;
   if (best < 0) return absl::UnavailableError("no worker available");
   return Placement{best, /*rebuild=*/true};
+}
+
+absl::StatusOr<PrefixPlacement> PlaceNewSession(
+    absl::Span<const WorkerLoad> workers,
+    absl::Span<const uint32_t> cached_tokens, const PlacementOptions& options) {
+  if (cached_tokens.size() != workers.size()) {
+    return absl::InvalidArgumentError(
+        "cached_tokens must have one entry per worker");
+  }
+  absl::StatusOr<Placement> least =
+      PlaceSession(v1::NEW, /*current_worker=*/-1, workers, options);
+  if (!least.ok()) return least.status();
+  const int m = least->worker;
+  // Where every worker is full, a full holder is no worse a choice.
+  const bool all_full = IsFull(workers[m], options);
+  int best = m;
+  for (int i = 0; i < static_cast<int>(workers.size()); ++i) {
+    const WorkerLoad& w = workers[i];
+    if (i == m || !w.available || cached_tokens[i] == 0) continue;
+    if (!all_full && IsFull(w, options)) continue;
+    if (!PrefixOutweighsImbalance(w, cached_tokens[i], workers[m], options)) {
+      continue;
+    }
+    if (cached_tokens[i] > cached_tokens[best] ||
+        (cached_tokens[i] == cached_tokens[best] &&
+         Better(w, i, workers[best], best, options))) {
+      best = i;
+    }
+  }
+  return PrefixPlacement{best, cached_tokens[best]};
 }
 
 }  // namespace specserve::scheduler

@@ -19,6 +19,18 @@ namespace v1 = specserve::v1;
 constexpr size_t kMaxHits = 32;
 constexpr int kMaxForks = 4;
 
+// Every worker's load as placement sees it: call with ctx->placement_mu
+// held, so that sessions placed meanwhile count.
+std::vector<WorkerLoad> PlacementLoads(SchedulerContext* ctx) {
+  std::vector<WorkerLoad> loads;
+  for (int i = 0; i < ctx->workers->size(); ++i) {
+    loads.push_back(WorkerLoad::FromInfo(ctx->workers->Available(i),
+                                         ctx->workers->Info(i)));
+    loads.back().placed_sessions = ctx->sessions->CountPlacedOn(i);
+  }
+  return loads;
+}
+
 }  // namespace
 
 std::string OwnedTenant(const std::string& tenant) {
@@ -26,8 +38,10 @@ std::string OwnedTenant(const std::string& tenant) {
 }
 
 PrefixReuse::PrefixReuse(PrefixCacheOptions options,
-                         telemetry::Registry* registry)
+                         telemetry::Registry* registry,
+                         PlacementOptions placement)
     : cache_(options),
+      placement_(placement),
       lookups_(registry->AddCounter(
           "specserve_prefix_lookups_total",
           "Prompts looked up for a reusable prefix (one-shot requests and "
@@ -92,50 +106,72 @@ bool PrefixReuse::StillValid(SchedulerContext* ctx, const PrefixHit& hit,
   return !speculative || snap->mode == v1::SPECULATIVE;
 }
 
-std::optional<PrefixFork> PrefixReuse::TryFork(
-    SchedulerContext* ctx, const std::string& tenant, SessionLease* lease,
-    absl::Span<const uint32_t> prompt, bool speculative, absl::Time until) {
-  lookups_->Increment();
-  queried_tokens_->Increment(prompt.size());
-  const std::vector<PrefixHit> hits = cache_.Lookup(tenant, prompt, kMaxHits);
-  const SessionSnapshot own = lease->Snapshot();
-  int forks = 0;
+std::vector<PrefixHit> PrefixReuse::UsableHits(
+    SchedulerContext* ctx, const std::vector<PrefixHit>& hits, bool speculative,
+    std::vector<bool>* inside_prompt) {
+  std::vector<PrefixHit> usable;
+  inside_prompt->clear();
   for (const PrefixHit& hit : hits) {
-    if (forks >= kMaxForks) break;
     const int w = hit.source.worker;
     if (w < 0 || w >= ctx->workers->size() || !ctx->workers->Available(w)) {
       continue;
     }
-    const specserve::worker::v1::WorkerInfo info = ctx->workers->Info(w);
-    if (!ctx->workers->Available(w)) continue;
-    bool forget = false, inside_prompt = false;
-    if (!StillValid(ctx, hit, speculative && info.model().has_mtp(), &forget,
-                    &inside_prompt)) {
+    const bool has_mtp = ctx->workers->Info(w).model().has_mtp();
+    bool forget = false, inside = false;
+    if (!StillValid(ctx, hit, speculative && has_mtp, &forget, &inside)) {
       if (forget) {
         PrefixSource gone = cache_.Forget(hit.source.session_id);
         if (gone.owned) ReleaseOwned(ctx, gone);
       }
       continue;
     }
+    usable.push_back(hit);
+    inside_prompt->push_back(inside);
+  }
+  return usable;
+}
+
+std::optional<PrefixFork> PrefixReuse::TryFork(
+    SchedulerContext* ctx, const std::string& tenant, SessionLease* lease,
+    absl::Span<const uint32_t> prompt, bool speculative, absl::Time until) {
+  lookups_->Increment();
+  queried_tokens_->Increment(prompt.size());
+  std::vector<bool> inside_prompt;
+  std::vector<PrefixHit> usable =
+      UsableHits(ctx, cache_.Lookup(tenant, prompt, kMaxHits), speculative,
+                 &inside_prompt);
+  const SessionSnapshot own = lease->Snapshot();
+  for (int forks = 0; forks < kMaxForks && !usable.empty(); ++forks) {
+    // Each worker's longest usable hit, weighed against the workers' loads
+    // (placement.h): a hit on a worker too busy for what it saves loses to
+    // the usual placement, which prefills the prompt on a less loaded one.
+    std::vector<uint32_t> cached(ctx->workers->size(), 0);
+    for (const PrefixHit& hit : usable) {
+      cached[hit.source.worker] = std::max(cached[hit.source.worker], hit.pos);
+    }
+    int w = -1;
     {
-      // Room: a full worker (placement's rule) is passed over while another
-      // available worker has room, where placement would put the session;
-      // a full one that placement would pick anyway is better used with
-      // the checkpoint than without.
       absl::MutexLock placing(&ctx->placement_mu);
-      bool full_here = false, room_elsewhere = false;
-      for (int i = 0; i < ctx->workers->size(); ++i) {
-        if (!ctx->workers->Available(i)) continue;
-        WorkerLoad load = WorkerLoad::FromInfo(true, ctx->workers->Info(i));
-        load.placed_sessions = ctx->sessions->CountPlacedOn(i);
-        const bool fits = FitsAnotherSession(load);
-        if (i == w) full_here = !fits;
-        if (i != w && fits) room_elsewhere = true;
-      }
-      if (full_here && room_elsewhere) continue;
+      absl::StatusOr<PrefixPlacement> p =
+          PlaceNewSession(PlacementLoads(ctx), cached, placement_);
+      if (!p.ok() || p->cached_tokens == 0) return std::nullopt;
+      w = p->worker;
+      // Counted as placed there before the fork returns, like
+      // Call::EnsureResident's placements.
       lease->SetResidency(v1::ACTIVE, own.mode, w);
     }
-    ++forks;
+    // The hit PlaceNewSession weighed (w's longest).
+    const size_t k =
+        std::find_if(usable.begin(), usable.end(),
+                     [&](const PrefixHit& h) {
+                       return h.source.worker == w && h.pos == cached[w];
+                     }) -
+        usable.begin();
+    const PrefixHit hit = usable[k];
+    const bool inside = inside_prompt[k];
+    usable.erase(usable.begin() + k);
+    inside_prompt.erase(inside_prompt.begin() + k);
+
     specserve::worker::v1::ForkSessionRequest req;
     req.set_source_session_id(hit.source.session_id);
     req.set_session_id(lease->id());
@@ -160,10 +196,16 @@ std::optional<PrefixFork> PrefixReuse::TryFork(
               << " refused (" << s.error_message()
               << "); trying the next entry";
     if (s.error_code() == grpc::StatusCode::NOT_FOUND ||
-        (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
-         !inside_prompt)) {
+        (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION && !inside)) {
       PrefixSource gone = cache_.Forget(hit.source.session_id);
       if (gone.owned) ReleaseOwned(ctx, gone);
+      // Its other positions are gone with it.
+      for (size_t i = usable.size(); i-- > 0;) {
+        if (usable[i].source.session_id == hit.source.session_id) {
+          usable.erase(usable.begin() + i);
+          inside_prompt.erase(inside_prompt.begin() + i);
+        }
+      }
     } else if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
                s.error_code() == grpc::StatusCode::CANCELLED) {
       // The worker may have made the copy after all: free it there.

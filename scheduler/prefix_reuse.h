@@ -15,6 +15,11 @@
 // sessions under its budgets as it does for any session; the residency sync
 // then marks them LOST, and a lookup skips and forgets such entries.
 //
+// Placement: the hits are weighed against the workers' loads
+// (PlaceNewSession, scheduler/placement.h): a hit on a worker too busy for
+// the prefill it saves is not used, and the session is placed and prefilled
+// as usual (that worker then holds the prefix too).
+//
 // Exactness: a hit is checked against the session table (the source is
 // idle, on that worker, with pos at its rewind position or committed end)
 // and the worker compares the prefix with the source's own history before
@@ -26,10 +31,12 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "proto/specserve.pb.h"
+#include "scheduler/placement.h"
 #include "scheduler/prefix_cache.h"
 #include "scheduler/scheduler_context.h"
 #include "scheduler/session_table.h"
@@ -50,16 +57,18 @@ struct PrefixFork {
 
 class PrefixReuse {
  public:
-  // Registers its metrics in `registry` (must outlive this).
-  PrefixReuse(PrefixCacheOptions options, telemetry::Registry* registry);
+  // Registers its metrics in `registry` (must outlive this). `placement`:
+  // how hits are weighed against load (PlaceNewSession).
+  PrefixReuse(PrefixCacheOptions options, telemetry::Registry* registry,
+              PlacementOptions placement = {});
 
-  // Tries to make `lease`'s session (NEW, nothing resident) a copy of the
-  // longest usable checkpoint of `tenant` that `prompt` starts with, on a
-  // worker with room. `speculative`: the session needs draft state. On
-  // success the worker holds the session with prompt[0:pos] (its prompt
-  // checkpoint at pos) and the lease is ACTIVE there; the caller records
-  // the prefix in the history. nullopt: no usable hit (the lease is as
-  // before).
+  // Tries to make `lease`'s session (NEW, nothing resident) a copy of a
+  // usable checkpoint of `tenant` that `prompt` starts with, on the worker
+  // PlaceNewSession picks from the workers' loads and their longest hits.
+  // `speculative`: the session needs draft state. On success the worker holds
+  // the session with prompt[0:pos] (its prompt checkpoint at pos) and the lease
+  // is ACTIVE there; the caller records the prefix in the history. nullopt: no
+  // usable hit (the lease is as before).
   std::optional<PrefixFork> TryFork(SchedulerContext* ctx,
                                     const std::string& tenant,
                                     SessionLease* lease,
@@ -85,8 +94,15 @@ class PrefixReuse {
   // the worker drops on offload (a refusal of it says nothing of the rest).
   bool StillValid(SchedulerContext* ctx, const PrefixHit& hit, bool speculative,
                   bool* forget, bool* inside_prompt) const;
+  // The hits that StillValid passes, on available workers, in `hits`' order
+  // (longest first), with each one's inside_prompt; forgets stale entries.
+  std::vector<PrefixHit> UsableHits(SchedulerContext* ctx,
+                                    const std::vector<PrefixHit>& hits,
+                                    bool speculative,
+                                    std::vector<bool>* inside_prompt);
 
   PrefixCache cache_;
+  const PlacementOptions placement_;
   telemetry::Counter* lookups_;
   telemetry::Counter* hits_;
   telemetry::Counter* queried_tokens_;

@@ -1,7 +1,9 @@
 """Placement over several workers (scheduler/placement.h): new sessions
 spread evenly by the scheduler's live counts even when they arrive faster
-than the workers' polls, and a worker whose memory budget one more session
-would pass gets none while the others have room."""
+than the workers' polls, a worker whose memory budget one more session
+would pass gets none while the others have room, and sessions whose first
+turns share a system prompt spread too: a prefix hit is worth the prefill it
+saves, not an unbounded pile-up on the worker that holds it."""
 import threading
 
 import e2e_util as u
@@ -77,5 +79,50 @@ def test_a_worker_at_its_budget_gets_no_more_sessions():
         fits = int(info.memory_budget_bytes // per_session)
         assert counts.get(cluster.workers[0].address, 0) <= fits, counts
         assert sum(counts.values()) == SESSIONS
+    finally:
+        cluster.stop()
+
+
+# A short system prompt: with a prefix checkpoint every 64 prompt rows, each
+# worker that prefills it once holds the state after its first 64 tokens,
+# which every later first turn starting with it can resume from.
+CHECKPOINT_EVERY = 64
+SYSTEM = u.prompt_ids(9000, 80)
+
+
+def test_sessions_sharing_a_system_prompt_spread_over_three_workers():
+    # Prefix reuse on, as the scheduler runs by default (the test clusters
+    # turn it off unless asked).
+    cluster = u.Cluster(
+        n_workers=3,
+        worker_extra=["--prefix_checkpoint_interval=%d" % CHECKPOINT_EVERY],
+        scheduler_extra=["--prefix_cache_sessions=16"])
+    try:
+        c = cluster.client
+        sids, cached = [], []
+        for i in range(SESSIONS):
+            sid = c.call("specserve.v1.Sessions/OpenSession",
+                         capacity=256).session_id
+            prompt = SYSTEM + u.prompt_ids(300 + i, 8)
+            r = u.generate_ok(c, {"token_ids": {"ids": prompt},
+                                  "session": {"session_id": sid},
+                                  "stopping": {"max_tokens": 2,
+                                               "ignore_eos": True},
+                                  "response": {"ids": True}})
+            assert r.final.usage.cached_prompt_tokens in (
+                0, CHECKPOINT_EVERY), r
+            sids.append(sid)
+            cached.append(r.final.usage.cached_prompt_tokens)
+        # Every session stays open (parked where its turn ran).
+        counts = _by_worker(c, sids)
+        assert sorted(counts) == sorted(w.address for w in cluster.workers), (
+            counts)
+        even = SESSIONS / len(cluster.workers)
+        assert all(abs(n - even) <= 2 for n in counts.values()), counts
+        # The prefix is still reused: a worker prefills it when it gets a
+        # session that starts with it and holds no copy yet, so most first
+        # turns resume from it.
+        misses = cached.count(0)
+        assert misses <= 2 * len(cluster.workers), cached
     finally:
         cluster.stop()
