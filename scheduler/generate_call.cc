@@ -290,13 +290,14 @@ absl::Status Call::Tokenize() {
 absl::Status Call::OpenSession() {
   one_shot_ = !req_.has_session();
   max_tokens_ = req_.stopping().max_tokens();
-  const uint32_t k_room = limits_.max_k + 2;
+  const uint32_t k_room = kMaxDraftDepth + 2;
   if (one_shot_ || req_.session().session_id().empty()) {
     uint32_t capacity = one_shot_ ? 0 : req_.session().capacity();
     if (one_shot_) {
       SS_RETURN_IF_ERROR(
           ValidatePromptLength(input_.size(), max_tokens_, limits_));
-      // Room for the prompt, max_tokens and a last round's overshoot.
+      // Room for the prompt, max_tokens and a round at the deepest k past
+      // them, so the capacity never shrinks one.
       capacity = max_tokens_ == 0
                      ? limits_.max_context
                      : std::min<uint64_t>(limits_.max_context,
@@ -643,6 +644,12 @@ absl::Status Call::RunBursts() {
     uint32_t want = ctx_->options.burst_tokens;
     if (max_tokens_ > 0) want = std::min(want, max_tokens_ - produced_);
     b.set_max_new(want);
+    // A one-shot request's output ends at max_tokens: it keeps no history
+    // the client must stay in step with, so its rounds draft no deeper than
+    // keeps them within it (no overshoot), and its kept session (prefix
+    // reuse) ends where the output does. A session turn may overshoot: its
+    // history holds every row, and the client sees them.
+    if (one_shot_ && max_tokens_ > 0) b.set_max_emit(max_tokens_ - produced_);
     *b.mutable_sampling() = req_.sampling();
     b.mutable_sampling()->set_seed(seed_);
     b.set_k(k);

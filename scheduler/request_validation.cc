@@ -176,10 +176,12 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& req,
   SS_RETURN_IF_ERROR(ValidateInput(req, limits));
   SS_RETURN_IF_ERROR(ValidateSampling(req.sampling(), limits));
   SS_RETURN_IF_ERROR(ValidateStopping(req.stopping(), limits));
-  const uint32_t k = req.speculation().k();
-  if (k > limits.max_k) {
-    return Invalid(absl::StrCat("speculation.k = ", k, "; it must be 1..",
-                                limits.max_k, " (0 = the server's default)"));
+  if (const uint32_t k = req.speculation().k();
+      k > static_cast<uint32_t>(kMaxDraftDepth)) {
+    return Invalid(
+        absl::StrCat("speculation.k ", k, " is over the limit ", kMaxDraftDepth,
+                     " (the deepest speculative round); use 1..",
+                     kMaxDraftDepth, ", or 0 for the server's default"));
   }
   SS_RETURN_IF_ERROR(ValidateResponse(req.response(), limits));
   SS_RETURN_IF_ERROR(ValidateSessionParams(req, limits));
@@ -190,7 +192,7 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& req,
   return absl::OkStatus();
 }
 
-uint32_t MinSessionCapacity(const Limits& limits) { return limits.max_k + 2; }
+uint32_t MinSessionCapacity() { return kMaxDraftDepth + 2; }
 
 absl::Status ValidateSessionCapacity(uint32_t capacity, const Limits& limits,
                                      absl::string_view field) {
@@ -199,12 +201,12 @@ absl::Status ValidateSessionCapacity(uint32_t capacity, const Limits& limits,
                                 " exceeds the model context (",
                                 limits.max_context, ")"));
   }
-  if (capacity != 0 && capacity < MinSessionCapacity(limits)) {
+  if (capacity != 0 && capacity < MinSessionCapacity()) {
     return Invalid(absl::StrCat(
         field, " = ", capacity, " is below the minimum of ",
-        MinSessionCapacity(limits),
+        MinSessionCapacity(),
         " rows (one prompt token and one round at the largest draft depth, ",
-        limits.max_k, "); use 0 for the server's default"));
+        kMaxDraftDepth, "); use 0 for the server's default"));
   }
   return absl::OkStatus();
 }

@@ -19,16 +19,18 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "proto/api_limits.h"
 #include "proto/specserve.pb.h"
 
 namespace specserve::scheduler {
 
 // Bounds a request must respect. vocab_size and max_context come from the
-// model (ModelInfo); the rest are server policy.
+// model (ModelInfo); the rest are server policy. speculation.k is bounded by
+// kMaxDraftDepth (proto/api_limits.h), which the workers size sessions by:
+// not a policy a Limits could change.
 struct Limits {
   uint32_t vocab_size = 0;   // ids must be < vocab_size
   uint32_t max_context = 0;  // model context, rows
-  uint32_t max_k = 8;        // speculation.k in 1..max_k (0 = default)
   // response.logprobs and response.prompt_logprobs in 0..max_logprobs (the
   // worker's spec::kMaxTopLogprobs).
   uint32_t max_logprobs = 20;
@@ -53,9 +55,9 @@ absl::Status ValidateGenerateRequest(const specserve::v1::GenerateRequest& req,
 bool IsSessionContinuation(const specserve::v1::GenerateRequest& req);
 
 // The smallest capacity a session may have: one prompt token plus one
-// speculative round at the largest draft depth (max_k drafts and the bonus
-// token), max_k + 2 rows (10 with the default max_k of 8).
-uint32_t MinSessionCapacity(const Limits& limits);
+// speculative round at the largest draft depth (kMaxDraftDepth drafts and
+// the bonus token), kMaxDraftDepth + 2 rows.
+uint32_t MinSessionCapacity();
 
 // A capacity to open a session with (`field` names it in the message): 0
 // (the server's default) or MinSessionCapacity..max_context; otherwise

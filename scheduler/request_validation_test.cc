@@ -4,6 +4,7 @@
 #include <limits>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -116,12 +117,26 @@ TEST(RequestValidationTest, TopPMinPTopK) {
   ExpectInvalid(r, "sampling.top_k = 1001 exceeds the vocabulary size");
 }
 
-TEST(RequestValidationTest, SpeculationK) {
+TEST(RequestValidationTest, SpeculationKUpToTheDraftDepthLimit) {
   v1::GenerateRequest r = TextRequest();
-  r.mutable_speculation()->set_k(9);
-  ExpectInvalid(r, "speculation.k = 9; it must be 1..8");
-  r.mutable_speculation()->set_k(0);  // server default
-  EXPECT_TRUE(ValidateGenerateRequest(r, TestLimits()).ok());
+  r.mutable_speculation()->set_enable(true);
+  for (int k = 0; k <= kMaxDraftDepth; ++k) {  // 0: the server's default
+    r.mutable_speculation()->set_k(k);
+    EXPECT_TRUE(ValidateGenerateRequest(r, TestLimits()).ok()) << k;
+  }
+  // Over the limit: refused naming the value and the limit, whatever else
+  // the request asks (a session turn, speculation off).
+  const std::string over = absl::StrCat("speculation.k ", kMaxDraftDepth + 1,
+                                        " is over the limit ", kMaxDraftDepth);
+  r.mutable_speculation()->set_k(kMaxDraftDepth + 1);
+  ExpectInvalid(r, over);
+  r.mutable_session()->set_session_id("ses_x");
+  ExpectInvalid(r, over);
+  r.mutable_speculation()->set_enable(false);
+  ExpectInvalid(r, over);
+  r.mutable_speculation()->set_k(UINT32_MAX);
+  ExpectInvalid(r, absl::StrCat("speculation.k 4294967295 is over the limit ",
+                                kMaxDraftDepth));
 }
 
 TEST(RequestValidationTest, LogprobsRange) {
@@ -199,6 +214,7 @@ TEST(RequestValidationTest, SessionParams) {
   ExpectInvalid(big, "session.capacity = 4097 exceeds the model context");
 
   // Room for one prompt token and one round at the largest k (8): 10 rows.
+  EXPECT_EQ(MinSessionCapacity(), 10u);
   v1::GenerateRequest tiny = TextRequest();
   tiny.mutable_session()->set_capacity(9);
   ExpectInvalid(tiny, "session.capacity = 9 is below the minimum of 10");
@@ -206,7 +222,6 @@ TEST(RequestValidationTest, SessionParams) {
   EXPECT_TRUE(ValidateGenerateRequest(tiny, TestLimits()).ok());
   tiny.mutable_session()->set_capacity(0);  // the server's default
   EXPECT_TRUE(ValidateGenerateRequest(tiny, TestLimits()).ok());
-  EXPECT_EQ(MinSessionCapacity(TestLimits()), 10u);
   EXPECT_EQ(ValidateSessionCapacity(1, TestLimits(), "capacity").code(),
             absl::StatusCode::kInvalidArgument);
 

@@ -20,11 +20,13 @@
 #include "absl/time/clock.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/api_limits.h"
 #include "scheduler/admin_service.h"
 #include "scheduler/admission.h"
 #include "scheduler/authenticator.h"
 #include "scheduler/idle_poller.h"
 #include "scheduler/load_model.h"
+#include "scheduler/placement.h"
 #include "scheduler/prefix_reuse.h"
 #include "scheduler/public_services.h"
 #include "scheduler/reflection_auth.h"
@@ -85,13 +87,16 @@ ABSL_FLAG(int, max_running, 64, "Requests running at once.");
 ABSL_FLAG(int, max_queued, 256,
           "Requests waiting for a slot before RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, burst_tokens, 32, "Tokens per burst dispatched to a worker.");
-ABSL_FLAG(int, default_k, 3, "Draft depth when a request gives none.");
+ABSL_FLAG(int, default_k, 3,
+          "Draft depth when a request gives none: 1..kMaxDraftDepth "
+          "(proto/api_limits.h).");
 ABSL_FLAG(bool, gateway_speculation, true,
           "Requests of the SMG gateway's engine protocol "
           "(vllm.grpc.engine.VllmEngine), which has no field for it, ask for "
           "speculative decoding (the spec gate still decides per burst).");
 ABSL_FLAG(int, gateway_k, 0,
-          "Draft depth of gateway requests (1..8); 0 = --default_k.");
+          "Draft depth of gateway requests: 1..kMaxDraftDepth "
+          "(proto/api_limits.h); 0 = --default_k.");
 ABSL_FLAG(int, default_session_capacity, 1024,
           "Rows of a session opened without a capacity.");
 ABSL_FLAG(int, prefix_cache_sessions, 16,
@@ -102,6 +107,19 @@ ABSL_FLAG(int, prefix_cache_sessions, 16,
 ABSL_FLAG(int, prefix_cache_entries, 4096,
           "Sessions (kept one-shot requests and client sessions) whose "
           "reusable positions the prefix tree indexes.");
+ABSL_FLAG(double, prefix_balance_sessions, 2,
+          "Prefix-aware placement (scheduler/placement.h): load imbalance, in "
+          "sessions, that any prefix hit outweighs; a new session resumes on "
+          "the worker holding its prompt's prefix only while that worker is "
+          "at most this plus --prefix_tokens_per_session's worth busier than "
+          "the least loaded one (or within --prefix_balance_ratio of it), "
+          "else it is prefilled on the least loaded one.");
+ABSL_FLAG(double, prefix_tokens_per_session, 1024,
+          "Prompt tokens a prefix hit saves prefilling that outweigh one more "
+          "session of load imbalance (0: a hit's length adds nothing).");
+ABSL_FLAG(double, prefix_balance_ratio, 1.25,
+          "A prefix holder whose load is at most this multiple of the least "
+          "loaded worker's keeps the session whatever the difference.");
 ABSL_FLAG(int, session_idle_ttl_seconds, 3600,
           "Idle sessions are closed after this long.");
 ABSL_FLAG(bool, enable_fault_injection, false,
@@ -162,8 +180,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   namespace sched = specserve::scheduler;
-  if (const int k = absl::GetFlag(FLAGS_gateway_k); k < 0 || k > 8) {
-    LOG(ERROR) << "--gateway_k must be in 0..8 (0 = --default_k)";
+  // Every k a request can end up with is within the workers' limit: a
+  // request's own is checked at admission, these when the server starts.
+  if (const int k = absl::GetFlag(FLAGS_default_k);
+      k < 1 || k > specserve::kMaxDraftDepth) {
+    LOG(ERROR) << "--default_k " << k << " is outside 1.."
+               << specserve::kMaxDraftDepth << " (the draft depth limit)";
+    return 2;
+  }
+  if (const int k = absl::GetFlag(FLAGS_gateway_k);
+      k < 0 || k > specserve::kMaxDraftDepth) {
+    LOG(ERROR) << "--gateway_k " << k << " is outside 0.."
+               << specserve::kMaxDraftDepth
+               << " (the draft depth limit; 0 = --default_k)";
     return 2;
   }
 
@@ -300,8 +329,14 @@ int main(int argc, char** argv) {
     prefix_options.max_sessions = std::max<size_t>(
         prefix_options.max_owned,
         std::max(0, absl::GetFlag(FLAGS_prefix_cache_entries)));
-    prefix_reuse = std::make_unique<sched::PrefixReuse>(prefix_options,
-                                                        &metrics.registry());
+    sched::PlacementOptions placement;
+    placement.prefix_balance_sessions =
+        absl::GetFlag(FLAGS_prefix_balance_sessions);
+    placement.prefix_tokens_per_session =
+        absl::GetFlag(FLAGS_prefix_tokens_per_session);
+    placement.prefix_balance_ratio = absl::GetFlag(FLAGS_prefix_balance_ratio);
+    prefix_reuse = std::make_unique<sched::PrefixReuse>(
+        prefix_options, &metrics.registry(), placement);
     context.prefix = prefix_reuse.get();
   }
 

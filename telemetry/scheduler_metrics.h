@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "proto/api_limits.h"
 #include "proto/specserve.pb.h"
 #include "telemetry/metrics.h"
 
@@ -34,8 +35,8 @@ struct SchedulerMetricsOptions {
   // Upper end of the 1-2-5 buckets of the token-count histograms.
   uint32_t max_context = 262144;
   // Draft positions whose per-position series exist from the start
-  // (0..max_k-1).
-  uint32_t max_k = 8;
+  // (0..max_k-1): every position a round can reach.
+  uint32_t max_k = kMaxDraftDepth;
 };
 
 // Label values used for the enum-labelled series (exposed for tests and for

@@ -5,7 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/sampling/sampling.h"
 #include "telemetry/status_macros.h"
-#include "worker/model/model.h"
 
 namespace specserve::worker {
 
@@ -13,10 +12,16 @@ absl::Status CheckBurstLimits(const specserve::worker::v1::BurstRequest& r) {
   if (r.max_new() == 0 || r.max_new() > static_cast<uint32_t>(INT32_MAX)) {
     return absl::InvalidArgumentError("max_new must be in 1..2147483647");
   }
-  const int columns = model::StateOptions().max_verify_columns;
-  if (r.k() >= static_cast<uint32_t>(columns)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "k = ", r.k(), " exceeds the largest draft depth (", columns - 1, ")"));
+  if (r.has_max_emit() && (r.max_emit() < r.max_new() ||
+                           r.max_emit() > static_cast<uint32_t>(INT32_MAX))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_emit ", r.max_emit(), " must be in max_new (",
+                     r.max_new(), ")..2147483647"));
+  }
+  if (r.k() > static_cast<uint32_t>(kMaxDraftDepth)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("k ", r.k(), " is over the limit ", kMaxDraftDepth,
+                     " (the deepest speculative round)"));
   }
   const uint32_t most = spec::kMaxTopLogprobs;
   if (r.has_logprobs() && r.logprobs() > most) {
@@ -32,6 +37,20 @@ absl::Status CheckBurstLimits(const specserve::worker::v1::BurstRequest& r) {
   return absl::OkStatus();
 }
 
+absl::Status CheckAdmitLimits(const specserve::worker::v1::AdmitRequest& r) {
+  if (r.draft_depth() > static_cast<uint32_t>(kMaxDraftDepth)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft_depth ", r.draft_depth(), " is over the limit ", kMaxDraftDepth,
+        " (the deepest speculative round; 0 = the limit)"));
+  }
+  return absl::OkStatus();
+}
+
+int DraftDepthOf(const specserve::worker::v1::AdmitRequest& r) {
+  return r.draft_depth() > 0 ? static_cast<int>(r.draft_depth())
+                             : kMaxDraftDepth;
+}
+
 absl::StatusOr<spec::BurstParams> BurstParamsOf(
     const specserve::worker::v1::BurstRequest& r, bool fault_injection) {
   const specserve::v1::SamplingParams& s = r.sampling();
@@ -44,6 +63,7 @@ absl::StatusOr<spec::BurstParams> BurstParamsOf(
   p.suffix.assign(r.suffix().begin(), r.suffix().end());
   p.rewind = r.rewind();
   p.max_new = static_cast<int>(r.max_new());
+  if (r.has_max_emit()) p.max_emit = static_cast<int>(r.max_emit());
   p.k = static_cast<int>(r.k());
   p.seed = s.seed();
   p.stop_ids.assign(r.stop_token_ids().begin(), r.stop_token_ids().end());

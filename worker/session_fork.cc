@@ -75,7 +75,7 @@ absl::StatusOr<std::unique_ptr<spec::SpecSession>> ForkSession(
   }
   model::StateOptions options;
   options.capacity = capacity;
-  options.max_verify_columns = drafts ? spec::kMaxDraftDepth + 1 : 1;
+  options.max_verify_columns = drafts ? kMaxDraftDepth + 1 : 1;
   options.draft_state = drafts;
   std::unique_ptr<model::ModelState> caches;
   auto checkpoint = std::make_unique<spec::TurnCheckpoint>();

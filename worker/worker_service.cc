@@ -187,6 +187,9 @@ grpc::ServerUnaryReactor* WorkerService::Admit(
   if (telemetry::DrainRequested()) return FinishUnary(ctx, Draining());
   const absl::StatusOr<int> capacity = NewSessionCapacity(request->capacity());
   if (!capacity.ok()) return FinishUnary(ctx, ToGrpc(capacity.status()));
+  if (absl::Status s = CheckAdmitLimits(*request); !s.ok()) {
+    return FinishUnary(ctx, ToGrpc(s));
+  }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   std::thread([this, ctx, reactor, request, response, capacity = *capacity] {
     std::vector<int32_t> history(request->history().begin(),
@@ -196,9 +199,7 @@ grpc::ServerUnaryReactor* WorkerService::Admit(
         request->has_checkpoint_pos()
             ? std::optional<int>(static_cast<int>(request->checkpoint_pos()))
             : std::nullopt,
-        request->speculative(),
-        request->draft_depth() > 0 ? static_cast<int>(request->draft_depth())
-                                   : spec::kMaxDraftDepth,
+        request->speculative(), DraftDepthOf(*request),
         static_cast<int>(std::min<uint32_t>(request->prompt_rows(), capacity)));
     if (!session.ok()) {
       reactor->Finish(ToGrpc(session.status()));

@@ -183,7 +183,6 @@ absl::StatusOr<TranslatedRequest> TranslateGenerateRequest(
                     "model context");
     }
     stop->set_max_tokens(p.max_tokens());
-    out.max_tokens = p.max_tokens();
   }
   for (const std::string& str : p.stop()) stop->add_stop(str);
   for (uint32_t id : p.stop_token_ids()) stop->add_stop_token_ids(id);

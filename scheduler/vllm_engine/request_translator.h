@@ -42,10 +42,9 @@ struct GatewayOptions {
 };
 
 struct TranslatedRequest {
+  // One-shot, so its output ends at max_tokens with no overshoot, as
+  // vLLM's contract is (BurstRequest.max_emit).
   specserve::v1::GenerateRequest request;
-  // sampling_params.max_tokens when set: the response holds at most this
-  // many tokens (speculative overshoot is cut, finish reason "length").
-  std::optional<uint32_t> max_tokens;
   bool stream = false;
   // Prompt tokens when the input is tokenized (after truncation), else 0.
   uint32_t prompt_tokens = 0;

@@ -59,7 +59,6 @@ TEST(RequestTranslator, MapsSamplingStoppingAndSpeculation) {
   EXPECT_FALSE(r.response().text());
   EXPECT_FALSE(r.has_session());
   EXPECT_TRUE(out->stream);
-  EXPECT_EQ(out->max_tokens, 16u);
   EXPECT_EQ(out->prompt_tokens, 3u);
 }
 
@@ -69,7 +68,6 @@ TEST(RequestTranslator, UnsetTemperatureIsOneAndUnsetMaxTokensIsOpen) {
   ASSERT_TRUE(out.ok());
   EXPECT_FLOAT_EQ(out->request.sampling().temperature(), 1.0f);
   EXPECT_EQ(out->request.stopping().max_tokens(), 0u);
-  EXPECT_FALSE(out->max_tokens.has_value());
   EXPECT_EQ(out->request.sampling().seed(), 0u);
 }
 

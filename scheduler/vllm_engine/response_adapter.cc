@@ -38,11 +38,9 @@ const char* FinishReasonName(specserve::v1::FinishReason reason) {
 
 ResponseAdapter::ResponseAdapter(
     grpc::internal::WriterInterface<vproto::GenerateResponse>* out, bool stream,
-    std::optional<uint32_t> max_tokens, uint32_t prompt_tokens,
-    std::optional<uint32_t> first_prompt_id)
+    uint32_t prompt_tokens, std::optional<uint32_t> first_prompt_id)
     : out_(out),
       stream_(stream),
-      max_tokens_(max_tokens),
       prompt_tokens_(prompt_tokens),
       first_prompt_id_(first_prompt_id) {}
 
@@ -58,10 +56,6 @@ bool ResponseAdapter::WriteDelta(const specserve::v1::TokenDelta& delta,
   vproto::GenerateResponse chunk_response;
   vproto::GenerateStreamChunk* chunk = chunk_response.mutable_chunk();
   for (int i = 0; i < delta.ids_size(); ++i) {
-    if (max_tokens_.has_value() && emitted_ >= *max_tokens_) {
-      cut_ = true;
-      break;
-    }
     ++emitted_;
     if (stream_) {
       chunk->add_token_ids(delta.ids(i));
@@ -85,8 +79,6 @@ bool ResponseAdapter::WriteFinal(const specserve::v1::GenerateFinal& final,
   vproto::GenerateResponse response;
   vproto::GenerateComplete* complete = response.mutable_complete();
   *complete = std::move(complete_);
-  // Overshoot cut at max_tokens: the request ended by its length, whatever
-  // the tokens past it would have matched.
   if (final.prompt_logprobs_size() > 0) {
     vproto::InputLogProbs* in = complete->mutable_input_logprobs();
     if (first_prompt_id_.has_value()) {
@@ -100,8 +92,7 @@ bool ResponseAdapter::WriteFinal(const specserve::v1::GenerateFinal& final,
       AddTop(lp, in->add_top_logprobs());
     }
   }
-  complete->set_finish_reason(cut_ ? "length"
-                                   : FinishReasonName(final.finish_reason()));
+  complete->set_finish_reason(FinishReasonName(final.finish_reason()));
   complete->set_prompt_tokens(final.usage().prompt_tokens());
   complete->set_completion_tokens(emitted_);
   complete->set_cached_tokens(final.usage().cached_prompt_tokens());

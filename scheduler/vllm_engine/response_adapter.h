@@ -7,11 +7,11 @@
 //     reason and usage and no ids (the chunks carried them).
 //   not stream: nothing until the final event, then one complete with every
 //     output id.
-// Invariants: the ids sent are exactly the ids specserve showed, cut at
-// max_tokens (a speculative round may commit up to k more: they are not sent,
-// and the finish reason is then "length"); completion_tokens counts the ids
-// sent. Finish reasons: STOP "stop", LENGTH and CONTEXT_FULL "length",
-// CANCELLED (Abort, drain) "abort".
+// Invariants: the ids sent are exactly the ids specserve showed, which for
+// the one-shot requests of this protocol end at max_tokens, as vLLM's do (a
+// one-shot request's rounds never commit past it: BurstRequest.max_emit);
+// completion_tokens counts the ids sent. Finish reasons: STOP "stop", LENGTH
+// and CONTEXT_FULL "length", CANCELLED (Abort, drain) "abort".
 // Logprobs (when the request asked for them): each chunk carries those of
 // its ids (output_logprobs), a non-streaming complete those of all its ids.
 // Prompt logprobs are known only at the final event, so they go in the
@@ -35,11 +35,10 @@ class ResponseAdapter final
  public:
   // `out` must outlive the adapter. `prompt_tokens`: the chunks' prompt
   // count until the final event gives the real one (0 when not known).
-  ResponseAdapter(
-      grpc::internal::WriterInterface<::vllm::grpc::engine::GenerateResponse>*
-          out,
-      bool stream, std::optional<uint32_t> max_tokens, uint32_t prompt_tokens,
-      std::optional<uint32_t> first_prompt_id = std::nullopt);
+  ResponseAdapter(grpc::internal::WriterInterface<
+                      ::vllm::grpc::engine::GenerateResponse>* out,
+                  bool stream, uint32_t prompt_tokens,
+                  std::optional<uint32_t> first_prompt_id = std::nullopt);
 
   // False once the gateway's stream is closed.
   bool Write(const specserve::v1::GenerateEvent& event,
@@ -57,12 +56,10 @@ class ResponseAdapter final
   grpc::internal::WriterInterface<::vllm::grpc::engine::GenerateResponse>* const
       out_;
   const bool stream_;
-  const std::optional<uint32_t> max_tokens_;
   const uint32_t prompt_tokens_;
   const std::optional<uint32_t> first_prompt_id_;
-  // Ids sent (stream) or gathered (not stream), and whether any were cut.
+  // Ids sent (stream) or gathered (not stream).
   uint32_t emitted_ = 0;
-  bool cut_ = false;
   ::vllm::grpc::engine::GenerateComplete complete_;
   bool completed_ = false;
 };

@@ -39,7 +39,7 @@ specserve::v1::GenerateEvent Final(specserve::v1::FinishReason reason,
 
 TEST(ResponseAdapter, StreamsChunksThenACompleteWithoutIds) {
   Recorder out;
-  ResponseAdapter a(&out, /*stream=*/true, std::nullopt, 7);
+  ResponseAdapter a(&out, /*stream=*/true, 7);
   ASSERT_TRUE(a.Write(Delta({1, 2}), {}));
   ASSERT_TRUE(a.Write(Delta({}), {}));
   ASSERT_TRUE(a.Write(Delta({3}), {}));
@@ -60,28 +60,21 @@ TEST(ResponseAdapter, StreamsChunksThenACompleteWithoutIds) {
   EXPECT_TRUE(a.completed());
 }
 
-TEST(ResponseAdapter, NonStreamingSendsOneCompleteCutAtMaxTokens) {
+// Every id specserve showed, and its finish reason: a one-shot request's
+// output already ends at max_tokens (BurstRequest.max_emit).
+TEST(ResponseAdapter, NonStreamingSendsOneCompleteWithEveryId) {
   Recorder out;
-  ResponseAdapter a(&out, /*stream=*/false, 4u, 0);
+  ResponseAdapter a(&out, /*stream=*/false, 0);
   ASSERT_TRUE(a.Write(Delta({1, 2, 3}), {}));
-  ASSERT_TRUE(a.Write(Delta({4, 5, 6}), {}));  // overshoot: 5, 6
+  ASSERT_TRUE(a.Write(Delta({4}), {}));
   EXPECT_TRUE(out.sent.empty());
-  // The overshoot matched a stop string: the request still ended by length.
-  ASSERT_TRUE(a.Write(Final(specserve::v1::STOP, 6), {}));
+  ASSERT_TRUE(a.Write(Final(specserve::v1::LENGTH, 4), {}));
   ASSERT_EQ(out.sent.size(), 1u);
   const vproto::GenerateComplete& c = out.sent[0].complete();
   EXPECT_EQ(std::vector<uint32_t>(c.output_ids().begin(), c.output_ids().end()),
             (std::vector<uint32_t>{1, 2, 3, 4}));
   EXPECT_EQ(c.completion_tokens(), 4u);
   EXPECT_EQ(c.finish_reason(), "length");
-}
-
-TEST(ResponseAdapter, ExactlyMaxTokensKeepsTheReason) {
-  Recorder out;
-  ResponseAdapter a(&out, /*stream=*/false, 2u, 0);
-  ASSERT_TRUE(a.Write(Delta({1, 2}), {}));
-  ASSERT_TRUE(a.Write(Final(specserve::v1::STOP, 2), {}));
-  EXPECT_EQ(out.sent[0].complete().finish_reason(), "stop");
 }
 
 specserve::v1::TokenLogprobs Lp(uint32_t id, float lp, uint32_t top_id,
@@ -96,7 +89,7 @@ specserve::v1::TokenLogprobs Lp(uint32_t id, float lp, uint32_t top_id,
 
 TEST(ResponseAdapter, CarriesLogprobsOfTheIdsSent) {
   Recorder out;
-  ResponseAdapter a(&out, /*stream=*/true, 1u, 3, /*first_prompt_id=*/40u);
+  ResponseAdapter a(&out, /*stream=*/true, 3, /*first_prompt_id=*/40u);
   specserve::v1::GenerateEvent d = Delta({1, 2});
   *d.mutable_delta()->add_logprobs() = Lp(1, -0.5f, 1, -0.5f);
   *d.mutable_delta()->add_logprobs() = Lp(2, -1.5f, 7, -0.1f);
@@ -107,10 +100,13 @@ TEST(ResponseAdapter, CarriesLogprobsOfTheIdsSent) {
   ASSERT_TRUE(a.Write(f, {}));
   ASSERT_EQ(out.sent.size(), 2u);
   const vproto::OutputLogProbs& o = out.sent[0].chunk().output_logprobs();
-  ASSERT_EQ(o.token_ids_size(), 1);  // cut at max_tokens with its id
+  ASSERT_EQ(o.token_ids_size(), 2);
   EXPECT_EQ(o.token_ids(0), 1u);
   EXPECT_FLOAT_EQ(o.token_logprobs(0), -0.5f);
   EXPECT_EQ(o.top_logprobs(0).token_ids(0), 1u);
+  EXPECT_EQ(o.token_ids(1), 2u);
+  EXPECT_FLOAT_EQ(o.token_logprobs(1), -1.5f);
+  EXPECT_EQ(o.top_logprobs(1).token_ids(0), 7u);
   const vproto::InputLogProbs& in = out.sent[1].complete().input_logprobs();
   ASSERT_EQ(in.token_ids_size(), 3);
   EXPECT_EQ(in.token_ids(0), 40u);

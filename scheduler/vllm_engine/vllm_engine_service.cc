@@ -42,8 +42,7 @@ grpc::Status VllmEngineService::Generate(
   if (!ticket.ok()) return ToGrpc(ticket.status());
 
   telemetry::InFlightGuard in_flight;
-  ResponseAdapter adapter(writer, translated->stream, translated->max_tokens,
-                          translated->prompt_tokens,
+  ResponseAdapter adapter(writer, translated->stream, translated->prompt_tokens,
                           translated->first_prompt_id);
   GenerateWriter out(context, &adapter);
   return RunGenerateCall(ctx_, translated->request, caller->tenant,

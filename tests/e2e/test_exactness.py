@@ -52,13 +52,61 @@ def test_greedy_equals_specgen(cluster, workers, k):
                                    what="k=%d prompt=%s" % (k, prompt[:4]))
         stats = r.final.spec_stats
         if k == 0:
-            assert stats.rounds == 0 and r.final.usage.overshoot_tokens == 0
+            assert stats.rounds == 0
         else:
             assert stats.rounds > 0, "speculation did not run: %r" % r
-            assert list(stats.drafted_per_position) == [stats.rounds] * k
-            assert r.final.usage.overshoot_tokens <= k
-            assert len(r.ids) == MAX_TOKENS + r.final.usage.overshoot_tokens \
-                or u.finish_name(r) == "STOP"
+            # Every round drafts; the last ones draft no deeper than keeps
+            # their tokens within max_tokens.
+            drafted = list(stats.drafted_per_position)
+            assert len(drafted) == k and drafted[0] == stats.rounds, r
+            assert drafted == sorted(drafted, reverse=True), r
+        # One-shot: the output ends at max_tokens, speculative or not.
+        assert r.final.usage.overshoot_tokens == 0
+        assert len(r.ids) == MAX_TOKENS or u.finish_name(r) == "STOP"
+
+
+def test_one_shot_ends_at_max_tokens_and_a_session_turn_shows_overshoot(
+        cluster):
+    """A session turn streams a last round's drafts past max_tokens
+    (overshoot): its history holds those rows. A one-shot request has no
+    history to keep in step with: the same request ends at max_tokens,
+    finish LENGTH, no overshoot (tests/e2e/test_prefix_reuse.py: nor does
+    it commit past it)."""
+    c = cluster.client
+    k, max_tokens = 4, 16
+
+    def request(prompt, **extra):
+        return _request(prompt, k, max_tokens=max_tokens,
+                        stopping={"max_tokens": max_tokens,
+                                  "ignore_eos": True}, **extra)
+
+    overshot = None
+    for seed in range(60, 80):
+        prompt = u.prompt_ids(seed, 8)
+        sid = c.call("specserve.v1.Sessions/OpenSession",
+                     capacity=256).session_id
+        turn = u.generate_ok(c, request(prompt, session={"session_id": sid}))
+        committed = c.call("specserve.v1.Sessions/GetSession",
+                           session_id=sid).committed_tokens
+        c.call("specserve.v1.Sessions/CloseSession", session_id=sid)
+        over = turn.final.usage.overshoot_tokens
+        assert 0 <= over <= k, turn
+        assert len(turn.ids) == max_tokens + over, turn
+        assert turn.final.usage.completion_tokens == len(turn.ids)
+        assert u.finish_name(turn) == "LENGTH"
+        assert committed == len(prompt) + len(turn.ids)
+        if over > 0:
+            overshot = (prompt, turn)
+            break
+    assert overshot, "no session turn ran a round past max_tokens"
+    prompt, turn = overshot
+    one = u.generate_ok(c, request(prompt))
+    assert one.final.spec_stats.rounds > 0, one
+    assert len(one.ids) == max_tokens, one
+    assert list(one.ids) == list(turn.ids)[:max_tokens]
+    assert u.finish_name(one) == "LENGTH"
+    assert one.final.usage.completion_tokens == max_tokens
+    assert one.final.usage.overshoot_tokens == 0
 
 
 def test_sessions_land_on_both_workers_and_stay_exact(cluster):

@@ -286,6 +286,98 @@ def test_bad_requests_get_clear_statuses_and_never_reach_a_worker(cluster):
     assert c.health("") == "SERVING"
 
 
+# ---------------------------------------------------------------------------
+# The draft depth limit (kMaxDraftDepth, proto/api_limits.h): one bound for
+# the scheduler's check, the workers' sessions and the workers' own checks.
+
+DRAFT_DEPTH_LIMIT = 8
+W_ADMIT = "specserve.worker.v1.Worker/Admit"
+W_BURST = "specserve.worker.v1.Worker/Burst"
+W_STATE = "specserve.worker.v1.Worker/GetSessionState"
+W_RELEASE = "specserve.worker.v1.Worker/Release"
+
+
+def test_draft_depth_limit_runs_and_one_past_it_is_invalid(cluster):
+    c = cluster.client
+    limit = DRAFT_DEPTH_LIMIT
+    over = "speculation.k %d is over the limit %d" % (limit + 1, limit)
+    sid = c.call("specserve.v1.Sessions/OpenSession",
+                 capacity=256).session_id
+
+    def turn(ids, k):
+        return u.generate(c, {"token_ids": {"ids": ids},
+                              "session": {"session_id": sid},
+                              "stopping": {"max_tokens": 12,
+                                           "ignore_eos": True},
+                              "speculation": {"enable": True, "k": k},
+                              "response": {"spec_stats": True}})
+
+    # k = the limit: rounds draft that deep, and the output is exact.
+    prompt = u.prompt_ids(46, 10)
+    first = turn(prompt, limit)
+    assert first.ok, first
+    stats = first.final.spec_stats
+    assert stats.rounds > 0
+    assert list(stats.drafted_per_position) == [stats.rounds] * limit
+    u.assert_matches_reference(prompt, first, 12, ignore_eos=True)
+    history = prompt + list(first.ids)
+    # One past it: refused naming the value and the limit, on a session
+    # turn and on a one-shot request alike.
+    r = turn([11, 12], limit + 1)
+    assert r.code == grpc.StatusCode.INVALID_ARGUMENT, r
+    assert over in r.details, r.details
+    r = u.generate(c, {"token_ids": {"ids": prompt},
+                       "stopping": {"max_tokens": 4},
+                       "speculation": {"enable": True, "k": limit + 1}})
+    assert r.code == grpc.StatusCode.INVALID_ARGUMENT, r
+    assert over in r.details, r.details
+    # The session is untouched and goes on at the limit.
+    info = c.call("specserve.v1.Sessions/GetSession", session_id=sid)
+    assert info.committed_tokens == len(history) and not info.busy
+    again = turn([11, 12], limit)
+    assert again.ok, again
+    assert list(again.final.spec_stats.drafted_per_position) == \
+        [again.final.spec_stats.rounds] * limit
+    u.assert_matches_reference(history + [11, 12], again, 12,
+                               ignore_eos=True)
+    c.call("specserve.v1.Sessions/CloseSession", session_id=sid)
+
+
+def test_worker_refuses_draft_depth_over_the_limit(cluster):
+    """The worker's own checks, for a caller that is not this scheduler:
+    a session or a burst deeper than the limit is refused naming it, never
+    run at a clamped depth."""
+    worker = cluster.worker_client(0)
+    limit = DRAFT_DEPTH_LIMIT
+    sid = "ses_direct_draft_depth_limit"
+    code, details = u.rpc_code(worker.call, W_ADMIT, session_id=sid,
+                               capacity=256, speculative=True,
+                               draft_depth=limit + 1)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
+    assert "draft_depth %d is over the limit %d" % (limit + 1, limit) in \
+        details, details
+    worker.call(W_ADMIT, session_id=sid, capacity=256, speculative=True,
+                draft_depth=limit)
+    prompt = u.prompt_ids(47, 10)
+    for k in (limit + 1, 15, 2**32 - 1):
+        code, details = u.rpc_code(worker.call, W_BURST, session_id=sid,
+                                   suffix=prompt, max_new=8, k=k, timeout=60)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (k, code, details)
+        assert "k %d is over the limit %d" % (k, limit) in details, details
+    # Nothing ran: the session holds no rows, and a burst at the limit runs.
+    assert worker.call(W_STATE, session_id=sid).committed_len == 0
+    events = worker.call(W_BURST, session_id=sid, suffix=prompt, max_new=8,
+                         k=limit, timeout=60)
+    got = [t for e in events if e.HasField("tokens") for t in e.tokens.ids]
+    assert len(got) >= 8
+    assert got == u.specgen(prompt, len(got), ignore_eos=True)
+    summary = [e.summary for e in events if e.HasField("summary")][0]
+    assert summary.telemetry_delta.rounds > 0
+    assert list(summary.telemetry_delta.drafted_per_position) == \
+        [summary.telemetry_delta.rounds] * limit
+    worker.call(W_RELEASE, session_id=sid)
+
+
 def test_oversized_text_is_invalid_not_retryable(cluster):
     """A text over the API's size limit (8 MiB) is INVALID_ARGUMENT naming
     the limit, not a transport-level RESOURCE_EXHAUSTED a client would
@@ -307,3 +399,59 @@ def test_unknown_session_rpcs_are_not_found(cluster):
                                    session_id=UNKNOWN_SESSION)
         assert code == grpc.StatusCode.NOT_FOUND and UNKNOWN_SESSION in \
             details
+
+
+def test_unparseable_requests_and_duplicate_ids_get_clear_codes(cluster):
+    """A request that is not a protobuf message of its type, or holds a
+    string that is not UTF-8, is INVALID_ARGUMENT naming the message type or
+    the field, on Generate, Sessions and Tokenization alike; the same path
+    serves well-formed requests. A request_id already running, like a second
+    turn on a busy session, is ABORTED naming it; the id is free again once
+    that request ended. (On `small`: the scheduler with metrics, whose
+    running count says when the first request ended.)"""
+    c, proc = cluster.small, cluster.small_proc
+    # Field 1 (text) holding two bytes that are not UTF-8; field 4
+    # (stopping) holding field 2 (stop) likewise.
+    bad_text = b"\x0a\x02\xc3\x28"
+    bad_stop = b"\x0a\x01a" + b"\x22\x04\x12\x02\xc3\x28"
+    for body, fragment in [
+            (bad_text, "text is not valid UTF-8"),
+            (bad_stop, "stopping.stop[0] is not valid UTF-8"),
+            (b"\xff\xff\xff\xff", "is not a protobuf message of type "
+                                  "specserve.v1.GenerateRequest")]:
+        code, details = _raw_generate(c, body)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (body, code)
+        assert fragment in details, details
+    ok = c.request(u.GENERATE)
+    ok.text = "a"
+    ok.stopping.max_tokens = 2
+    assert _raw_generate(c, ok.SerializeToString())[0] == grpc.StatusCode.OK
+    for method, body, fragment in [
+            ("specserve.v1.Tokenization/Tokenize", bad_text,
+             "text is not valid UTF-8"),
+            ("specserve.v1.Sessions/GetSession", b"\x0a\x02\xc3\x28",
+             "session_id is not valid"),
+            ("specserve.v1.Sessions/OpenSession", b"\xff\xff",
+             "is not a protobuf message")]:
+        call = c.channel.unary_unary("/" + method,
+                                     request_serializer=lambda b: b,
+                                     response_deserializer=lambda b: b)
+        code, details = u.rpc_code(call, body, timeout=u.RPC_TIMEOUT)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (method, code)
+        assert fragment in details, details
+
+    holder = u.Stream(c, {"token_ids": {"ids": u.prompt_ids(81, 8)},
+                          "request_id": "dup-1",
+                          "stopping": {"max_tokens": 3000,
+                                       "ignore_eos": True}})
+    holder.wait_tokens(1)
+    r = u.generate(c, {"text": "x", "request_id": "dup-1",
+                       "stopping": {"max_tokens": 2}})
+    assert r.code == grpc.StatusCode.ABORTED, r
+    assert "dup-1" in r.details and "already running" in r.details
+    holder.cancel()
+    holder.join()
+    u.wait_until(lambda: u.metric(proc, "vllm:num_requests_running") == 0,
+                 timeout=10, what="the first dup-1 request ended")
+    u.generate_ok(c, {"text": "x", "request_id": "dup-1",
+                      "stopping": {"max_tokens": 2}})

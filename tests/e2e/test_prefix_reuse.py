@@ -155,6 +155,27 @@ def test_cache_owned_sessions_are_hidden_and_prompt_logprobs_prefill(cluster):
     u.assert_matches_reference(prompt, r, 5, ignore_eos=True)
 
 
+def test_speculative_one_shot_reply_end_resumes_the_follow_up(cluster):
+    """A speculative one-shot request commits nothing past max_tokens (its
+    rounds draft no deeper than that leaves room for), so its kept session
+    ends where its reply does: a follow-up that resends prompt and reply
+    (a chat's next message) resumes there, exactly."""
+    c = cluster.client
+    max_tokens = 16
+    for seed in range(4300, 4306):
+        prompt = u.prompt_ids(seed, 7)
+        req = _req(prompt, max_tokens, True)
+        req["speculation"]["k"] = 4
+        r = u.generate_ok(c, req)
+        assert len(r.ids) == max_tokens, r
+        assert r.final.usage.overshoot_tokens == 0, r
+        follow = prompt + list(r.ids) + u.prompt_ids(seed + 100, 3)
+        f = u.generate_ok(c, _req(follow, 4, True))
+        assert f.final.usage.cached_prompt_tokens == len(prompt) + max_tokens, \
+            (seed, f)
+        u.assert_matches_reference(follow, f, 4, ignore_eos=True)
+
+
 # ---------------------------------------------------------------------------
 # Prefix checkpoints: states saved inside prompts as they are prefilled
 

@@ -307,3 +307,60 @@ def test_tokenize_detokenize_round_trip(cluster, text):
                       parse_special=True).ids)
     assert ids
     assert c.call("specserve.v1.Tokenization/Detokenize", ids=ids).text == text
+
+
+def test_session_capacity_below_one_round_is_refused(cluster):
+    """A session capacity below one prompt token plus one round at the
+    largest k (10) is INVALID_ARGUMENT, from OpenSession and from a
+    Generate that opens the session; 10 is accepted, and 0 still means the
+    server's default."""
+    c = cluster.client
+    for capacity in (1, 9):
+        code, details = u.rpc_code(c.call, "specserve.v1.Sessions/OpenSession",
+                                   capacity=capacity)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, capacity
+        assert "below the minimum of 10" in details, details
+        r = u.generate(c, {"text": "a", "session": {"capacity": capacity},
+                           "stopping": {"max_tokens": 1}})
+        assert r.code == grpc.StatusCode.INVALID_ARGUMENT, r
+        assert "session.capacity" in r.details
+    opened = [c.call("specserve.v1.Sessions/OpenSession", capacity=10),
+              c.call("specserve.v1.Sessions/OpenSession")]
+    assert opened[0].capacity == 10
+    assert opened[1].capacity > 10
+    for s in opened:
+        c.call("specserve.v1.Sessions/CloseSession", session_id=s.session_id)
+
+
+def test_response_options_leave_out_text_and_ids(cluster):
+    """response.text false leaves the text out of a text prompt's events
+    (ids too unless response.ids), and stop strings still apply to the text
+    that is not sent; for token ids in, text is off by default and stop
+    strings apply likewise."""
+    c = cluster.client
+    req = {"text": "def add(a, b):\n", "stopping": {"max_tokens": 24,
+                                                    "ignore_eos": True}}
+    full = u.generate_ok(c, dict(req, response={"ids": True}))
+    assert full.text and len(full.ids) == 24
+    quiet = u.generate_ok(c, dict(req, response={"text": False}))
+    assert quiet.text == "" and quiet.ids == [] and quiet.deltas == 0
+    assert quiet.final.usage.completion_tokens == 24
+    ids_only = u.generate_ok(c, dict(req, response={"text": False,
+                                                    "ids": True}))
+    assert ids_only.text == "" and ids_only.ids == full.ids
+    stop = full.text[len(full.text) // 2:][:3]
+    assert stop.strip(), full.text
+    cut = u.generate_ok(c, {"text": "def add(a, b):\n",
+                            "stopping": {"max_tokens": 24, "ignore_eos": True,
+                                         "stop": [stop]},
+                            "response": {"text": False, "ids": True}})
+    assert u.finish_name(cut) == "STOP", cut
+    assert 0 < len(cut.ids) < len(full.ids)
+    assert cut.ids == full.ids[:len(cut.ids)]
+    prompt = list(c.call("specserve.v1.Tokenization/Tokenize",
+                         text=req["text"], parse_special=True).ids)
+    by_ids = u.generate_ok(c, {"token_ids": {"ids": prompt},
+                               "stopping": {"max_tokens": 24,
+                                            "ignore_eos": True,
+                                            "stop": [stop]}})
+    assert by_ids.text == "" and by_ids.ids == cut.ids

@@ -27,9 +27,9 @@
 //  - a burst runs only with 1 <= max_new and k <= the largest draft depth
 //    (the two request checks);
 //  - a burst that ends OK emitted `produced` tokens, all in the vocabulary;
-//    overshoot == max(0, produced - max_new) and <= k; MAX_NEW means
-//    produced >= max_new, STOP_TOKEN that a stop id was emitted, CANCELLED
-//    that the burst was asked to stop;
+//    overshoot == max(0, produced - max_new) and <= k, produced <= max_emit
+//    when set; MAX_NEW means produced >= max_new, STOP_TOKEN that a stop id
+//    was emitted, CANCELLED that the burst was asked to stop;
 //  - every emitted token is committed or the carried pending token: the
 //    session's tokens (committed, then pending) end with the burst's output;
 //  - with logprobs asked, every emitted token has its entry (its id, a
@@ -50,6 +50,7 @@
 #include "google/protobuf/stubs/logging.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/sampling/sampling.h"
+#include "proto/api_limits.h"
 #include "proto/worker.pb.h"
 #include "worker/burst_request.h"
 #include "worker/model/model.h"
@@ -218,12 +219,14 @@ void CheckOutcome(const wv1::BurstRequest& req, const Outcome& o) {
              "overshoot %d, but %d produced for max_new %lld", r.overshoot,
              r.produced, static_cast<long long>(max_new));
   // Accepted, so within the depth the worker's check names.
-  FUZZ_CHECK(req.k() < static_cast<uint32_t>(
-                           specserve::model::StateOptions().max_verify_columns),
-             "a burst with k = %u ran (the largest draft depth is %d)", req.k(),
-             specserve::model::StateOptions().max_verify_columns - 1);
+  FUZZ_CHECK(req.k() <= static_cast<uint32_t>(specserve::kMaxDraftDepth),
+             "a burst with k = %u ran (the draft depth limit is %d)", req.k(),
+             specserve::kMaxDraftDepth);
   FUZZ_CHECK(r.overshoot <= static_cast<int64_t>(req.k()),
              "overshoot %d past k %u", r.overshoot, req.k());
+  FUZZ_CHECK(
+      !req.has_max_emit() || r.produced <= static_cast<int64_t>(req.max_emit()),
+      "%d produced past max_emit %u", r.produced, req.max_emit());
   switch (r.end) {
     case BurstEnd::kMaxNew:
       FUZZ_CHECK(r.produced >= max_new, "MAX_NEW after %d of %lld tokens",

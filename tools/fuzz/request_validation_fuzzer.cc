@@ -28,6 +28,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 #include "kernels/sampling/sampling.h"
+#include "proto/api_limits.h"
 #include "proto/specserve.pb.h"
 #include "scheduler/request_parsing.h"
 #include "scheduler/request_validation.h"
@@ -135,7 +136,9 @@ void CheckAccepted(const v1::GenerateRequest& req, const Limits& l) {
   for (uint32_t id : st.stop_token_ids()) {
     FUZZ_CHECK(id < l.vocab_size, "stop token id");
   }
-  FUZZ_CHECK(req.speculation().k() <= l.max_k, "speculation.k");
+  FUZZ_CHECK(
+      req.speculation().k() <= static_cast<uint32_t>(specserve::kMaxDraftDepth),
+      "speculation.k");
   if (req.has_session()) {
     const v1::SessionTurn& t = req.session();
     FUZZ_CHECK(t.session_id().size() <= l.max_session_id_len, "session_id");
@@ -146,7 +149,7 @@ void CheckAccepted(const v1::GenerateRequest& req, const Limits& l) {
       FUZZ_CHECK(t.mode() != v1::SessionTurn::REWIND, "REWIND without id");
       const uint32_t cap = t.capacity();
       FUZZ_CHECK(
-          cap == 0 || (cap >= specserve::scheduler::MinSessionCapacity(l) &&
+          cap == 0 || (cap >= specserve::scheduler::MinSessionCapacity() &&
                        cap <= l.max_context),
           "session.capacity %u accepted", cap);
     }
@@ -171,7 +174,7 @@ void CheckArithmetic(const v1::GenerateRequest& req, const Limits& l) {
   const absl::Status cs = specserve::scheduler::ValidateSessionCapacity(
       capacity, l, "session.capacity");
   if (capacity == 0 ||
-      (capacity >= specserve::scheduler::MinSessionCapacity(l) &&
+      (capacity >= specserve::scheduler::MinSessionCapacity() &&
        capacity <= l.max_context)) {
     FUZZ_CHECK(cs.ok(), "capacity %u: %s", capacity, cs.ToString().c_str());
   } else {

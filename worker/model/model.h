@@ -145,8 +145,11 @@ struct LinearCache {
 };
 
 struct StateOptions {
-  int capacity = 4096;          // rows the caches hold (trunk and MTP)
-  int max_verify_columns = 16;  // T limit of Verify
+  int capacity = 4096;  // rows the caches hold (trunk and MTP)
+  // T limit of Verify. Not a draft depth bound: the worker's sessions set
+  // it to their draft depth + 1 (kMaxDraftDepth, proto/api_limits.h, bounds
+  // that); the default serves direct users of the model (tests, tools).
+  int max_verify_columns = 16;
   // false: no draft state (no MTP KV, no per-column verify captures), as
   // after FreeDraftState: a session that only runs plain decode.
   bool draft_state = true;

@@ -61,11 +61,15 @@ absl::StatusOr<std::unique_ptr<SpecSession>> SpecEngine::Admit(
         absl::StrCat("session ", id, ": checkpoint at ", checkpoint,
                      " lies outside its history of ", n, " tokens"));
   }
+  if (speculative && (draft_depth < 1 || draft_depth > kMaxDraftDepth)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session ", id, ": draft depth ", draft_depth, " is outside 1..",
+        kMaxDraftDepth, " (the draft depth limit)"));
+  }
   model::StateOptions options;
   options.capacity = capacity;
   const bool drafts = speculative && model_->has_mtp();
-  options.max_verify_columns =
-      drafts ? std::clamp(draft_depth, 1, kMaxDraftDepth) + 1 : 1;
+  options.max_verify_columns = drafts ? draft_depth + 1 : 1;
   options.draft_state = drafts;
   // Pages a later fork can share, where the history fills one, laid out for
   // forks at the first prompt's end and its prefix checkpoints (and the
@@ -547,10 +551,13 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(
     // next pending token (so every emitted token stays committable).
     const int room = capacity - s->committed_len() - 2;
     if (room < 0) return finish(BurstEnd::kCapacity);
-    const int k =
-        s->can_draft()
-            ? std::min({p.k, room, s->caches()->max_verify_columns() - 1})
-            : 0;
+    // A round emits up to k + 1 tokens: under max_emit it drafts at most
+    // one fewer than are left (0: a plain step emits the last one).
+    const int emit_room = p.max_emit ? *p.max_emit - result.produced - 1 : p.k;
+    const int k = s->can_draft()
+                      ? std::min({p.k, room, emit_room,
+                                  s->caches()->max_verify_columns() - 1})
+                      : 0;
     std::vector<int32_t> emitted;
     std::vector<TokenLogprobs> logprobs;
     if (k > 0) {

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/sampling/sampling.h"
+#include "proto/api_limits.h"
 #include "worker/model/model.h"
 #include "worker/spec/logprobs.h"
 #include "worker/spec/model_executor.h"
@@ -41,6 +42,9 @@ struct BurstParams {
   sampling::SamplingConfig sampling;  // temperature 0 = greedy
   uint64_t seed = 0;
   std::vector<int32_t> stop_ids;  // end the burst at a round boundary
+  // Set (>= max_new): the most tokens the burst emits; rounds draft no
+  // deeper than keeps them within it (no overshoot past it).
+  std::optional<int> max_emit;
   // Fault injection (docs/RELIABILITY.md row 8): the logits behind the n-th
   // produced token become NaN. 0 = off.
   int inject_nan_at = 0;
@@ -75,10 +79,6 @@ using EmitFn = std::function<bool(absl::Span<const int32_t>)>;
 using EmitWithLogprobsFn = std::function<bool(absl::Span<const int32_t>,
                                               absl::Span<const TokenLogprobs>)>;
 
-// The deepest round a speculative session is sized for (the scheduler's
-// speculation.k limit, request_validation.h Limits::max_k).
-constexpr int kMaxDraftDepth = 8;
-
 // Prefix checkpoints (docs/DESIGN.md "Prefix reuse"): while a prompt is
 // prefilled, the state at every multiple of `interval` inside it is a place
 // a later request sharing only part of the prompt (a system prompt with
@@ -106,10 +106,12 @@ class SpecEngine {
   // end of the history). OUT_OF_RANGE when history does not fit or the
   // checkpoint lies past it.
   // A speculative session holds draft state for rounds of up to
-  // `draft_depth` drafts (clamped to 1..kMaxDraftDepth; a round asking for
-  // more runs at this depth: the verify captures are sized for it); a plain
-  // one (speculative = false) none: a fraction of the memory, and it never
-  // drafts.
+  // `draft_depth` drafts, 1..kMaxDraftDepth (proto/api_limits.h; anything
+  // else is INVALID_ARGUMENT). Its verify captures are sized for that depth,
+  // and a burst asking for more (at most kMaxDraftDepth: BurstRequest's
+  // check) runs its rounds at it. A plain session (speculative = false)
+  // holds none, whatever `draft_depth`: a fraction of the memory, and it
+  // never drafts.
   // `prompt_rows`: the rows the session will hold once its first prompt is
   // in (0: the history's); where they fill a page the backend can share,
   // its attention caches are built so that a fork can share them.

@@ -291,8 +291,8 @@ TEST_P(SpecEngineTest, PlainStepsDeferTheirMtpRowsExactly) {
 }
 
 // Draft state sized for a depth: the verify captures hold depth + 1
-// columns, and a burst asking for more drafts runs rounds at that depth,
-// still equal to plain greedy.
+// columns, and a burst asking for more drafts (within kMaxDraftDepth) runs
+// rounds at that depth, still equal to plain greedy.
 TEST_P(SpecEngineTest, DraftStateSizedForItsDepth) {
   ModelExecutor executor(model_.get());
   SpecEngine engine(&executor);
@@ -313,6 +313,55 @@ TEST_P(SpecEngineTest, DraftStateSizedForItsDepth) {
   EXPECT_EQ(got.tokens, ref.Generate(static_cast<int>(got.tokens.size())));
   auto full = engine.Admit("f", 256, prompt).value();
   EXPECT_EQ(full->caches()->max_verify_columns(), kMaxDraftDepth + 1);
+  // A depth outside 1..kMaxDraftDepth is refused, not clamped.
+  for (int depth : {0, kMaxDraftDepth + 1}) {
+    EXPECT_EQ(engine.Admit("x", 256, prompt, std::nullopt, true, depth)
+                  .status()
+                  .code(),
+              absl::StatusCode::kInvalidArgument)
+        << depth;
+  }
+}
+
+// max_emit (a one-shot request's last bursts): the burst ends with exactly
+// that many tokens, greedy or sampled, the same tokens a burst without it
+// begins with, and the session holds exactly what was emitted (no
+// overshoot row), whatever k.
+TEST_P(SpecEngineTest, MaxEmitEndsTheBurstExactly) {
+  ModelExecutor executor(model_.get());
+  SpecEngine engine(&executor);
+  std::mt19937 rng(43);
+  const std::vector<int32_t> prompt = RandomTokens(&rng, 9, vocab_);
+  for (bool sampled : {false, true}) {
+    for (int k : {2, 4, kMaxDraftDepth}) {
+      BurstParams p;
+      p.k = k;
+      p.max_new = 24;
+      p.seed = 99;
+      if (sampled) p.sampling = {0.8f, 0, 0.95f, 0.0f};
+      auto free_run = engine.Admit("free", 256, prompt).value();
+      Collected all;
+      ASSERT_TRUE(engine.RunBurst(free_run.get(), p, all.fn()).ok());
+      for (int n = 1; n <= 13; n += 3) {
+        auto s = engine.Admit("capped", 256, prompt).value();
+        p.max_new = n;
+        p.max_emit = n;
+        Collected got;
+        absl::StatusOr<BurstResult> r = engine.RunBurst(s.get(), p, got.fn());
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(r->produced, n) << "k " << k << " sampled " << sampled;
+        EXPECT_EQ(r->overshoot, 0);
+        ASSERT_EQ(got.tokens.size(), static_cast<size_t>(n));
+        EXPECT_EQ(got.tokens, std::vector<int32_t>(all.tokens.begin(),
+                                                   all.tokens.begin() + n));
+        // Committed plus the carried pending token: the prompt and the
+        // emitted tokens, nothing past them.
+        EXPECT_EQ(s->committed_len() + (s->has_pending() ? 1 : 0),
+                  static_cast<int>(prompt.size()) + n);
+        p.max_emit.reset();
+      }
+    }
+  }
 }
 
 TEST_P(SpecEngineTest, SampledSameSeedSameOutput) {

@@ -1,0 +1,22 @@
+// Bounds that both sides of the APIs enforce, defined once so that the
+// scheduler, the worker and their messages cannot disagree: the scheduler
+// refuses a public request past them (scheduler/request_validation.h), the
+// worker sizes its sessions by them and refuses a call past them
+// (worker/burst_request.h, spec::SpecEngine::Admit). Header-only; both
+// processes depend on proto/, so neither depends on the other for it.
+#ifndef SPECSERVE_PROTO_API_LIMITS_H_
+#define SPECSERVE_PROTO_API_LIMITS_H_
+
+namespace specserve {
+
+// The deepest speculative round: k drafts, verified as k + 1 columns.
+// specserve.v1 SpeculationParams.k, and specserve.worker.v1 BurstRequest.k
+// and AdmitRequest.draft_depth, are at most this (INVALID_ARGUMENT naming
+// it otherwise). A speculative session's verify captures hold up to
+// kMaxDraftDepth + 1 columns, so every accepted k fits every session sized
+// for it.
+inline constexpr int kMaxDraftDepth = 8;
+
+}  // namespace specserve
+
+#endif  // SPECSERVE_PROTO_API_LIMITS_H_
