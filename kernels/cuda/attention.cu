@@ -1,6 +1,9 @@
 // Causal GQA attention over a KV cache with the optional sigmoid output gate
 // (kernels/attention.h), split over the keys in two kernels:
-//  1. partial: block (chunk c, heads h0..h0+G-1 of one KV head, row t),
+//  1. partial: on a bf16 cache of the common shapes the tiled kernel
+//     (attention_tiled.cuh: K tiles in shared memory, no per-key warp
+//     reduction; AttentionTiledApplies, by shape only), else the per-key-group
+//     kernel below: block (chunk c, heads h0..h0+G-1 of one KV head, row t),
 //     G = 1, 2, 3 or 6 by the launch's size (HeadsPerBlock); each head's
 //     arithmetic is the same whatever G. Row t sees n = first_position
 //     + t + 1 cache rows, cut into nc = min(64, ceil(n/16)) chunks of
@@ -25,6 +28,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cuda/attention_chunks.cuh"
+#include "kernels/cuda/attention_tiled.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ops.h"
@@ -32,81 +37,16 @@
 namespace specserve::kernels::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kGroup = 4;  // keys per warp step
-constexpr int kMaxChunks = 64;
-constexpr int kMinChunkRows = 16;
-constexpr int kMaxHeadDim = 256;
-constexpr int kMaxBatchRows = 65535;
+using namespace attention_chunks;  // NOLINT: the chunking both partial kernels
+                                   // share
 
-__host__ __device__ inline int NumChunks(int64_t n) {
-  const int64_t c = (n + kMinChunkRows - 1) / kMinChunkRows;
-  return static_cast<int>(c < kMaxChunks ? c : kMaxChunks);
-}
+constexpr int kGroup = 4;  // keys per warp step
+constexpr int kMaxBatchRows = 65535;
 
 // The most visible rows any of rows [row0, row0+n) can have.
 int64_t MaxVisible(const AttentionParams& p, int64_t row0, int64_t n) {
   return p.positions != nullptr ? p.max_position + 1
                                 : p.first_position + row0 + n;
-}
-
-struct Batch {
-  int64_t row0;    // first query row of this launch
-  int max_chunks;  // chunk slots per (row, head) in the workspace
-  float* acc;      // [rows][heads][max_chunks][head_dim]
-  float* ml;       // [rows][heads][max_chunks][2]
-};
-
-// Row t's visible rows and caches. The session batch's table (positions,
-// cache pointers) is read past L1, so it may be read before the
-// programmatic wait (TableEntry, common.cuh).
-struct RowCaches {
-  int64_t n;  // visible rows
-  const void* k;
-  const void* v;
-};
-__device__ __forceinline__ RowCaches RowCachesOf(const AttentionParams& p,
-                                                 int64_t t) {
-  if (p.positions == nullptr)
-    return {p.first_position + t + 1, p.k_cache, p.v_cache};
-  return {int64_t{__ldcg(p.positions + t)} + 1, TableEntry(p.k_caches, t),
-          TableEntry(p.v_caches, t)};
-}
-
-// Chunk c of n visible rows cut into nc chunks of equal length (the last
-// may be shorter): rows [begin, end).
-struct ChunkRange {
-  int64_t begin;
-  int64_t end;
-};
-__device__ __forceinline__ ChunkRange ChunkOf(int64_t n, int nc, int c) {
-  const int64_t chunk = (n + nc - 1) / nc;
-  const int64_t begin = c * chunk;
-  return {begin, begin + chunk < n ? begin + chunk : n};
-}
-
-// Before the wait: the first rows of the block's chunk of keys and values
-// (KV head kvh) into L2 (PrefetchL2: the rows were written by earlier
-// steps, all but the newest, which the previous kernel writes; a hint reads
-// no value).
-__device__ __forceinline__ void PrefetchChunk(const AttentionParams& p,
-                                              const RowCaches& rc,
-                                              ChunkRange range, int64_t kvh) {
-  constexpr int kRows = 64;        // rows prefetched at most
-  constexpr int kLineBytes = 128;  // one L2 line
-  const int64_t elem = p.kv_dtype == DType::kBF16 ? 2 : 4;
-  const int64_t rows = min(range.end - range.begin, int64_t{kRows});
-  const int lines =
-      static_cast<int>((p.head_dim * elem + kLineBytes - 1) / kLineBytes);
-#pragma unroll 1
-  for (int i = threadIdx.x; i < rows * 2 * lines; i += kThreads) {
-    const int64_t r = range.begin + i / (2 * lines);
-    const int w = i % (2 * lines);
-    const char* base = static_cast<const char*>(w < lines ? rc.k : rc.v) +
-                       (r * p.kv_row_stride + kvh * p.head_dim) * elem;
-    PrefetchL2(base + (w % lines) * kLineBytes);
-  }
 }
 
 // One cache element as fp32 (a bf16 element widens exactly).
@@ -379,6 +319,57 @@ int HeadsPerBlock(const AttentionParams& p, int64_t slots) {
   return 1;
 }
 
+// The tiled partial (attention_tiled.cuh) of all G query heads of each KV
+// head: grid (chunk slots, KV heads, rows).
+template <int DPL, int G>
+absl::Status LaunchTiledPartialOf(const AttentionParams& p, const Batch& b,
+                                  int64_t rows_here, cudaStream_t stream) {
+  const dim3 grid(b.max_chunks, static_cast<unsigned>(p.num_kv_heads),
+                  static_cast<unsigned>(rows_here));
+  LaunchPdl(AttentionTiledPartialKernel<DPL, G>, grid, dim3(kThreads), 0,
+            stream, p, b);
+  return LaunchStatus("attention tiled partial launch");
+}
+
+template <int DPL>
+absl::Status LaunchTiledPartialDpl(const AttentionParams& p, const Batch& b,
+                                   int64_t rows_here, cudaStream_t stream) {
+  switch (p.num_heads / p.num_kv_heads) {
+    case 1:
+      return LaunchTiledPartialOf<DPL, 1>(p, b, rows_here, stream);
+    case 2:
+      return LaunchTiledPartialOf<DPL, 2>(p, b, rows_here, stream);
+    case 3:
+      return LaunchTiledPartialOf<DPL, 3>(p, b, rows_here, stream);
+    case 4:
+      return LaunchTiledPartialOf<DPL, 4>(p, b, rows_here, stream);
+    case 5:
+      return LaunchTiledPartialOf<DPL, 5>(p, b, rows_here, stream);
+    case 6:
+      return LaunchTiledPartialOf<DPL, 6>(p, b, rows_here, stream);
+    case 7:
+      return LaunchTiledPartialOf<DPL, 7>(p, b, rows_here, stream);
+    case 8:
+      return LaunchTiledPartialOf<DPL, 8>(p, b, rows_here, stream);
+    default:
+      return absl::InternalError("attention: tiled partial group size");
+  }
+}
+
+absl::Status LaunchTiledPartial(const AttentionParams& p, const Batch& b,
+                                int64_t rows_here, cudaStream_t stream) {
+  switch (p.head_dim) {
+    case 64:
+      return LaunchTiledPartialDpl<2>(p, b, rows_here, stream);
+    case 128:
+      return LaunchTiledPartialDpl<4>(p, b, rows_here, stream);
+    case 256:
+      return LaunchTiledPartialDpl<8>(p, b, rows_here, stream);
+    default:
+      return absl::InternalError("attention: tiled partial head_dim");
+  }
+}
+
 template <typename KvT, int DPL>
 absl::Status RunBatches(const AttentionParams& p, const Workspace& ws,
                         cudaStream_t stream) {
@@ -396,27 +387,32 @@ absl::Status RunBatches(const AttentionParams& p, const Workspace& ws,
     b.max_chunks = NumChunks(MaxVisible(p, row0, rows_here));
     b.acc = static_cast<float*>(ws.data);
     b.ml = b.acc + rows_here * p.num_heads * b.max_chunks * p.head_dim;
-    const int g = HeadsPerBlock(p, rows_here * b.max_chunks);
-    const dim3 grid(b.max_chunks, static_cast<unsigned>(p.num_heads / g),
-                    static_cast<unsigned>(rows_here));
     const dim3 block(kThreads);
-    auto partial = AttentionPartialKernel<KvT, DPL, 1>;
-    switch (g) {
-      case 6:
-        partial = AttentionPartialKernel<KvT, DPL, 6>;
-        break;
-      case 3:
-        partial = AttentionPartialKernel<KvT, DPL, 3>;
-        break;
-      case 2:
-        partial = AttentionPartialKernel<KvT, DPL, 2>;
-        break;
-      default:
-        break;
+    if (TiledApplies(p)) {
+      if (absl::Status s = LaunchTiledPartial(p, b, rows_here, stream); !s.ok())
+        return s;
+    } else {
+      const int g = HeadsPerBlock(p, rows_here * b.max_chunks);
+      const dim3 grid(b.max_chunks, static_cast<unsigned>(p.num_heads / g),
+                      static_cast<unsigned>(rows_here));
+      auto partial = AttentionPartialKernel<KvT, DPL, 1>;
+      switch (g) {
+        case 6:
+          partial = AttentionPartialKernel<KvT, DPL, 6>;
+          break;
+        case 3:
+          partial = AttentionPartialKernel<KvT, DPL, 3>;
+          break;
+        case 2:
+          partial = AttentionPartialKernel<KvT, DPL, 2>;
+          break;
+        default:
+          break;
+      }
+      LaunchPdl(partial, grid, block, 0, stream, p, b);
+      if (absl::Status s = LaunchStatus("attention partial launch"); !s.ok())
+        return s;
     }
-    LaunchPdl(partial, grid, block, 0, stream, p, b);
-    if (absl::Status s = LaunchStatus("attention partial launch"); !s.ok())
-      return s;
     const dim3 cgrid(static_cast<unsigned>(p.num_heads),
                      static_cast<unsigned>(rows_here));
     LaunchPdl(AttentionCombineKernel, cgrid, block, 0, stream, p, b);
@@ -436,6 +432,8 @@ absl::Status RunHeadDim(const AttentionParams& p, const Workspace& ws,
 }
 
 }  // namespace
+
+bool AttentionTiledApplies(const AttentionParams& p) { return TiledApplies(p); }
 
 size_t AttentionWorkspaceBytesPerRow(const AttentionParams& p) {
   const int64_t chunks = NumChunks(MaxVisible(p, 0, p.rows));

@@ -110,6 +110,10 @@ absl::Status LaunchSwiglu(const SwigluParams& p, cudaStream_t stream);
 absl::Status LaunchAttention(const AttentionParams& p, const Workspace& ws,
                              cudaStream_t stream);
 size_t AttentionWorkspaceBytesPerRow(const AttentionParams& p);
+// Whether the call's partials run on the tiled kernel (attention_tiled.cuh:
+// a bf16 cache of aligned rows, head_dim 64, 128 or 256, up to 8 query heads
+// per KV head), a function of the call's shape only.
+bool AttentionTiledApplies(const AttentionParams& p);
 
 // Causal flash attention of one session's rows (prefill_attention.cu): q, k
 // and v rounded to bf16 on the tensor cores, an online softmax in fp32 over

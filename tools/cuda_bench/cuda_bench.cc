@@ -10,7 +10,8 @@
 //     (each B also beside its state-inclusive floor, and B = 1 and 64
 //     again with a bf16 recurrent state), (f) prefill of 64..2048 tokens,
 //     (g) with --prefill_only: suffixes after a shared prefix in one
-//     PrefillBatch pass;
+//     PrefillBatch pass; (h) DecodeBatch at 2k / 8k / 32k contexts beside
+//     the state-inclusive floor (alone with --long_context_only);
 //  4. decode tokens/s of --default_model (a checkpoint dir), if given, and
 //     (d) plain vs speculative greedy tokens/s through the engine
 //     (SpecEngine bursts, k = 0..4), checking spec == plain token for token.
@@ -18,8 +19,9 @@
 //
 // Usage: cuda_bench [--json=FILE] [--default_model=DIR] [--skip_model]
 //                   [--skip_matmul] [--quick_sweep] [--x_splits=2] [--leave_out]
-//                   [--decode_only]
+//                   [--decode_only] [--long_context_only] [--long_context=N]
 //                   [--synthetic_dir=/tmp/specserve_27b]
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -124,6 +126,11 @@ struct Ctx {
   bool decode_only = false;       // --decode_only: the 27B shape's (a) alone
   bool quick_sweep = false;  // --quick_sweep (MatmulSweep)
   bool prefill_only = false;  // --prefill_only: the 27B shape's (f) alone
+  bool long_context_only = false;  // --long_context_only: the 27B shape's (h) alone
+  int long_context = 0;  // --long_context=N: (h) at N rows only (0: 2k, 8k and 32k)
+  // --profile_b=B: (h) wraps B sessions' eager step in cudaProfilerStart/Stop
+  // (for `ncu --profile-from-start off`).
+  int profile_b = 0;
   json out = json::object();
 };
 
@@ -505,6 +512,76 @@ void Bf16StateBatch(Ctx* ctx, const std::string& dir, const std::map<int, json>&
   (*j)["decode_batch_bf16_state"] = out;
 }
 
+// (h) DecodeBatch of B sessions at long contexts (2k, 8k, 32k committed
+// rows), beside the state-inclusive floor at that context (weights + B x
+// (state traffic + the KV rows read)), with the op timeline of the B = 1 and
+// B = 16 steps at 8k: where the context-dependent time goes.
+void LongContextBench(Ctx* ctx, model::Model* m, RandomWeightsBackend* rb, json* j) {
+  std::printf("(h) DecodeBatch at long contexts (greedy, the step's CUDA graph; st_floor = "
+              "(weight bytes + B x (state traffic + KV rows read)) / copy bandwidth):\n"
+              "%8s %4s %9s %9s %9s %12s\n",
+              "context", "B", "ms", "st_floor", "x_st", "attn_ms/step");
+  model::ForwardResult r, lean;
+  lean.want_logits = false;
+  json out = json::array();
+  const std::vector<std::pair<int, std::vector<int>>> plan = {
+      {2048, {1, 16}}, {8192, {1, 16}}, {32768, {1, 4}}};
+  for (const auto& [context, sizes] : plan) {
+    if (ctx->long_context != 0 && context != ctx->long_context) continue;
+    model::StateOptions so;
+    so.capacity = context + 64;
+    so.max_verify_columns = 1;
+    so.draft_state = false;
+    const std::vector<int32_t> prompt = SyntheticPrompt(context);
+    std::vector<std::unique_ptr<model::ModelState>> states;
+    int32_t next = 0;
+    for (size_t si = 0; si < sizes.size(); ++si) {
+      const int b = sizes[si];
+      while (static_cast<int>(states.size()) < b) {
+        auto s = m->NewState(so);
+        BENCH_CHECK(s.status());
+        BENCH_CHECK(m->Prefill(s->get(), prompt, {}, &r));
+        next = r.argmax[0];
+        states.push_back(std::move(*s));
+      }
+      std::vector<model::ModelState*> ptrs;
+      std::vector<int32_t> toks(b, next);
+      for (int i = 0; i < b; ++i) ptrs.push_back(states[i].get());
+      const double kv_rows = MedianCallKvRows(states[0]->length(), 3, 10);
+      const double st_floor = StateFloorMs(*ctx, *m, b, kv_rows);
+      const double ms = WallMs(3, 10, [&] { BENCH_CHECK(m->DecodeBatch(ptrs, toks, &lean)); });
+      m->set_use_graphs(false);
+      rb->StartTimeline();
+      if (b == ctx->profile_b) BENCH_CUDA(cudaProfilerStart());
+      BENCH_CHECK(m->DecodeBatch(ptrs, toks, &lean));
+      if (b == ctx->profile_b) BENCH_CUDA(cudaProfilerStop());
+      const auto timeline = rb->StopTimeline();
+      m->set_use_graphs(true);
+      double attn_ms = 0;
+      for (const auto& [name, v] : timeline) {
+        if (name == "attention") attn_ms = v.first;
+      }
+      std::printf("%8d %4d %9.2f %9.2f %9.3f %12.2f\n", context, b, ms, st_floor, ms / st_floor,
+                  attn_ms);
+      json row = {{"context", context}, {"B", b},          {"ms", ms},
+                  {"state_floor_ms", st_floor}, {"x_state_floor", ms / st_floor},
+                  {"attention_ms", attn_ms}};
+      if (context == 8192) {
+        const std::string label = "(h) 8k context, B=" + std::to_string(b);
+        row["timeline"] = PrintTimeline(label.c_str(), timeline, 1);
+      }
+      out.push_back(row);
+      if (si + 1 == sizes.size()) break;
+      // Back to the prompt's end for the next size.
+      for (auto& s : states) {
+        BENCH_CHECK(m->Reset(s.get()));
+        BENCH_CHECK(m->Prefill(s.get(), prompt, {}, &r));
+      }
+    }
+  }
+  (*j)["decode_long_context"] = out;
+}
+
 void ModelBench(Ctx* ctx, const std::string& dir) {
   BENCH_CHECK(WriteSyntheticCheckpoint(Qwen35_27BConfigJson(), dir));
   auto owner = MakeBackend(ctx->model_splits, ctx->kv_dtype);
@@ -525,6 +602,11 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
   std::printf("decode weight bytes %.2f GB; floor %.2f ms at %.0f GB/s copy\n", wbytes / 1e9,
               floor_ms, ctx->copy_gbs);
   json j = {{"decode_weight_bytes", wbytes}, {"floor_ms", floor_ms}};
+  if (ctx->long_context_only) {
+    LongContextBench(ctx, m.get(), &rb, &j);
+    ctx->out["model_27b"] = j;
+    return;
+  }
   if (ctx->prefill_only) {
     PrefillBench(ctx, m.get(), &rb, floor_ms, &j);
     SharedPrefixSuffixBench(m.get(), &rb, &j);
@@ -714,6 +796,7 @@ void ModelBench(Ctx* ctx, const std::string& dir) {
   }
   j["decode_batch"] = jb;
   PrefillBench(ctx, m.get(), &rb, floor_ms, &j);
+  LongContextBench(ctx, m.get(), &rb, &j);
   // The fp32 model's memory goes back before the bf16-state model loads.
   states.clear();
   st->reset();
@@ -838,6 +921,9 @@ int Main(int argc, char** argv) {
     if (a == "--quick_sweep") ctx_quick = true;
     if (a == "--decode_only") decode_only = true;
     if (a == "--prefill_only") ctx.prefill_only = true;
+    if (a == "--long_context_only") ctx.long_context_only = true;
+    if (a.rfind("--long_context=", 0) == 0) ctx.long_context = std::stoi(a.substr(15));
+    if (a.rfind("--profile_b=", 0) == 0) ctx.profile_b = std::stoi(a.substr(12));
     if (a.rfind("--x_splits=", 0) == 0) model_splits = std::stoi(a.substr(11));
     if (a.rfind("--kv_cache_dtype=", 0) == 0) {
       const auto kv = kernels::ParseCacheDTypeFlag("kv_cache_dtype", a.substr(17));
