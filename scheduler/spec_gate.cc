@@ -45,6 +45,16 @@ double SmoothedAcceptance(double drafted, double accepted,
   return std::clamp((acc + config.prior_acceptance * w) / denom, 0.0, 1.0);
 }
 
+double AcceptanceUpperBound(double drafted, double accepted, double z) {
+  if (drafted <= 0) return 1.0;
+  const double n = drafted;
+  const double r = std::clamp(accepted, 0.0, n) / n;
+  const double z2 = z * z;
+  const double centre = r + z2 / (2 * n);
+  const double spread = z * std::sqrt(r * (1 - r) / n + z2 / (4 * n * n));
+  return std::clamp((centre + spread) / (1 + z2 / n), 0.0, 1.0);
+}
+
 double GeometricTokensPerRound(double a, uint32_t k) {
   a = std::clamp(a, 0.0, 1.0);
   if (a >= 1.0) return 1.0 + k;
@@ -162,6 +172,24 @@ SpecGateDecision DecideSpec(const SpecGateInputs& in,
     return d;
   }
   d.next_state.below_count = in.state.below_count + 1;
+  if (config.decisive_z > 0) {
+    const double best = AcceptanceUpperBound(static_cast<double>(in.drafted),
+                                             static_cast<double>(in.accepted),
+                                             config.decisive_z);
+    // Load comes and goes (the streak is for that): the evidence is decisive
+    // only if the round would lose alone on the worker.
+    const double alone_ratio =
+        verify / DecodeSeconds(in.decode_seconds_by_batch, 1);
+    const double best_gain = (1.0 + best * k) / alone_ratio;
+    if (best_gain < threshold) {
+      d.mode = v1::BATCHED;
+      d.reason = absl::StrFormat(
+          "demoted at once: even acceptance %.3f (the upper bound of %d of %d "
+          "drafts) gives gain %.2f < %.2f alone on the worker: %s",
+          best, in.accepted, in.drafted, best_gain, threshold, numbers);
+      return d;
+    }
+  }
   if (d.next_state.below_count >= std::max<uint32_t>(1, config.demote_after)) {
     d.mode = v1::BATCHED;
     d.reason = absl::StrFormat("demoted after %d evaluations below %.2f: %s",

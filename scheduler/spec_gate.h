@@ -40,7 +40,16 @@
 // Hysteresis. A speculative session is demoted only after `demote_after`
 // consecutive evaluations with gain < 1 − margin; one good evaluation resets
 // the count. A first decision (current mode UNSPECIFIED) needs no streak.
-// Demotion is one-way (docs/DESIGN.md §1): a BATCHED session stays BATCHED.
+// Decisive evidence skips the streak: when even the optimistic acceptance,
+// the upper Wilson bound (z = `decisive_z`) of the session's lifetime
+// accepted / drafted without the prior, gives gain < 1 − margin for a round
+// alone on the worker (V(k+1) / D(1): load comes and goes, and the streak is
+// for that), the session is demoted at that evaluation. The streak guards
+// against noise in a rate that is near the line; a lifetime bound far below it
+// is not noise (drafts that never land, as with an untrained head, are seen
+// after one burst instead of four), and a session whose drafts once landed
+// keeps a high lifetime bound, so the streak still decides for it. Demotion is
+// one-way (docs/DESIGN.md §1): a BATCHED session stays BATCHED.
 #ifndef SPECSERVE_SCHEDULER_SPEC_GATE_H_
 #define SPECSERVE_SCHEDULER_SPEC_GATE_H_
 
@@ -61,8 +70,10 @@ struct SpecGateConfig {
   // Demote when gain < 1 - margin (a speculative session then costs at most
   // ~1/(1 - margin) of plain decode while the streak builds) ...
   double margin = 0.04;
-  // ... for this many consecutive evaluations.
+  // ... for this many consecutive evaluations, unless the evidence is
+  // decisive (see Hysteresis above; 0 turns that rule off).
   uint32_t demote_after = 3;
+  double decisive_z = 1.64;
 };
 
 // Kept per session between evaluations; starts zeroed.
@@ -128,6 +139,9 @@ uint32_t ChooseK(double rate, uint32_t measured_k, uint32_t max_k,
 // Smoothed acceptance r^.
 double SmoothedAcceptance(double drafted, double accepted,
                           const SpecGateConfig& config);
+// The upper Wilson score bound of the rate accepted / drafted at z (1 when
+// nothing was drafted).
+double AcceptanceUpperBound(double drafted, double accepted, double z);
 // Per-position acceptance a whose geometric model gives mean acceptance
 // `rate` over `k` positions: rate = (a + a^2 + ... + a^k) / k.
 double PerPositionAcceptance(double rate, uint32_t k);

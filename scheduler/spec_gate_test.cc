@@ -162,6 +162,47 @@ TEST(SpecGateTest, AcceptanceFollowsTheRecentRounds) {
   EXPECT_GT(static_cast<double>(in.accepted) / in.drafted, 0.5);
 }
 
+TEST(SpecGateTest, DraftsThatNeverLandDemoteAfterOneBurst) {
+  // An untrained draft head: one burst of 32 rounds at k = 3, none accepted.
+  // Even the upper bound of 0 of 96 (z = 1.64: 0.027) gives E = 1.08 against
+  // a round alone costing 1.3 steps: demoted at that evaluation, no streak.
+  SpecGateInputs in = Inputs(1, 96, 0);
+  in.state.seen_drafted = 0;
+  SpecGateDecision d = DecideSpec(in);
+  EXPECT_EQ(d.mode, v1::BATCHED);
+  EXPECT_THAT(d.reason, HasSubstr("demoted at once"));
+  // Without the rule the prior keeps it speculating for several bursts.
+  SpecGateConfig streak_only;
+  streak_only.decisive_z = 0;
+  EXPECT_EQ(DecideSpec(in, streak_only).mode, v1::SPECULATIVE);
+}
+
+TEST(SpecGateTest, LoadAloneNeverDemotesAtOnce) {
+  // Good drafts (r = 0.7) under a load where rounds lose: the streak
+  // decides, since the same rounds pay alone on the worker.
+  SpecGateInputs in = Inputs(16, 3000, 2100);
+  SpecGateDecision d = DecideSpec(in);
+  ASSERT_LT(d.expected_tokens_per_round / d.verify_cost_ratio, 0.96);
+  EXPECT_EQ(d.mode, v1::SPECULATIVE);
+  EXPECT_EQ(d.next_state.below_count, 1u);
+}
+
+TEST(SpecGateTest, FewDraftsAreNotDecisive) {
+  // 0 of 6 drafted: the bound (0.31) still allows a paying round.
+  SpecGateInputs in = Inputs(1, 6, 0);
+  EXPECT_EQ(DecideSpec(in).mode, v1::SPECULATIVE);
+}
+
+TEST(SpecGateModelTest, AcceptanceUpperBound) {
+  EXPECT_DOUBLE_EQ(AcceptanceUpperBound(0, 0, 1.64), 1.0);
+  EXPECT_THAT(AcceptanceUpperBound(96, 0, 1.64),
+              DoubleNear(1.64 * 1.64 / (96 + 1.64 * 1.64), 1e-12));
+  EXPECT_GT(AcceptanceUpperBound(1000, 500, 1.64), 0.5);
+  EXPECT_LT(AcceptanceUpperBound(1000, 500, 1.64), 0.53);
+  EXPECT_GT(AcceptanceUpperBound(10, 5, 1.64),
+            AcceptanceUpperBound(1000, 500, 1.64));
+}
+
 TEST(SpecGateTest, NoNewRoundsLeaveTheWindowAsItIs) {
   SpecGateInputs in = Inputs(1, 600, 300);
   SpecGateDecision first = DecideSpec(in);
