@@ -153,3 +153,139 @@ def test_smoke_scaling_mode_runs_one_and_two_workers(tmp_path):
         assert r["n_x_one_tok_s"] == 2 * one[r["concurrency"] // 2]
         assert r["over_n_x_one"] == r["tok_s"] / r["n_x_one_tok_s"]
     assert "## Plain decode over 2 workers" in (out / "serve_bench.txt").read_text()
+
+
+def _serve_bench_modules():
+    """context_rows, mixed_rows and serve_bench, imported from the tool's
+    folder (they import its siblings by name)."""
+    if TOOL not in sys.path:
+        sys.path.insert(0, TOOL)
+    import context_rows
+    import mixed_rows
+    import serve_bench
+    return context_rows, mixed_rows, serve_bench
+
+
+def test_context_window_starts_after_the_last_first_token():
+    context_rows, _, _ = _serve_bench_modules()
+    # Stream 0 decodes every 10 ms from t = 0; stream 1's first token comes
+    # at t = 0.5 (its prefill), then every 20 ms. The window opens at 0.5.
+    s0 = [(0.01 * i, 1) for i in range(100)]
+    s1 = [(0.5 + 0.02 * i, 1) for i in range(10)]
+    w = context_rows.window_figures([s0, s1], 0.5, 4, 1000)
+    # Stream 0: its 4 messages after 0.5 (0.51 .. 0.54): 3 gaps of 10 ms.
+    # Stream 1: 0.52 .. 0.58: 3 gaps of 20 ms (its first token is at 0.5,
+    # not after it).
+    assert [round(x, 6) for x in w["tpots"]] == [0.01, 0.02]
+    assert len(w["gaps"]) == 6 and w["streams_short"] == 0
+    assert round(w["window_s"], 6) == 0.08
+    # ids in (0.5, 0.58]: stream 0's 8 and stream 1's 4.
+    assert w["window_ids"] == 12
+    # Context: stream 0 had 51 ids at 0.5, stream 1 one; + half a window.
+    assert w["ctx_mean"] == 1000 + (51 + 1) / 2.0 + 2
+    assert w["ids_per_message"] == 1.0
+    short = context_rows.window_figures([s1], 0.5, 50, 1000)
+    assert short["streams_short"] == 1
+
+
+def test_context_fit_check():
+    context_rows, _, _ = _serve_bench_modules()
+    model = {"layer_types": ["LINEAR_ATTENTION"] * 3 + ["FULL_ATTENTION"],
+             "num_key_value_heads": 2, "head_dim": 64, "linear_num_key_heads": 2,
+             "linear_num_value_heads": 4, "linear_key_head_dim": 64,
+             "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4}
+    one = context_rows.session_bytes_lower_bound(model, 1000, 2)
+    assert one == 1000 * 1 * 2 * 2 * 64 * 2 + 3 * (4 * 64 * 64 * 2 + (2 * 2 * 64 + 4 * 64) * 3 * 4)
+    common = dict(prompt_tokens=900, request_max_tokens=100, window_tokens=16, model=model,
+                  kv_element_bytes=2, rate=1000.0, step_ms=10.0)
+    assert context_rows.skip_reason(clients=4, budget_bytes=4 * one, seconds_left=100,
+                                    **common) == ""
+    assert context_rows.skip_reason(clients=5, budget_bytes=4 * one, seconds_left=100,
+                                    **common).startswith("memory")
+    # 0.9 s alone, 3 more at 3x under load, 48 steps of 10 ms: ~9.4 s.
+    assert context_rows.skip_reason(clients=4, budget_bytes=None, seconds_left=5,
+                                    **common).startswith("time budget")
+    assert context_rows.skip_reason(clients=4, budget_bytes=None, seconds_left=None,
+                                    **common) == ""
+
+
+def test_mixed_window_figures():
+    _, mixed_rows, _ = _serve_bench_modules()
+
+    class Rec:
+        def __init__(self, ttft):
+            self.ttft = ttft
+
+    def req(sent, arrivals):
+        q = mixed_rows._Req(0, sent)
+        q.arrivals = arrivals
+        q.records = [Rec(arrivals[0][0] - sent if arrivals else None)]
+        return q
+
+    # Window [1, 2]: a request sent before it (its gaps in it count), one
+    # sent in it (its TTFT counts) and one sent in it with no first token.
+    a = req(0.0, [(0.1 * i, 1) for i in range(1, 16)])       # arrivals 0.1 .. 1.5
+    b = req(1.2, [(1.3 + 0.05 * i, 1) for i in range(10)])  # 1.3 .. 1.75
+    c = req(1.9, [])
+    w = mixed_rows.window_figures([a, b, c], 1.0, 2.0, 16)
+    assert w["requests_in_window"] == 2 and w["ttft_censored"] == 1
+    assert [round(x, 6) for x in w["ttft"]] == [0.1]
+    # a: gaps arriving at 1.0 .. 1.5 (6 of 0.1 s); b: 9 of 0.05 s. Neither
+    # has 15 ids in the window, so neither has a TPOT.
+    assert len(w["gaps"]) == 15 and w["tpots"] == []
+    assert w["window_ids"] == 6 + 10
+    w = mixed_rows.window_figures([a, b, c], 1.0, 2.0, 4)  # 3 ids suffice
+    assert [round(x, 6) for x in w["tpots"]] == [0.1, 0.05]
+
+
+def test_context_and_mixed_flags():
+    _, _, serve_bench = _serve_bench_modules()
+    assert serve_bench.context_clients(["1,16", "32768:1,4"]) == ([1, 16], {32768: [1, 4]})
+    assert serve_bench.context_clients(["8192:1,16;2048:2"]) == (None, {8192: [1, 16],
+                                                                         2048: [2]})
+    assert serve_bench.mixed_specs("1024:256:64, 8192:1024:16") == [(1024, 256, 64),
+                                                                     (8192, 1024, 16)]
+    args = serve_bench.parse_args(["--context-rows", "2048,8192,32768"])
+    rows = [(k, c, p) for k, _, c, p, _, _ in serve_bench.plan(args) if k == "context"]
+    assert rows == [("context", 1, 2048), ("context", 16, 2048), ("context", 1, 8192),
+                    ("context", 16, 8192), ("context", 1, 32768), ("context", 4, 32768)]
+    # Context rows alone read (h) alone.
+    alone = serve_bench.parse_args(["--modes=", "--ttft-prompts=", "--prefill-under-load", "0",
+                                    "--context-rows", "8192"])
+    assert serve_bench.cuda_bench_sections(alone) == ["--long_context_only",
+                                                      "--long_context=8192"]
+    assert serve_bench.cuda_bench_sections(args) == []
+
+
+def test_smoke_context_and_mixed_rows(tmp_path):
+    out = tmp_path / "out"
+    p = subprocess.run(
+        [sys.executable, os.path.join(TOOL, "serve_bench.py"), "--smoke", "--out", str(out),
+         "--modes=", "--ttft-prompts=", "--prefill-under-load", "0",
+         "--context-rows", "256", "--context-max-tokens", "16",
+         "--mixed-rows", "128:16:2", "--mixed-seconds", "2"],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    result = json.loads((out / "serve_bench.json").read_text())
+    rows = result["rows"]
+    assert [(r["kind"], r["concurrency"]) for r in rows] == [
+        ("context", 1), ("context", 2), ("mixed", 2)]
+    assert result["skipped"] == []
+    for r in rows:
+        assert r["errors"] == {} and r["cut"] == 0, r
+        assert 0 < r["tpot_p50_ms"] <= r["tpot_p99_ms"] and r["tok_s"] > 0
+        assert r["ttft_p50_ms"] > 0 and r["gap_p99_ms"] > 0
+    for r in rows[:2]:
+        assert r["streams_cancelled"] == r["concurrency"] == r["done"]
+        assert r["streams_ended_early"] == 0 and r["streams_short"] == 0
+        assert len(r["tpot_streams_ms"]) == r["concurrency"]
+        assert r["ctx_mean"] > 256
+        assert all(x["cancelled_by_row"] and x["tokens"] >= 16 for x in r["records"])
+    (m,) = rows[2:]
+    assert m["completed"] > 0 and m["tpot_requests"] > 0
+    assert m["done"] == m["completed"] + m["cancelled_at_end"] + 1  # + the probe
+    assert len(m["delays_ms"]) == 2
+    assert all(0 <= d < m["expected_request_ms"] for d in m["delays_ms"])
+    text = (out / "serve_bench.txt").read_text()
+    assert "## Decode at long contexts" in text and "## Mixed closed loop" in text
+    assert "TPOT / state floor" in text and "TPOT / step" in text

@@ -256,6 +256,37 @@ def random_prompts(rng, count, length, vocab):
     return [[rng.randrange(vocab) for _ in range(length)] for _ in range(count)]
 
 
+def count_statuses(records, planned=()):
+    """requests, done, cut, errors (by status) and error_examples of
+    `records`; a record whose id() is in `planned` (a cancel the row made
+    on purpose) counts as done, not as cut."""
+    errors, cut, done = {}, 0, 0
+    for r in records:
+        if r.status == "OK" or id(r) in planned:
+            done += 1
+        elif r.status == "CUT":
+            cut += 1
+        else:
+            errors[r.status] = errors.get(r.status, 0) + 1
+    return {"requests": len(records), "done": done, "cut": cut, "errors": errors,
+            "error_examples": sorted({"%s: %s" % (r.status, r.error[:160]) for r in records
+                                      if r.status not in ("OK", "CUT")})[:5]}
+
+
+def client_figures(m, done):
+    """The client's share of a row from run()-style measurements `m`
+    (wall_s, client_cpu_s, loop lags), and whether it may have limited the
+    row (as summarize() flags it)."""
+    wall = m["wall_s"]
+    out = {"wall_s": wall, "client_cpu_s": m["client_cpu_s"],
+           "client_cpu_pct": 100.0 * m["client_cpu_s"] / wall if wall > 0 else None,
+           "loop_lag_p99_ms": m["loop_lag_p99_ms"], "loop_lag_max_ms": m["loop_lag_max_ms"]}
+    out["client_limited"] = bool(done and wall >= 1.0 and (
+        (out["client_cpu_pct"] or 0) > CLIENT_CPU_LIMIT_PCT or
+        out["loop_lag_p99_ms"] > LOOP_LAG_LIMIT_MS))
+    return out
+
+
 def summarize(records, m, cpu=None):
     """The row's figures from its records and measurements."""
     ok = [r for r in records if r.status == "OK"]

@@ -80,6 +80,47 @@ def bench_prefill(bench, p):
     return None
 
 
+def bench_long_context(bench, context, b):
+    """cuda_bench's (h) row at (context, B), or None."""
+    for e in (bench or {}).get("model_27b", {}).get("decode_long_context", []):
+        if e["context"] == context and e["B"] == b:
+            return e
+    return None
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def annotate_context(r, bench):
+    """A context row beside (h) at its (context, B = c): the step and its
+    state-inclusive floor, and the served TPOT p50 over each."""
+    e = bench_long_context(bench, r["context"], r["concurrency"])
+    if e:
+        r["bench_step_ms"] = e["ms"]
+        r["bench_state_floor_ms"] = e.get("state_floor_ms")
+        r["bench_x_state_floor"] = e.get("x_state_floor")
+        r["bench_attention_ms"] = e.get("attention_ms")
+        r["tpot_over_bench"] = _ratio(r.get("tpot_p50_ms"), e["ms"])
+        r["tpot_over_state_floor"] = _ratio(r.get("tpot_p50_ms"), e.get("state_floor_ms"))
+
+
+def annotate_mixed(r, bench):
+    """A mixed row beside the pure-decode step at B = clients: (c)'s
+    DecodeBatch at a short context, and (h)'s at the prompt's context when
+    it has that (context, B)."""
+    c = r["concurrency"]
+    e = bench_batch(bench, c)
+    if e:
+        r["bench_step_ms"] = e["greedy_ms"]
+        r["tpot_over_bench"] = _ratio(r.get("tpot_p50_ms"), e["greedy_ms"])
+        r["gap_p99_over_bench"] = _ratio(r.get("gap_p99_ms"), e["greedy_ms"])
+    h = bench_long_context(bench, r["prompt_tokens"], c)
+    if h:
+        r["bench_long_step_ms"] = h["ms"]
+        r["tpot_over_long_step"] = _ratio(r.get("tpot_p50_ms"), h["ms"])
+
+
 def annotate(result):
     """Adds the bench and floor figures to every row of `result` (in
     place)."""
@@ -125,6 +166,10 @@ def annotate(result):
                 if p and p["tok_s"] > 0:
                     r["plain_tok_s"] = p["tok_s"]
                     r["x_plain"] = r["tok_s"] / p["tok_s"]
+        elif r["kind"] == "context":
+            annotate_context(r, bench)
+        elif r["kind"] == "mixed":
+            annotate_mixed(r, bench)
         elif r["kind"] == "ttft":
             e = bench_prefill(bench, r["prompt_tokens"])
             if e:
@@ -152,6 +197,109 @@ def _errs(r):
     if r.get("cut"):
         text += " (%d cut)" % r["cut"]
     return text
+
+
+def _table(header, lines):
+    out = ["| " + " | ".join(header) + " |", "| " + " | ".join(["---"] * len(header)) + " |"]
+    out += ["| " + " | ".join(cells) + " |" for cells in lines]
+    return out + [""]
+
+
+def _cpu(r):
+    mem = r.get("gpu_memory_peak_mib")
+    return [_f(r.get("client_cpu_pct"), "%.0f%%"), _f(r.get("scheduler_cpu_pct"), "%.0f%%"),
+            _f(r.get("worker_cpu_pct"), "%.0f%%"),
+            _f(None if mem is None else mem / 1024.0, "%.1f")]
+
+
+_CPU_HEAD = ["client CPU", "sched CPU", "worker CPU", "GPU GiB"]
+
+
+def context_section(rows):
+    """The long-context decode table (context rows), as lines."""
+    cx = [r for r in rows if r["kind"] == "context"]
+    if not cx:
+        return []
+    out = ["## Decode at long contexts (c streams of P-token prompts decoding together)", ""]
+    out += _table(
+        ["context", "c", "done", "errors", "TTFT p50", "TTFT max", "TPOT p50", "TPOT p99",
+         "gap p99", "decode tok/s", "ctx mean", "bench step ms (h)", "state floor ms (h)",
+         "TPOT / bench step", "TPOT / state floor"] + _CPU_HEAD,
+        [[str(r["context"]), str(r["concurrency"]), str(r["done"]), _errs(r),
+          _f(r.get("ttft_p50_ms")), _f(r.get("ttft_max_ms")), _f(r.get("tpot_p50_ms"), "%.2f"),
+          _f(r.get("tpot_p99_ms"), "%.2f"), _f(r.get("gap_p99_ms"), "%.2f"), _f(r.get("tok_s")),
+          _f(r.get("ctx_mean"), "%.0f"), _f(r.get("bench_step_ms"), "%.2f"),
+          _f(r.get("bench_state_floor_ms"), "%.2f"), _f(r.get("tpot_over_bench"), "%.3f"),
+          _f(r.get("tpot_over_state_floor"), "%.3f")] + _cpu(r) for r in cx])
+    out.append("TPOT (ms): per stream over the %d ids after the last stream's first token "
+               "(all c sessions in the batch; the gap that spans that token left out), "
+               "p50/p99 over the streams; decode tok/s: the ids of that window / its length; "
+               "ctx mean: the context the window decoded at. bench step, state floor: "
+               "cuda_bench's (h) DecodeBatch step at (context, B = c) and its state-inclusive "
+               "floor (- when (h) has no such row). Requests: max_tokens %d, cancelled by the "
+               "row once every stream has its window." % (
+                   cx[0]["window_tokens"], cx[0]["request_max_tokens"]))
+    for r in cx:
+        why = [w for w, bad in (
+            ("%d stream(s) ended before the window closed (fewer than c in the batch)" %
+             r.get("streams_ended_early", 0), r.get("streams_ended_early")),
+            ("%d stream(s) had fewer than %d ids in the window" % (
+                r.get("streams_short", 0), r["window_tokens"]), r.get("streams_short")),
+            ("%d stream(s) never had a first token" % r.get("streams_without_first_token", 0),
+             r.get("streams_without_first_token")),
+            ("messages carried %.2f ids on average in the window: TPOT and gaps are per "
+             "message" % (r.get("window_ids_per_message") or 0),
+             (r.get("window_ids_per_message") or 1) > 1.05)) if bad]
+        if why:
+            out.append("NOTE (context %d, c %d): %s." % (r["context"], r["concurrency"],
+                                                       "; ".join(why)))
+    return out + [""]
+
+
+def mixed_section(rows):
+    """The mixed closed-loop table (mixed rows), as lines."""
+    mx = [r for r in rows if r["kind"] == "mixed"]
+    if not mx:
+        return []
+    out = ["## Mixed closed loop (clients looping over P-token prompts and O output tokens, "
+           "starts staggered)", ""]
+    out += _table(
+        ["prompt", "output", "clients", "done (+cancelled at end)", "errors", "tok/s",
+         "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "gap p99", "bench step ms (B=clients)",
+         "TPOT / step", "gap p99 / step", "(h) step ms (P, B)", "TPOT / (h) step"] + _CPU_HEAD,
+        [[str(r["prompt_tokens"]), str(r["output_tokens_per_request"]), str(r["clients"]),
+          "%d (+%d)" % (r.get("completed", 0), r.get("cancelled_at_end", 0)), _errs(r),
+          _f(r.get("tok_s")), _f(r.get("ttft_p50_ms")), _f(r.get("ttft_p99_ms")),
+          _f(r.get("tpot_p50_ms"), "%.2f"), _f(r.get("tpot_p99_ms"), "%.2f"),
+          _f(r.get("gap_p99_ms"), "%.2f"), _f(r.get("bench_step_ms"), "%.2f"),
+          _f(r.get("tpot_over_bench"), "%.3f"), _f(r.get("gap_p99_over_bench"), "%.3f"),
+          _f(r.get("bench_long_step_ms"), "%.2f"), _f(r.get("tpot_over_long_step"), "%.3f")]
+         + _cpu(r) for r in mx])
+    out.append("Figures over the window from the last client's first send to the row's stop "
+               "(every client looping; in ms): tok/s = ids arriving in it / its length; TTFT of "
+               "the requests sent in it; TPOT per request over its gaps in it (the first "
+               "token's wait excluded), p50/p99 over requests; gap: between consecutive "
+               "id-carrying messages of one request, all requests. bench step: cuda_bench's "
+               "(c) DecodeBatch step at B = clients (a short context, greedy); (h) step: its "
+               "(h) step at (context P, B = clients) when it has one.")
+    for r in mx:
+        out.append("(prompt %d, output %d, clients %d): window %s s, expected request %s s "
+                   "(the starts spread over it), %d requests sent in the window (%d without a "
+                   "first token by the stop), %d with a TPOT." % (
+                       r["prompt_tokens"], r["output_tokens_per_request"], r["clients"],
+                       _f(r.get("window_s")), _f(None if r.get("expected_request_ms") is None
+                                                 else r["expected_request_ms"] / 1e3, "%.2f"),
+                       r.get("requests_in_window", 0), r.get("ttft_censored", 0),
+                       r.get("tpot_requests", 0)))
+        why = [w for w, bad in (
+            ("the window was shortened by the time budget", r.get("window_shortened")),
+            ("messages carried %.2f ids on average in the window: TPOT and gaps are per "
+             "message" % (r.get("window_ids_per_message") or 0),
+             (r.get("window_ids_per_message") or 1) > 1.05)) if bad]
+        if why:
+            out.append("NOTE (prompt %d, clients %d): %s." % (r["prompt_tokens"], r["clients"],
+                                                            "; ".join(why)))
+    return out + [""]
 
 
 def tables(result):
@@ -382,6 +530,8 @@ def tables(result):
                 out.append("NOTE (P %d, first %s): %s." % (r["prefix_tokens"], r["first"],
                                                          "; ".join(why)))
         out.append("")
+    out += context_section(rows)
+    out += mixed_section(rows)
     for r in result.get("restarts") or []:
         out.append("servers restarted " + r)
         out.append("")

@@ -28,6 +28,12 @@ Steps (full and --quick, on the GPU):
      share one P-token prefix, after one request alone that brought it
      (shared_prefix.py): their TTFT and cached_prompt_tokens, and the
      worker's memory before, between and after;
+     with --context-rows P (off by default): c streams of P-token prompts
+     decoding together (context_rows.py), their TPOT after the last one's
+     first token beside cuda_bench's (h) step at (P, B = c);
+     with --mixed-rows P:O:C (off by default): C clients looping over
+     P-token prompts and O output tokens, starts staggered (mixed_rows.py),
+     beside the DecodeBatch step at B = C;
   5. $OUT/serve_bench.json (every figure, every request) and
      $OUT/serve_bench.txt (the markdown tables), rewritten after each row,
      plus cuda_bench.{json,txt} and the servers' log tails.
@@ -60,8 +66,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 
+import context_rows  # noqa: E402
 import load  # noqa: E402
 import make_checkpoint  # noqa: E402
+import mixed_rows  # noqa: E402
 import prefill_load  # noqa: E402
 import report  # noqa: E402
 import shared_prefix  # noqa: E402
@@ -146,6 +154,37 @@ def ints(text):
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def mixed_specs(text):
+    """'P:O:C,...' -> [(P, O, C)]."""
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        parts = item.split(":")
+        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+            raise argparse.ArgumentTypeError("%r: prompt:output:clients" % item)
+        p, o, c = (int(x) for x in parts)
+        if p < 1 or o < 2 or c < 1:
+            raise argparse.ArgumentTypeError("%r: prompt >= 1, output >= 2, clients >= 1" % item)
+        out.append((p, o, c))
+    return out
+
+
+def context_clients(groups):
+    """--context-concurrency groups ('C,C2' for every context, 'P:C,C2' for
+    context P; several per value with ';' or spaces) -> (default list,
+    {P: list})."""
+    default, per = None, {}
+    for g in groups:
+        for item in g.replace(";", " ").split():
+            p, _, cs = item.rpartition(":")
+            if not p:
+                default = ints(cs)
+            else:
+                per[int(p)] = ints(cs)
+    return default, per
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -206,6 +245,28 @@ def parse_args(argv):
                     help="the first request's prompt: suffix (the prefix + its own "
                     "suffix), prefix (the prefix alone) or both, one row each "
                     "(default suffix,prefix)")
+    ap.add_argument("--context-rows", type=ints, default=[], metavar="P[,P2...]",
+                    help="prompt tokens (the context) of the long-context decode rows "
+                    "(context_rows.py), one row per P and client count (default: none; "
+                    "e.g. 2048,8192,32768)")
+    ap.add_argument("--context-concurrency", action="append", metavar="C[,C2] | P:C[,C2]",
+                    help="streams of the context rows: a list for every context, or "
+                    "P:list for context P (repeatable, or ';'-separated). Default "
+                    "'1,16' and '32768:1,4' (cuda_bench's (h) plan); --smoke: 1,2")
+    ap.add_argument("--context-max-tokens", type=int,
+                    help="ids each stream decodes in a context row's window, after the "
+                    "last stream's first token (default 128; --smoke: 16)")
+    ap.add_argument("--context-request-max-tokens", type=int,
+                    help="max_tokens of a context row's requests: past what the streams "
+                    "decode while the other prompts prefill (the row cancels them once "
+                    "the window is done; default 4096; --smoke: 512)")
+    ap.add_argument("--mixed-rows", type=mixed_specs, default=[], metavar="P:O:C[,...]",
+                    help="mixed closed-loop rows (mixed_rows.py): C clients looping over "
+                    "P-token prompts and O output tokens (default: none; e.g. "
+                    "1024:256:64,8192:1024:16)")
+    ap.add_argument("--mixed-seconds", type=float,
+                    help="a mixed row's window, after the last client's start (default "
+                    "60; --quick 20; --smoke 2)")
     ap.add_argument("--row-seconds", type=float,
                     help="target seconds per decode row (default 25; --quick 4)")
     ap.add_argument("--ttft-seconds", type=float,
@@ -222,6 +283,8 @@ def parse_args(argv):
                     "540: a device call is 600 s; --smoke: none)")
     ap.add_argument("--cuda-bench", dest="cuda_bench_bin",
                     help="cuda_bench binary (default BIN_DIR/cuda_bench)")
+    ap.add_argument("--cuda-bench-arg", action="append", default=[],
+                    help="extra cuda_bench flag (repeatable), e.g. --long_context=8192")
     ap.add_argument("--cuda-bench-json",
                     help="use this cuda_bench JSON instead of running it")
     ap.add_argument("--no-cuda-bench", action="store_true")
@@ -269,6 +332,23 @@ def parse_args(argv):
     # steady decode whose gaps give the solo step.
     args.solo_repeats = 2 if s else 3
     args.baseline_s = 0.25 if s else 1.0
+    try:
+        default, per = context_clients(args.context_concurrency or
+                                       (["1,2"] if s else ["1,16", "32768:1,4"]))
+    except ValueError:
+        ap.error("--context-concurrency: C[,C2...] or P:C[,C2...]")
+    if default is None:
+        default = [1, 2] if s else [1, 16]
+    args.context_clients = {p: [c for c in per.get(p, default) if c > 0]
+                            for p in args.context_rows if p > 0}
+    args.context_rows = [p for p in args.context_rows if p > 0]
+    args.context_max_tokens = args.context_max_tokens or (16 if s else 128)
+    args.context_request_max_tokens = args.context_request_max_tokens or (512 if s else 4096)
+    if args.context_max_tokens < 2:
+        ap.error("--context-max-tokens: at least 2 (a TPOT needs two tokens)")
+    if args.context_request_max_tokens <= args.context_max_tokens:
+        ap.error("--context-request-max-tokens: more than --context-max-tokens")
+    args.mixed_seconds = args.mixed_seconds or (2.0 if s else (20.0 if args.quick else 60.0))
     args.row_seconds = args.row_seconds or (0.5 if s else (4.0 if args.quick else 25.0))
     args.ttft_seconds = args.ttft_seconds or (0.3 if s else (2.0 if args.quick else 12.0))
     if s and args.requests is None:
@@ -329,12 +409,29 @@ def row_context(args, kind, p, n_tok):
         return max(p + 1, args.prompt_tokens + n_tok)
     if kind == "shared_prefix":
         return p + args.shared_prefix_suffix + n_tok
+    if kind == "context":
+        return p + args.context_request_max_tokens
     return p + n_tok
 
 
 def context_needed(args):
     """The most rows one request of the plan takes."""
     return max([row_context(args, kind, p, n) for kind, _, _, p, n, _ in plan(args)] or [0])
+
+
+def cuda_bench_sections(args):
+    """cuda_bench flags for the sections the plan reads: none (its full run:
+    (a) and (c) for the decode and mixed rows, (f) for the TTFT rows, (h)
+    for the context and mixed rows) unless context rows are the only rows
+    that read it: then (h) alone (--long_context_only, with
+    --long_context=P when they are all at one of (h)'s contexts)."""
+    kinds = {kind for kind, _, _, _, _, _ in plan(args)}
+    if "context" not in kinds or kinds & {"decode", "ttft", "mixed"}:
+        return []
+    flags = ["--long_context_only"]
+    if len(set(args.context_rows)) == 1 and args.context_rows[0] in context_rows.BENCH_CONTEXTS:
+        flags.append("--long_context=%d" % args.context_rows[0])
+    return flags
 
 
 def run_cuda_bench(args, result):
@@ -353,8 +450,8 @@ def run_cuda_bench(args, result):
         log(result["cuda_bench_note"])
         return
     js, txt = os.path.join(args.out, "cuda_bench.json"), os.path.join(args.out, "cuda_bench.txt")
-    cmd = [b, "--skip_matmul", "--json=" + js,
-           "--synthetic_dir=" + CUDA_BENCH_SYNTH]
+    cmd = ([b, "--skip_matmul", "--json=" + js, "--synthetic_dir=" + CUDA_BENCH_SYNTH]
+           + cuda_bench_sections(args) + args.cuda_bench_arg)
     log("cuda_bench: " + " ".join(cmd))
     t0 = time.monotonic()
     with open(txt, "w") as f:
@@ -410,7 +507,8 @@ def start_servers(args, result, servers, n_workers=1):
     # and a shared_prefix row's N.
     max_running = max([c * n_workers for c in args.concurrency] +
                       [c + 1 for kind, _, c, _, _, _ in plan(args) if kind == "prefill_load"] +
-                      [c for kind, _, c, _, _, _ in plan(args) if kind == "shared_prefix"])
+                      [c for kind, _, c, _, _, _ in plan(args)
+                       if kind in ("shared_prefix", "context", "mixed")])
     # A carried scheduler brings the shared libraries it loads (libcpp-httplib
     # and its dependencies: tools/cuda_bench.sh prepare) in lib/ beside it.
     env = None
@@ -484,6 +582,12 @@ def plan(args):
         for first in args.shared_prefix_first:
             rows.append(("shared_prefix", first, args.shared_prefix_clients, p,
                          shared_prefix.SHARED_MAX_TOKENS, 1))
+    # max tokens: the window's ids per stream (a request's: row_context).
+    for p in args.context_rows:
+        for c in args.context_clients[p]:
+            rows.append(("context", False, c, p, args.context_max_tokens, 1))
+    for p, o, c in args.mixed_rows:
+        rows.append(("mixed", False, c, p, o, 1))
     return rows
 
 
@@ -547,6 +651,23 @@ def wait_available(api, timeout):
         time.sleep(0.5)
 
 
+def context_skip(args, result, c, p, t_start):
+    """'' when a context row may run; else why it would not fit: the
+    worker's session memory or the time budget (context_rows.skip_reason)."""
+    kv_bytes, _ = shared_prefix.kv_element_bytes(args.worker_arg, args.devices[0])
+    bench = result.get("cuda_bench")
+    e = report.bench_long_context(bench, p, c) or report.bench_batch(bench, c)
+    step = (e.get("greedy_ms") or e.get("ms")) if e else None
+    left = (args.budget_s - 15 - (time.monotonic() - t_start)) if args.budget_s else None
+    return context_rows.skip_reason(
+        clients=c, prompt_tokens=p, request_max_tokens=args.context_request_max_tokens,
+        window_tokens=args.context_max_tokens, model=result["model"],
+        kv_element_bytes=kv_bytes,
+        budget_bytes=context_rows.worker_budget_bytes(
+            result["meta"]["worker_address"].split(",")[0]),
+        rate=context_rows.prefill_rate(result, p), step_ms=step, seconds_left=left)
+
+
 def run_rows(args, result, t_start, servers):
     rows = plan(args)
     n_live = rows[0][5] if rows else 1
@@ -603,6 +724,11 @@ def run_rows(args, result, t_start, servers):
                                      "model context %d)" % (name, need, max_context))
             log("skip " + result["skipped"][-1])
             continue
+        why = context_skip(args, result, c, p, t_start) if kind == "context" else ""
+        if why:
+            result["skipped"].append("%s (%s)" % (name, why))
+            log("skip " + result["skipped"][-1])
+            continue
         log("row " + name)
         decode = kind == "decode"
         hard_s = (args.budget_s - (time.monotonic() - t_start)) if args.budget_s else None
@@ -622,6 +748,17 @@ def run_rows(args, result, t_start, servers):
                     first=spec, vocab=vocab, seed=args.seed * 1000 + i,
                     model=result["model"], kv_element_bytes=kv_bytes, kv_dtype_note=kv_note,
                     pids=pids, hard_s=hard_s)
+            elif kind == "context":
+                s = context_rows.run_row(
+                    client, prompt_tokens=p, clients=c, window_tokens=n_tok,
+                    request_max_tokens=args.context_request_max_tokens, vocab=vocab,
+                    seed=args.seed * 1000 + i, pids=pids, hard_s=hard_s)
+            elif kind == "mixed":
+                e = report.bench_batch(result.get("cuda_bench"), c)
+                s = mixed_rows.run_row(
+                    client, prompt_tokens=p, output_tokens=n_tok, clients=c,
+                    seconds=args.mixed_seconds, step_s=e["greedy_ms"] / 1e3 if e else None,
+                    vocab=vocab, seed=args.seed * 1000 + i, pids=pids, hard_s=hard_s)
             else:
                 s = load.run_row(
                     client, concurrency=c, prompt_tokens=p, max_tokens=n_tok, spec=spec,
@@ -654,6 +791,11 @@ def run_rows(args, result, t_start, servers):
                         s.get("cached_min"), s["cached_target"],
                         report._mib(s.get("per_request_bytes")),
                         report._mib(s.get("source_bytes"))))
+        elif kind in ("context", "mixed"):
+            what = "%.1f tok/s, TPOT p50 %s ms, p99 %s ms, gap p99 %s ms, TTFT p50 %s ms," % (
+                s["tok_s"], report._f(s.get("tpot_p50_ms"), "%.2f"),
+                report._f(s.get("tpot_p99_ms"), "%.2f"), report._f(s.get("gap_p99_ms"), "%.2f"),
+                report._f(s.get("ttft_p50_ms"), "%.1f"))
         else:
             what = "%sTTFT p50 %s ms," % (
                 "%.1f tok/s, TPOT p50 %s ms, " % (s["tok_s"], report._f(s["tpot_p50_ms"], "%.2f"))
