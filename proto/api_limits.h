@@ -17,6 +17,16 @@ namespace specserve {
 // for it.
 inline constexpr int kMaxDraftDepth = 8;
 
+// The logit controls' bounds (vLLM's, and OpenAI's for biases):
+// SamplingParams.presence_penalty and frequency_penalty in
+// [-kMaxAbsPenalty, kMaxAbsPenalty]; logit_bias values in
+// [-kMaxAbsLogitBias, kMaxAbsLogitBias], on at most kMaxLogitBias tokens.
+// The worker's engine checks the same numbers (kernels/sampling/
+// logit_adjust.h; worker/burst_request.cc asserts they agree).
+inline constexpr float kMaxAbsPenalty = 2.0f;
+inline constexpr float kMaxAbsLogitBias = 100.0f;
+inline constexpr int kMaxLogitBias = 1024;
+
 }  // namespace specserve
 
 #endif  // SPECSERVE_PROTO_API_LIMITS_H_

@@ -333,19 +333,21 @@ absl::Status Call::OpenSession() {
                                          max_tokens_, snap.capacity));
   seed_ = req_.sampling().seed() != 0 ? req_.sampling().seed() : RandomU64();
 
-  std::set<uint32_t> stop_ids(req_.stopping().stop_token_ids().begin(),
-                              req_.stopping().stop_token_ids().end());
+  OutputOptions output;
+  output.stop_ids.insert(req_.stopping().stop_token_ids().begin(),
+                         req_.stopping().stop_token_ids().end());
   if (!req_.stopping().ignore_eos()) {
-    stop_ids.insert(eos_.begin(), eos_.end());
+    output.stop_ids.insert(eos_.begin(), eos_.end());
   }
   // Explicit choices win; unset ones follow the input's form.
   const specserve::v1::ResponseOptions& r = req_.response();
-  const bool want_text = r.has_text() ? r.text() : input_was_text_;
-  const bool want_ids = r.has_ids() ? r.ids() : !input_was_text_;
-  std::vector<std::string> stops(req_.stopping().stop().begin(),
-                                 req_.stopping().stop().end());
-  output_ = std::make_unique<OutputStream>(tokenizer_.get(), want_text,
-                                           want_ids, stop_ids, stops);
+  output.want_text = r.has_text() ? r.text() : input_was_text_;
+  output.want_ids = r.has_ids() ? r.ids() : !input_was_text_;
+  output.stop_strings.assign(req_.stopping().stop().begin(),
+                             req_.stopping().stop().end());
+  output.min_tokens = req_.stopping().min_tokens();
+  output.show_stop_token = r.include_stop_token();
+  output_ = std::make_unique<OutputStream>(tokenizer_.get(), std::move(output));
   // Counted once the turn is admitted (it fits the context and the session):
   // a refused prompt is never prefilled.
   ctx_->metrics->prompt_tokens()->Increment(input_.size());
@@ -669,6 +671,10 @@ absl::Status Call::RunBursts() {
     if (!req_.stopping().ignore_eos()) {
       for (uint32_t id : eos_) b.add_stop_token_ids(id);
     }
+    // The logit controls count this request's output: the history ends
+    // with the produced_ tokens of its earlier bursts.
+    b.set_min_tokens(req_.stopping().min_tokens());
+    b.set_prior_output_tokens(produced_);
     absl::Status feed_status;
     uint32_t tokens_this_burst = 0;
     BurstWatch watch;
@@ -891,6 +897,13 @@ void Call::SendFinal() {
   if (!one_shot_) f->set_session_id(session_id_);
   f->set_request_id(request_id_);
   f->set_seed(seed_);
+  if (finish_ == specserve::v1::STOP) {
+    if (output_->matched_token()) {
+      f->set_matched_token_id(*output_->matched_token());
+    } else if (output_->matched_string()) {
+      f->set_matched_stop_str(*output_->matched_string());
+    }
+  }
   *f->mutable_prompt_logprobs() = std::move(prompt_logprobs_);
   out_->Write(std::move(e));
   ctx_->metrics->request_success(finish_)->Increment();

@@ -8,14 +8,12 @@
 namespace specserve::scheduler {
 
 OutputStream::OutputStream(const tokenizer::Tokenizer* tokenizer,
-                           bool want_text, bool want_ids,
-                           std::set<uint32_t> stop_ids,
-                           const std::vector<std::string>& stop_strings)
-    : want_text_(want_text && tokenizer != nullptr),
-      decode_((want_text || !stop_strings.empty()) && tokenizer != nullptr),
-      want_ids_(want_ids),
-      stop_ids_(std::move(stop_ids)),
-      stops_(stop_strings) {
+                           OutputOptions options)
+    : options_(std::move(options)),
+      want_text_(options_.want_text && tokenizer != nullptr),
+      decode_((options_.want_text || !options_.stop_strings.empty()) &&
+              tokenizer != nullptr),
+      stops_(options_.stop_strings) {
   if (decode_) {
     detok_ = std::make_unique<tokenizer::StreamingDetokenizer>(
         tokenizer, /*skip_special=*/true);
@@ -36,19 +34,30 @@ absl::StatusOr<specserve::v1::TokenDelta> OutputStream::Feed(
   for (size_t i = 0; i < tokens.size(); ++i) {
     const uint32_t t = tokens[i];
     if (stopped_) break;
-    if (stop_ids_.count(t)) {
+    const bool stop_token = options_.stop_ids.count(t) > 0;
+    if (stop_token && !options_.show_stop_token) {
       stopped_ = true;
+      matched_token_ = t;
       break;
     }
-    if (want_ids_) delta.add_ids(t);
+    if (options_.want_ids) delta.add_ids(t);
     if (logprobs != nullptr) *delta.add_logprobs() = (*logprobs)[i];
     ++shown_;
+    if (stop_token) {
+      stopped_ = true;
+      matched_token_ = t;
+      break;
+    }
     if (decode_) {
       SS_ASSIGN_OR_RETURN(std::string piece, detok_->Feed(t));
-      if (!stops_.empty()) {
+      // As vLLM: the text of the first min_tokens tokens cannot stop.
+      if (!stops_.empty() && shown_ > options_.min_tokens) {
         StopStringMatcher::Result r = stops_.Feed(piece);
         piece = std::move(r.emit);
-        if (r.stopped) stopped_ = true;
+        if (r.stopped) {
+          stopped_ = true;
+          matched_string_ = std::move(r.matched);
+        }
       }
       if (want_text_) delta.mutable_text()->append(piece);
     }

@@ -1,6 +1,7 @@
 #include "scheduler/request_validation.h"
 
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "telemetry/status_macros.h"
@@ -56,6 +57,42 @@ absl::Status ValidateInput(const v1::GenerateRequest& req,
   return Invalid("input: unknown input kind");
 }
 
+// vLLM's bounds (proto/api_limits.h). NaN fails every comparison below.
+absl::Status ValidateLogitControls(const v1::SamplingParams& s,
+                                   const Limits& limits) {
+  for (const auto& [field, value] :
+       {std::make_pair("sampling.presence_penalty", s.presence_penalty()),
+        std::make_pair("sampling.frequency_penalty", s.frequency_penalty())}) {
+    if (!(std::fabs(value) <= kMaxAbsPenalty)) {
+      return Invalid(absl::StrCat(field, " = ", value,
+                                  "; it must be in [-2, 2] (0 = off)"));
+    }
+  }
+  if (!(s.repetition_penalty() >= 0) ||
+      !std::isfinite(s.repetition_penalty())) {
+    return Invalid(
+        absl::StrCat("sampling.repetition_penalty = ", s.repetition_penalty(),
+                     "; it must be finite and > 0 (1 or unset = off)"));
+  }
+  if (s.logit_bias_size() > static_cast<int>(limits.max_logit_bias)) {
+    return Invalid(absl::StrCat("sampling.logit_bias has ", s.logit_bias_size(),
+                                " entries; at most ", limits.max_logit_bias,
+                                " are allowed"));
+  }
+  for (const auto& [id, bias] : s.logit_bias()) {
+    if (id >= limits.vocab_size) {
+      return Invalid(absl::StrCat("sampling.logit_bias: token id ", id,
+                                  " is outside the vocabulary (ids must be < ",
+                                  limits.vocab_size, ")"));
+    }
+    if (!(std::fabs(bias) <= kMaxAbsLogitBias)) {
+      return Invalid(absl::StrCat("sampling.logit_bias[", id, "] = ", bias,
+                                  "; a bias must be in [-100, 100]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateSampling(const v1::SamplingParams& s,
                               const Limits& limits) {
   if (!std::isfinite(s.temperature()) || s.temperature() < 0) {
@@ -76,7 +113,7 @@ absl::Status ValidateSampling(const v1::SamplingParams& s,
                                 " exceeds the vocabulary size (",
                                 limits.vocab_size, "); use 0 for no top-k"));
   }
-  return absl::OkStatus();
+  return ValidateLogitControls(s, limits);
 }
 
 absl::Status ValidateStopping(const v1::StoppingParams& s,
@@ -86,6 +123,16 @@ absl::Status ValidateStopping(const v1::StoppingParams& s,
                                 " exceeds the model context (",
                                 limits.max_context,
                                 " tokens); use 0 to generate up to the limit"));
+  }
+  if (s.max_tokens() > 0 && s.min_tokens() > s.max_tokens()) {
+    return Invalid(absl::StrCat("stopping.min_tokens = ", s.min_tokens(),
+                                " exceeds stopping.max_tokens (",
+                                s.max_tokens(), ")"));
+  }
+  if (s.min_tokens() > limits.max_context) {
+    return Invalid(absl::StrCat("stopping.min_tokens = ", s.min_tokens(),
+                                " exceeds the model context (",
+                                limits.max_context, " tokens)"));
   }
   if (static_cast<uint32_t>(s.stop_size()) > limits.max_stop_strings) {
     return Invalid(absl::StrCat("stopping.stop has ", s.stop_size(),

@@ -37,6 +37,9 @@ struct Limits {
   uint32_t max_stop_strings = 16;
   size_t max_stop_len = 256;  // bytes per stop string
   uint32_t max_stop_token_ids = 64;
+  // sampling.logit_bias entries (kMaxLogitBias, proto/api_limits.h, is the
+  // most the workers take).
+  uint32_t max_logit_bias = kMaxLogitBias;
   // Largest text input in bytes: a request-size bound checked before
   // tokenizing (the token bound needs the tokenizer: ValidatePromptLength).
   size_t max_text_bytes = 8 << 20;

@@ -57,6 +57,56 @@ TEST(RequestValidationTest, PlainRequestsAreValid) {
   EXPECT_TRUE(ValidateGenerateRequest(r, TestLimits()).ok());
 }
 
+// vLLM's logit controls: penalties in their bounds, biases on ids of the
+// vocabulary within [-100, 100], min_tokens up to max_tokens.
+TEST(RequestValidationTest, LogitControlsInTheirBounds) {
+  v1::GenerateRequest r = IdsRequest({1, 2});
+  v1::SamplingParams* s = r.mutable_sampling();
+  s->set_presence_penalty(-2.0f);
+  s->set_frequency_penalty(2.0f);
+  s->set_repetition_penalty(1.5f);
+  (*s->mutable_logit_bias())[999] = -100.0f;
+  (*s->mutable_logit_bias())[0] = 100.0f;
+  r.mutable_stopping()->set_max_tokens(8);
+  r.mutable_stopping()->set_min_tokens(8);
+  EXPECT_TRUE(ValidateGenerateRequest(r, TestLimits()).ok());
+
+  for (float bad : {2.01f, -3.0f, NAN, INFINITY}) {
+    v1::GenerateRequest q = r;
+    q.mutable_sampling()->set_presence_penalty(bad);
+    ExpectInvalid(q, "sampling.presence_penalty");
+    q = r;
+    q.mutable_sampling()->set_frequency_penalty(bad);
+    ExpectInvalid(q, "sampling.frequency_penalty");
+  }
+  for (float bad : {-0.5f, NAN, INFINITY}) {
+    v1::GenerateRequest q = r;
+    q.mutable_sampling()->set_repetition_penalty(bad);
+    ExpectInvalid(q, "sampling.repetition_penalty");
+  }
+  v1::GenerateRequest q = r;
+  (*q.mutable_sampling()->mutable_logit_bias())[1000] = 1.0f;
+  ExpectInvalid(q, "sampling.logit_bias: token id 1000 is outside");
+  q = r;
+  (*q.mutable_sampling()->mutable_logit_bias())[5] = 100.5f;
+  ExpectInvalid(q, "sampling.logit_bias[5] = 100.5");
+  q = r;
+  for (uint32_t id = 0; id <= TestLimits().max_logit_bias; ++id) {
+    (*q.mutable_sampling()->mutable_logit_bias())[id % 1000] = 1.0f;
+  }
+  Limits small = TestLimits();
+  small.max_logit_bias = 3;
+  EXPECT_THAT(std::string(ValidateGenerateRequest(q, small).message()),
+              HasSubstr("sampling.logit_bias has 1000 entries; at most 3"));
+  q = r;
+  q.mutable_stopping()->set_min_tokens(9);
+  ExpectInvalid(q, "stopping.min_tokens = 9 exceeds stopping.max_tokens (8)");
+  q.mutable_stopping()->set_max_tokens(0);  // up to the context
+  EXPECT_TRUE(ValidateGenerateRequest(q, TestLimits()).ok());
+  q.mutable_stopping()->set_min_tokens(4097);
+  ExpectInvalid(q, "stopping.min_tokens = 4097 exceeds the model context");
+}
+
 TEST(RequestValidationTest, InputMustBeSetUnlessContinuingASession) {
   v1::GenerateRequest none;
   ExpectInvalid(none, "input is missing");

@@ -1,12 +1,19 @@
 #include "worker/burst_request.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/sampling/logit_adjust.h"
 #include "kernels/sampling/sampling.h"
 #include "telemetry/status_macros.h"
 
 namespace specserve::worker {
+
+static_assert(kMaxAbsPenalty == sampling::kMaxAbsPenalty &&
+                  kMaxAbsLogitBias == sampling::kMaxAbsLogitBias &&
+                  kMaxLogitBias == sampling::kMaxLogitBias,
+              "the scheduler and the engine bound the logit controls alike");
 
 absl::Status CheckBurstLimits(const specserve::worker::v1::BurstRequest& r) {
   if (r.max_new() == 0 || r.max_new() > static_cast<uint32_t>(INT32_MAX)) {
@@ -67,6 +74,22 @@ absl::StatusOr<spec::BurstParams> BurstParamsOf(
   p.k = static_cast<int>(r.k());
   p.seed = s.seed();
   p.stop_ids.assign(r.stop_token_ids().begin(), r.stop_token_ids().end());
+  // Ranges and ids are the engine's checks (it knows the vocabulary):
+  // ids past INT32_MAX turn negative here and are refused there.
+  sampling::LogitAdjustments& a = p.adjust;
+  a.presence_penalty = s.presence_penalty();
+  a.frequency_penalty = s.frequency_penalty();
+  a.repetition_penalty =
+      s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty();
+  for (const auto& [id, bias] : s.logit_bias()) {
+    a.logit_bias.emplace_back(static_cast<int32_t>(id), bias);
+  }
+  std::sort(a.logit_bias.begin(), a.logit_bias.end());
+  a.min_tokens = static_cast<int>(
+      std::min<uint32_t>(r.min_tokens(), static_cast<uint32_t>(INT32_MAX)));
+  if (a.min_tokens > 0) a.stop_ids = p.stop_ids;
+  p.prior_output = static_cast<int>(std::min<uint32_t>(
+      r.prior_output_tokens(), static_cast<uint32_t>(INT32_MAX)));
   if (r.has_logprobs()) p.logprobs = static_cast<int>(r.logprobs());
   if (r.has_prompt_logprobs()) {
     p.prompt_logprobs = static_cast<int>(r.prompt_logprobs());

@@ -2,6 +2,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -83,6 +85,35 @@ TEST(BurstRequestTest, AdmitDraftDepthUpToTheLimit) {
                 HasSubstr(absl::StrCat("draft_depth ", d, " is over the limit ",
                                        kMaxDraftDepth)));
   }
+}
+
+// The logit controls travel in the burst's sampling params and its
+// min_tokens / prior_output_tokens; unset ones are neutral.
+TEST(BurstRequestTest, LogitControlsMapToTheEngine) {
+  BurstRequest r = Burst(2);
+  r.add_stop_token_ids(7);
+  absl::StatusOr<spec::BurstParams> p = BurstParamsOf(r, false);
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->adjust.active());
+  EXPECT_EQ(p->adjust.repetition_penalty, 1.0f);  // 0 = unset = 1
+
+  r.mutable_sampling()->set_presence_penalty(0.5f);
+  r.mutable_sampling()->set_frequency_penalty(-1.0f);
+  r.mutable_sampling()->set_repetition_penalty(1.3f);
+  (*r.mutable_sampling()->mutable_logit_bias())[9] = -100.0f;
+  (*r.mutable_sampling()->mutable_logit_bias())[3] = 2.0f;
+  r.set_min_tokens(4);
+  r.set_prior_output_tokens(6);
+  p = BurstParamsOf(r, false);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->adjust.presence_penalty, 0.5f);
+  EXPECT_EQ(p->adjust.frequency_penalty, -1.0f);
+  EXPECT_EQ(p->adjust.repetition_penalty, 1.3f);
+  EXPECT_EQ(p->adjust.logit_bias,
+            (std::vector<std::pair<int32_t, float>>{{3, 2.0f}, {9, -100.0f}}));
+  EXPECT_EQ(p->adjust.min_tokens, 4);
+  EXPECT_EQ(p->adjust.stop_ids, std::vector<int32_t>{7});  // what it masks
+  EXPECT_EQ(p->prior_output, 6);
 }
 
 }  // namespace

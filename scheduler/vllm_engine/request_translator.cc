@@ -1,11 +1,14 @@
 #include "scheduler/vllm_engine/request_translator.h"
 
+#include <cmath>
 #include <string>
 #include <tuple>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "proto/api_limits.h"
+#include "telemetry/status_macros.h"
 
 namespace specserve::scheduler::vllm_engine {
 namespace {
@@ -50,32 +53,6 @@ absl::Status CheckUnsupported(const vproto::GenerateRequest& in) {
                   absl::StrCat("is ", p.n(),
                                "; only n = 1 is supported: send n requests"));
   }
-  if (p.min_tokens() > 0) {
-    return Refuse("sampling_params.min_tokens",
-                  absl::StrCat("is ", p.min_tokens(),
-                               "; min_tokens is not supported (only 0): "
-                               "use ignore_eos with max_tokens instead"));
-  }
-  if (!p.logit_bias().empty()) {
-    return Refuse("sampling_params.logit_bias",
-                  "logit_bias is not supported: leave it empty");
-  }
-  if (p.frequency_penalty() != 0.0f) {
-    return Refuse("sampling_params.frequency_penalty",
-                  absl::StrCat("is ", p.frequency_penalty(),
-                               "; penalties are not supported: only 0"));
-  }
-  if (p.presence_penalty() != 0.0f) {
-    return Refuse("sampling_params.presence_penalty",
-                  absl::StrCat("is ", p.presence_penalty(),
-                               "; penalties are not supported: only 0"));
-  }
-  // 0 is proto3's unset, which vLLM reads as 1 (no penalty).
-  if (p.repetition_penalty() != 0.0f && p.repetition_penalty() != 1.0f) {
-    return Refuse("sampling_params.repetition_penalty",
-                  absl::StrCat("is ", p.repetition_penalty(),
-                               "; penalties are not supported: only 1"));
-  }
   const char* constraint = nullptr;
   switch (p.constraint_case()) {
     case vproto::SamplingParams::kJsonSchema:
@@ -103,6 +80,54 @@ absl::Status CheckUnsupported(const vproto::GenerateRequest& in) {
     return Unimplemented(constraint,
                          "structured outputs (constrained decoding) are not "
                          "supported: send the request without a constraint");
+  }
+  return absl::OkStatus();
+}
+
+// Penalties, logit_bias: vLLM's bounds, named by this protocol's fields
+// (ValidateGenerateRequest checks the translation again).
+absl::Status TranslateLogitControls(const vproto::SamplingParams& p,
+                                    const Limits& limits,
+                                    specserve::v1::SamplingParams* s) {
+  for (const auto& [field, value] :
+       {std::make_pair("sampling_params.frequency_penalty",
+                       p.frequency_penalty()),
+        std::make_pair("sampling_params.presence_penalty",
+                       p.presence_penalty())}) {
+    if (!(std::fabs(value) <= kMaxAbsPenalty)) {  // NaN too
+      return Refuse(field,
+                    absl::StrCat("is ", value, "; give a penalty in [-2, 2]"));
+    }
+  }
+  // 0 is proto3's unset, which vLLM reads as 1 (no penalty).
+  if (!(p.repetition_penalty() >= 0.0f) ||
+      !std::isfinite(p.repetition_penalty())) {
+    return Refuse("sampling_params.repetition_penalty",
+                  absl::StrCat("is ", p.repetition_penalty(),
+                               "; give a finite penalty > 0 (1 = none)"));
+  }
+  s->set_frequency_penalty(p.frequency_penalty());
+  s->set_presence_penalty(p.presence_penalty());
+  s->set_repetition_penalty(p.repetition_penalty());
+  if (p.logit_bias_size() > static_cast<int>(limits.max_logit_bias)) {
+    return Refuse(
+        "sampling_params.logit_bias",
+        absl::StrCat("has ", p.logit_bias_size(), " entries; at most ",
+                     limits.max_logit_bias, " are allowed"));
+  }
+  for (const auto& [id, bias] : p.logit_bias()) {
+    if (id < 0 || static_cast<uint32_t>(id) >= limits.vocab_size) {
+      return Refuse("sampling_params.logit_bias",
+                    absl::StrCat("token id ", id,
+                                 " is outside the vocabulary (ids must be < ",
+                                 limits.vocab_size, ")"));
+    }
+    if (!(std::fabs(bias) <= kMaxAbsLogitBias)) {
+      return Refuse("sampling_params.logit_bias",
+                    absl::StrCat("the bias of token ", id, " is ", bias,
+                                 "; give a bias in [-100, 100]"));
+    }
+    (*s->mutable_logit_bias())[static_cast<uint32_t>(id)] = bias;
   }
   return absl::OkStatus();
 }
@@ -174,6 +199,7 @@ absl::StatusOr<TranslatedRequest> TranslateGenerateRequest(
   s->set_top_k(p.top_k());
   s->set_min_p(p.min_p());
   if (p.has_seed()) s->set_seed(SpecserveSeed(p.seed()));
+  SS_RETURN_IF_ERROR(TranslateLogitControls(p, limits, s));
 
   specserve::v1::StoppingParams* stop = r.mutable_stopping();
   if (p.has_max_tokens()) {
@@ -187,12 +213,23 @@ absl::StatusOr<TranslatedRequest> TranslateGenerateRequest(
   for (const std::string& str : p.stop()) stop->add_stop(str);
   for (uint32_t id : p.stop_token_ids()) stop->add_stop_token_ids(id);
   stop->set_ignore_eos(p.ignore_eos());
+  if (p.min_tokens() > 0 && p.has_max_tokens() &&
+      p.min_tokens() > p.max_tokens()) {
+    return Refuse(
+        "sampling_params.min_tokens",
+        absl::StrCat("is ", p.min_tokens(), "; it must be at most max_tokens (",
+                     p.max_tokens(), ")"));
+  }
+  stop->set_min_tokens(p.min_tokens());
 
   r.mutable_speculation()->set_enable(options.speculation);
   r.mutable_speculation()->set_k(options.k);
   r.mutable_response()->set_ids(true);
   r.mutable_response()->set_text(false);
   r.mutable_response()->set_spec_stats(true);
+  // As vLLM: the EOS or stop token id that ends the output is its last id
+  // (the gateway keeps it out of the text).
+  r.mutable_response()->set_include_stop_token(true);
   // Counts above the limit are refused by ValidateGenerateRequest, naming
   // response.logprobs / response.prompt_logprobs.
   if (p.has_logprobs()) r.mutable_response()->set_logprobs(p.logprobs());

@@ -3,23 +3,29 @@
 // session is kept), and refuses every field specserve cannot honour with a
 // status whose message names the field (proto path) — nothing is silently
 // ignored:
-//   INVALID_ARGUMENT  n > 1, min_tokens > 0, logit_bias, non-neutral
-//                     penalties, logprobs / prompt_logprobs outside 0..20
+//   INVALID_ARGUMENT  n > 1, penalties outside vLLM's bounds (frequency
+//                     and presence in [-2, 2], repetition > 0), logit_bias
+//                     on ids outside the vocabulary or biases outside
+//                     [-100, 100] (at most 1024 entries), min_tokens over
+//                     max_tokens, logprobs / prompt_logprobs outside 0..20
 //                     (vLLM's -1, "all", included), max_tokens 0, a
 //                     data_parallel_rank other than 0,
 //                     truncate_prompt_tokens on text input
 //   UNIMPLEMENTED     structured-output constraints, multimodal inputs,
 //                     KV transfer
 // Mapped: tokenized input (or text), temperature (unset = 1.0, as vLLM),
-// top_p (0 = 1), top_k (0 = off), min_p, seed, max_tokens (unset = up to the
-// context), stop, stop_token_ids, ignore_eos, truncate_prompt_tokens,
-// logprobs and prompt_logprobs (specserve.v1 ResponseOptions), the
-// request id (Admin.Abort and VllmEngine.Abort find it). Speculation comes
-// from the scheduler's gateway options, not the request. The response
-// carries token ids only (the gateway detokenizes), so the text options
+// top_p (0 = 1), top_k (0 = off), min_p, frequency / presence /
+// repetition penalties (repetition 0 = unset = 1), logit_bias, seed,
+// max_tokens (unset = up to the context), min_tokens, stop,
+// stop_token_ids, ignore_eos, truncate_prompt_tokens, logprobs and
+// prompt_logprobs (specserve.v1 ResponseOptions), the request id
+// (Admin.Abort and VllmEngine.Abort find it). Speculation comes from the
+// scheduler's gateway options, not the request. The response carries token
+// ids only (the gateway detokenizes), so the text options
 // skip_special_tokens, spaces_between_special_tokens and
 // include_stop_str_in_output do not change it: the ids include the token that
-// completed a stop string either way, as vLLM's do.
+// completed a stop string either way, and the EOS or stop token id that
+// ended the output (ResponseOptions.include_stop_token), as vLLM's do.
 #ifndef SPECSERVE_SCHEDULER_VLLM_ENGINE_REQUEST_TRANSLATOR_H_
 #define SPECSERVE_SCHEDULER_VLLM_ENGINE_REQUEST_TRANSLATOR_H_
 

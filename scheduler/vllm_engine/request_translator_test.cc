@@ -102,25 +102,38 @@ TEST(RequestTranslator, RefusesWhatItCannotHonourNamingTheField) {
   const Case cases[] = {
       {"n", [](auto* r) { r->mutable_sampling_params()->set_n(2); },
        absl::StatusCode::kInvalidArgument, "sampling_params.n"},
-      {"min_tokens",
-       [](auto* r) { r->mutable_sampling_params()->set_min_tokens(1); },
-       absl::StatusCode::kInvalidArgument, "sampling_params.min_tokens"},
-      {"logit_bias",
+      {"min_tokens over max_tokens",
        [](auto* r) {
-         (*r->mutable_sampling_params()->mutable_logit_bias())[3] = 1.0f;
+         r->mutable_sampling_params()->set_max_tokens(3);
+         r->mutable_sampling_params()->set_min_tokens(4);
+       },
+       absl::StatusCode::kInvalidArgument, "sampling_params.min_tokens"},
+      {"logit_bias id outside the vocabulary",
+       [](auto* r) {
+         (*r->mutable_sampling_params()->mutable_logit_bias())[1000] = 1.0f;
        },
        absl::StatusCode::kInvalidArgument, "sampling_params.logit_bias"},
-      {"frequency",
+      {"logit_bias negative id",
        [](auto* r) {
-         r->mutable_sampling_params()->set_frequency_penalty(0.1f);
+         (*r->mutable_sampling_params()->mutable_logit_bias())[-1] = 1.0f;
+       },
+       absl::StatusCode::kInvalidArgument, "sampling_params.logit_bias"},
+      {"logit_bias over 100",
+       [](auto* r) {
+         (*r->mutable_sampling_params()->mutable_logit_bias())[3] = 101.0f;
+       },
+       absl::StatusCode::kInvalidArgument, "sampling_params.logit_bias"},
+      {"frequency over 2",
+       [](auto* r) {
+         r->mutable_sampling_params()->set_frequency_penalty(2.5f);
        },
        absl::StatusCode::kInvalidArgument, "sampling_params.frequency_penalty"},
-      {"presence",
-       [](auto* r) { r->mutable_sampling_params()->set_presence_penalty(1); },
+      {"presence under -2",
+       [](auto* r) { r->mutable_sampling_params()->set_presence_penalty(-3); },
        absl::StatusCode::kInvalidArgument, "sampling_params.presence_penalty"},
-      {"repetition",
+      {"repetition negative",
        [](auto* r) {
-         r->mutable_sampling_params()->set_repetition_penalty(1.1f);
+         r->mutable_sampling_params()->set_repetition_penalty(-1.0f);
        },
        absl::StatusCode::kInvalidArgument,
        "sampling_params.repetition_penalty"},
@@ -176,6 +189,31 @@ TEST(RequestTranslator, MapsLogprobs) {
   ASSERT_TRUE(out.ok());
   EXPECT_FALSE(out->request.response().has_logprobs());
   EXPECT_FALSE(out->request.response().has_prompt_logprobs());
+}
+
+// vLLM's logit controls map to specserve.v1's; the stop token that ends
+// the output is shown, as vLLM's output ids hold it.
+TEST(RequestTranslator, MapsLogitControls) {
+  vproto::GenerateRequest in = Tokenized({1, 2});
+  vproto::SamplingParams* p = in.mutable_sampling_params();
+  p->set_frequency_penalty(0.5f);
+  p->set_presence_penalty(-2.0f);
+  p->set_repetition_penalty(1.2f);
+  (*p->mutable_logit_bias())[7] = -100.0f;
+  (*p->mutable_logit_bias())[999] = 3.5f;
+  p->set_max_tokens(10);
+  p->set_min_tokens(10);
+  auto out = TranslateGenerateRequest(in, GatewayOptions{}, TestLimits());
+  ASSERT_TRUE(out.ok()) << out.status();
+  const specserve::v1::GenerateRequest& r = out->request;
+  EXPECT_FLOAT_EQ(r.sampling().frequency_penalty(), 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling().presence_penalty(), -2.0f);
+  EXPECT_FLOAT_EQ(r.sampling().repetition_penalty(), 1.2f);
+  ASSERT_EQ(r.sampling().logit_bias_size(), 2);
+  EXPECT_FLOAT_EQ(r.sampling().logit_bias().at(7), -100.0f);
+  EXPECT_FLOAT_EQ(r.sampling().logit_bias().at(999), 3.5f);
+  EXPECT_EQ(r.stopping().min_tokens(), 10u);
+  EXPECT_TRUE(r.response().include_stop_token());
 }
 
 TEST(RequestTranslator, NeutralPenaltiesAreAccepted) {

@@ -93,6 +93,16 @@ bool ResponseAdapter::WriteFinal(const specserve::v1::GenerateFinal& final,
     }
   }
   complete->set_finish_reason(FinishReasonName(final.finish_reason()));
+  switch (final.matched_stop_case()) {
+    case specserve::v1::GenerateFinal::kMatchedTokenId:
+      complete->set_matched_token_id(final.matched_token_id());
+      break;
+    case specserve::v1::GenerateFinal::kMatchedStopStr:
+      complete->set_matched_stop_str(final.matched_stop_str());
+      break;
+    case specserve::v1::GenerateFinal::MATCHED_STOP_NOT_SET:
+      break;
+  }
   complete->set_prompt_tokens(final.usage().prompt_tokens());
   complete->set_completion_tokens(emitted_);
   complete->set_cached_tokens(final.usage().cached_prompt_tokens());

@@ -11,7 +11,9 @@
 // the one-shot requests of this protocol end at max_tokens, as vLLM's do (a
 // one-shot request's rounds never commit past it: BurstRequest.max_emit);
 // completion_tokens counts the ids sent. Finish reasons: STOP "stop", LENGTH
-// and CONTEXT_FULL "length", CANCELLED (Abort, drain) "abort".
+// and CONTEXT_FULL "length", CANCELLED (Abort, drain) "abort"; what stopped
+// it goes in the complete's matched_stop (matched_token_id: the stop token
+// or EOS, the last id sent; matched_stop_str: the stop string).
 // Logprobs (when the request asked for them): each chunk carries those of
 // its ids (output_logprobs), a non-streaming complete those of all its ids.
 // Prompt logprobs are known only at the final event, so they go in the

@@ -116,6 +116,38 @@ TEST(ResponseAdapter, CarriesLogprobsOfTheIdsSent) {
   EXPECT_FLOAT_EQ(in.top_logprobs(1).values(0), -0.2f);
 }
 
+// What stopped the output reaches the complete's matched_stop, which the
+// gateway shows as matched_stop.
+TEST(ResponseAdapter, CarriesTheMatchedStop) {
+  for (bool by_token : {true, false}) {
+    Recorder out;
+    ResponseAdapter a(&out, /*stream=*/false, 7);
+    ASSERT_TRUE(a.Write(Delta({4, 5}), {}));
+    specserve::v1::GenerateEvent f = Final(specserve::v1::STOP, 2);
+    if (by_token) {
+      f.mutable_final()->set_matched_token_id(5);
+    } else {
+      f.mutable_final()->set_matched_stop_str("\n\n");
+    }
+    ASSERT_TRUE(a.Write(f, {}));
+    const vproto::GenerateComplete& c = out.sent.back().complete();
+    if (by_token) {
+      EXPECT_EQ(c.matched_stop_case(),
+                vproto::GenerateComplete::kMatchedTokenId);
+      EXPECT_EQ(c.matched_token_id(), 5u);
+    } else {
+      EXPECT_EQ(c.matched_stop_case(),
+                vproto::GenerateComplete::kMatchedStopStr);
+      EXPECT_EQ(c.matched_stop_str(), "\n\n");
+    }
+  }
+  Recorder out;
+  ResponseAdapter a(&out, /*stream=*/false, 7);
+  ASSERT_TRUE(a.Write(Final(specserve::v1::LENGTH, 0), {}));
+  EXPECT_EQ(out.sent.back().complete().matched_stop_case(),
+            vproto::GenerateComplete::MATCHED_STOP_NOT_SET);
+}
+
 TEST(ResponseAdapter, FinishReasons) {
   EXPECT_STREQ(FinishReasonName(specserve::v1::STOP), "stop");
   EXPECT_STREQ(FinishReasonName(specserve::v1::LENGTH), "length");

@@ -335,13 +335,143 @@ def test_prompt_logprobs_on_the_engine_protocol(env):
     assert len(o.token_logprobs) == len(o.top_logprobs) == 4
 
 
+def reference_with(env, prompt, max_tokens, sampling=None, stopping=None):
+    """specserve.v1 Generate's greedy ids for `prompt` ids with the logit
+    controls in `sampling` / `stopping`, cut at max_tokens."""
+    r = e2e.generate_ok(env.client, {
+        "token_ids": {"ids": prompt},
+        "sampling": dict(sampling or {}),
+        "stopping": dict({"max_tokens": max_tokens}, **(stopping or {})),
+        "response": {"ids": True}})
+    return list(r.ids)[:max_tokens], r.final
+
+
+def test_penalties_through_smg_match_generate(env):
+    """frequency / presence / repetition penalties reach the engine through
+    SMG's chat completions, change the output, and give specserve.v1's
+    tokens with speculation on (scheduler A) and off (B)."""
+    prompt = chat_prompt_ids(env, CHAT_PROMPT)
+    plain_ids, _ = reference(env, prompt, 16)
+    for controls in ({"frequency_penalty": 1.5, "presence_penalty": 0.5},
+                     {"repetition_penalty": 1.8}):
+        want, _ = reference_with(env, prompt, 16, sampling=controls)
+        assert want != plain_ids, controls
+
+        def check():
+            r = env.openai.chat.completions.create(
+                model=gw.MODEL_ID, temperature=0, max_tokens=16,
+                messages=[{"role": "user", "content": CHAT_PROMPT}],
+                **({k: v for k, v in controls.items()
+                    if k != "repetition_penalty"}),
+                extra_body={k: v for k, v in controls.items()
+                            if k == "repetition_penalty"})
+            assert r.choices[0].message.content == detokenize(env, want)
+            assert r.usage.completion_tokens == 16
+            return r.choices[0].message.content
+
+        results = env.on_both(check)
+        assert results["spec"] == results["plain"]
+
+
+def test_min_tokens_and_stop_token_ids_through_smg(env):
+    """Completions with stop_token_ids stop at the id (finish "stop", SMG's
+    matched_stop names it, the id counted but not in the text, as vLLM's);
+    min_tokens holds it back."""
+    text_prompt = "import os\nimport sys\n"
+    prompt = tokenize(env, text_prompt)
+    newline = tokenize(env, "\n")[0]
+    free, _ = reference(env, prompt, 12)
+    at = free.index(newline)
+    later, _ = reference_with(env, prompt, 12,
+                              stopping={"stop_token_ids": [newline],
+                                        "min_tokens": at + 2})
+    assert len(later) >= at + 2 and newline not in later[:at + 2]
+    assert later[:at] == free[:at]
+
+    def check():
+        r = env.openai.completions.create(
+            model=gw.MODEL_ID, prompt=text_prompt, temperature=0,
+            max_tokens=12, extra_body={"stop_token_ids": [newline]})
+        choice = r.choices[0]
+        assert choice.text == detokenize(env, free[:at])
+        assert choice.finish_reason == "stop"
+        assert choice.model_extra["matched_stop"] == newline
+        assert r.usage.completion_tokens == at + 1
+        held = env.openai.completions.create(
+            model=gw.MODEL_ID, prompt=text_prompt, temperature=0,
+            max_tokens=12, extra_body={"stop_token_ids": [newline],
+                                       "min_tokens": at + 2})
+        end = later.index(newline) if newline in later else len(later)
+        assert held.choices[0].text == detokenize(env, later[:end])
+        return choice.text, held.choices[0].text
+
+    env.on_both(check)
+
+
+def test_stop_string_is_matched_stop_through_smg(env):
+    def check():
+        r = env.openai.completions.create(
+            model=gw.MODEL_ID, prompt="import os\nimport sys\n",
+            temperature=0, max_tokens=12, stop=["time"])
+        assert r.choices[0].finish_reason == "stop"
+        assert r.choices[0].model_extra["matched_stop"] == "time"
+        return r.choices[0].text
+
+    env.on_both(check)
+
+
+def _engine_generate(client, prompt, max_tokens, stream=False, build=None):
+    req = client.request(VLLM + "Generate", request_id="gw-controls",
+                         stream=stream)
+    req.tokenized.input_ids.extend(prompt)
+    req.sampling_params.temperature = 0
+    req.sampling_params.max_tokens = max_tokens
+    if build:
+        build(req.sampling_params)
+    return list(client.invoke(VLLM + "Generate", req, timeout=60))
+
+
+def test_logit_bias_and_matched_stop_on_the_engine_protocol(env):
+    """logit_bias (which SMG 1.13's OpenAI front end does not forward) on
+    the engine protocol itself: a token biased by -100 never appears, with
+    and without speculation. The stop token that ends the output is its
+    last id, named by matched_token_id, streaming or not."""
+    clients = (env.client, env.cluster.client_for(env.plain))
+    prompt = tokenize(env, "import os\nimport sys\n")
+    outs = []
+    for c in clients:
+        free = list(_engine_generate(c, prompt, 24)[-1].complete.output_ids)
+        banned = max(set(free), key=free.count)
+        out = _engine_generate(
+            c, prompt, 24,
+            build=lambda p: p.logit_bias.__setitem__(banned, -100.0))
+        ids = list(out[-1].complete.output_ids)
+        assert len(ids) == 24 and banned not in ids, (banned, ids)
+        outs.append(ids)
+    assert outs[0] == outs[1]
+
+    newline = tokenize(env, "\n")[0]
+    free, _ = reference(env, prompt, 12)
+    at = free.index(newline)
+    for c in clients:
+        for stream in (False, True):
+            out = _engine_generate(
+                c, prompt, 12, stream=stream,
+                build=lambda p: p.stop_token_ids.append(newline))
+            complete = out[-1].complete
+            ids = (list(complete.output_ids) if not stream else
+                   [i for r in out[:-1] for i in r.chunk.token_ids])
+            assert ids == free[:at + 1], (stream, ids)
+            assert complete.finish_reason == "stop"
+            assert complete.WhichOneof("matched_stop") == "matched_token_id"
+            assert complete.matched_token_id == newline
+            assert complete.completion_tokens == at + 1
+
+
 # Refused through SMG: (request fields, HTTP status SMG answers, the field
 # the message names). The engine answers INVALID_ARGUMENT (SMG: 400) or
 # UNIMPLEMENTED (SMG: 501).
 SMG_REFUSALS = [
-    ({"frequency_penalty": 0.5}, 400, "sampling_params.frequency_penalty"),
-    ({"presence_penalty": 0.5}, 400, "sampling_params.presence_penalty"),
-    ({"repetition_penalty": 1.2}, 400, "sampling_params.repetition_penalty"),
     ({"n": 2}, 400, "sampling_params.n"),
     ({"response_format": {"type": "json_object"}}, 501,
      "sampling_params.json_schema"),
@@ -370,13 +500,23 @@ def _refusal(env, build):
                                               timeout=30)))
 
 
-# Fields SMG's OpenAI front end does not pass on, refused when they reach the
-# engine protocol directly.
+# Values SMG's OpenAI front end does not pass on (it checks the penalties'
+# ranges itself), refused when they reach the engine protocol directly.
 GRPC_REFUSALS = [
-    (lambda r: setattr(r.sampling_params, "min_tokens", 2),
+    (lambda r: setattr(r.sampling_params, "min_tokens", 5),
      grpc.StatusCode.INVALID_ARGUMENT, "sampling_params.min_tokens"),
-    (lambda r: r.sampling_params.logit_bias.__setitem__(5, 1.0),
+    (lambda r: r.sampling_params.logit_bias.__setitem__(10 ** 7, 1.0),
      grpc.StatusCode.INVALID_ARGUMENT, "sampling_params.logit_bias"),
+    (lambda r: r.sampling_params.logit_bias.__setitem__(-1, 1.0),
+     grpc.StatusCode.INVALID_ARGUMENT, "sampling_params.logit_bias"),
+    (lambda r: r.sampling_params.logit_bias.__setitem__(5, 101.0),
+     grpc.StatusCode.INVALID_ARGUMENT, "sampling_params.logit_bias"),
+    (lambda r: setattr(r.sampling_params, "presence_penalty", 2.5),
+     grpc.StatusCode.INVALID_ARGUMENT, "sampling_params.presence_penalty"),
+    (lambda r: setattr(r.sampling_params, "frequency_penalty", -3.0),
+     grpc.StatusCode.INVALID_ARGUMENT, "sampling_params.frequency_penalty"),
+    (lambda r: setattr(r.sampling_params, "repetition_penalty", -1.0),
+     grpc.StatusCode.INVALID_ARGUMENT, "sampling_params.repetition_penalty"),
     (lambda r: setattr(r.sampling_params, "logprobs", -1),
      grpc.StatusCode.INVALID_ARGUMENT, "sampling_params.logprobs"),
     (lambda r: setattr(r.sampling_params, "prompt_logprobs", 21),

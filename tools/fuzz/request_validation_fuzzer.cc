@@ -11,11 +11,13 @@
 //    with a non-empty message;
 //  - a request that validates respects every bound of Limits, and its
 //    sampling parameters are ones the worker accepts (worker_service.cc
-//    SamplingOf: top_p 0 read as 1, then sampling::ValidateSamplingConfig):
+//    SamplingOf: top_p 0 read as 1, then sampling::ValidateSamplingConfig),
+//    and so are its logit controls (sampling::ValidateLogitAdjustments):
 //    the scheduler forwards them to the worker unchanged;
 //  - ValidatePromptLength / ValidateSessionTurn accept exactly when the rows
 //    fit.
 // Input: arbitrary bytes, parsed as specserve.v1.GenerateRequest.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -27,6 +29,7 @@
 #include "google/protobuf/stubs/logging.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
+#include "kernels/sampling/logit_adjust.h"
 #include "kernels/sampling/sampling.h"
 #include "proto/api_limits.h"
 #include "proto/specserve.pb.h"
@@ -123,8 +126,30 @@ void CheckAccepted(const v1::GenerateRequest& req, const Limits& l) {
              worker.ToString().c_str(), s.temperature(), s.top_k(), s.top_p(),
              s.min_p());
 
+  // The logit controls as the worker reads them (worker/burst_request.cc:
+  // repetition 0 read as 1; the stop ids min_tokens masks are the
+  // request's, checked below).
+  specserve::sampling::LogitAdjustments a;
+  a.presence_penalty = s.presence_penalty();
+  a.frequency_penalty = s.frequency_penalty();
+  a.repetition_penalty =
+      s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty();
+  for (const auto& [id, bias] : s.logit_bias()) {
+    a.logit_bias.emplace_back(static_cast<int32_t>(id), bias);
+  }
+  a.min_tokens = static_cast<int>(std::min<uint32_t>(
+      req.stopping().min_tokens(), static_cast<uint32_t>(INT32_MAX)));
+  const absl::Status controls = specserve::sampling::ValidateLogitAdjustments(
+      a, static_cast<int>(l.vocab_size));
+  FUZZ_CHECK(controls.ok(),
+             "scheduler accepted logit controls the worker refuses: %s",
+             controls.ToString().c_str());
+
   const v1::StoppingParams& st = req.stopping();
   FUZZ_CHECK(st.max_tokens() <= l.max_context, "max_tokens");
+  FUZZ_CHECK(st.max_tokens() == 0 || st.min_tokens() <= st.max_tokens(),
+             "min_tokens %u over max_tokens %u", st.min_tokens(),
+             st.max_tokens());
   FUZZ_CHECK(static_cast<uint32_t>(st.stop_size()) <= l.max_stop_strings,
              "stop count");
   for (const std::string& stop : st.stop()) {

@@ -12,12 +12,13 @@
 FUZZ_TARGETS=(request_validation tokenizer model_files burst_request)
 
 # //scheduler:request_validation + //scheduler:request_parsing; the sampling
-# filters' validation (//kernels/sampling) for the scheduler-accepts =>
-# worker-accepts check.
+# filters' and logit controls' validation (//kernels/sampling) for the
+# scheduler-accepts => worker-accepts check.
 FUZZ_SRCS_request_validation=(
   gen/proto/specserve.pb.cc
   scheduler/request_validation.cc
   scheduler/request_parsing.cc
+  kernels/sampling/logit_adjust.cc
   kernels/sampling/sampling.cc
 )
 
@@ -50,6 +51,7 @@ FUZZ_KERNELS=(
   kernels/scatter_rows.cc
   kernels/swiglu.cc
   kernels/types.cc
+  kernels/sampling/logit_adjust.cc
   kernels/sampling/sampling.cc
 )
 

@@ -34,9 +34,15 @@ struct SpecEngine::RoundTask : ModelExecutor::GroupTask {
   std::vector<int32_t> columns;  // [pending, drafts...]
   model::ForwardResult v;        // the verify
   int group_rows = 0;            // verify rows of the group it ran in
-  std::vector<int32_t> target;   // sampled: each column's drawn token
+  // Sampled or adjusted: each column's chosen token.
+  std::vector<int32_t> target;
 
   bool greedy() const { return b->params.sampling.greedy(); }
+  // Whether its rows are adjusted and picked on the host (the logit
+  // controls): drafts and targets alike, each at its own position.
+  bool adjusted() const { return b->adjusted(); }
+  // The device's pick of the verify columns (argmax) is the target.
+  bool device_argmax() const { return greedy() && !adjusted(); }
   void Start() {
     status = absl::OkStatus();
     L = s->committed_len();
@@ -46,7 +52,9 @@ struct SpecEngine::RoundTask : ModelExecutor::GroupTask {
     columns.clear();
     target.clear();
     v = model::ForwardResult();
-    v.want_logits = b->params.logprobs.has_value();
+    v.want_logits = b->params.logprobs.has_value() || adjusted();
+    // The history up to the pending token (drafts of a refused try gone).
+    if (adjusted()) b->counts->PopTo(L + 1);
   }
 };
 
@@ -157,7 +165,7 @@ absl::Status SpecEngine::DraftStepLocked(absl::Span<RoundTask* const> tasks,
     std::vector<model::ForwardResult*> outs;
     for (size_t j = 0; j < in.size(); ++j) {
       mtp_rows.push_back({first_rows[j], hiddens[j], tokens[j]});
-      out[j].want_logits = false;
+      out[j].want_logits = in[j]->adjusted();
       outs.push_back(&out[j]);
     }
     if (in.size() == 1 && tokens[0].size() == 1) {
@@ -179,7 +187,7 @@ absl::Status SpecEngine::DraftStepLocked(absl::Span<RoundTask* const> tasks,
     std::vector<float> uniforms;
     for (size_t j = 0; j < in.size(); ++j) {
       const RoundTask* t = in[j];
-      if (t->greedy() || !out[j].AllFinite()) continue;
+      if (t->greedy() || t->adjusted() || !out[j].AllFinite()) continue;
       which.push_back(static_cast<int32_t>(j));
       configs.push_back(t->b->params.sampling);
       uniforms.push_back(PositionUniform(t->b->params.seed, t->L + 1 + step));
@@ -195,7 +203,20 @@ absl::Status SpecEngine::DraftStepLocked(absl::Span<RoundTask* const> tasks,
         t->status = NonFinite(t->s->id());
         continue;
       }
-      t->tok = t->greedy() ? out[j].argmax[0] : drawn[next_drawn++];
+      if (t->adjusted()) {
+        // Adjusted as the trunk's row for the same position will be, which
+        // keeps the drafts likely to be accepted.
+        absl::StatusOr<int32_t> d =
+            ChooseAdjusted(*t->s, *t->b, out[j].logits.data(), t->L + 1 + step);
+        if (!d.ok()) {
+          t->status = d.status();
+          continue;
+        }
+        t->tok = *d;
+        t->b->counts->Push(t->tok);
+      } else {
+        t->tok = t->greedy() ? out[j].argmax[0] : drawn[next_drawn++];
+      }
       t->drafts.push_back(t->tok);
       t->h = std::move(out[j].hidden);
     }
@@ -219,12 +240,16 @@ absl::Status SpecEngine::RoundsLocked(absl::Span<RoundTask* const> tasks) {
   for (int step = 0; step < max_k; ++step) {
     SS_RETURN_IF_ERROR(DraftStepLocked(running(step), step));
   }
+  for (RoundTask* t : tasks) {
+    if (t->adjusted()) t->b->counts->PopTo(t->L + 1);
+  }
   const absl::Time drafted = absl::Now();
 
   // Verify [x, d_1..d_k] of every session in one trunk pass. No logits
-  // come back unless logprobs are asked: greedy needs the argmax only, and
-  // a sampled round draws its targets on the backend from the pass's logits
-  // (column j's draw is the token at index L + 1 + j).
+  // come back unless logprobs are asked or the logit controls adjust them:
+  // greedy needs the argmax only, and a sampled round draws its targets on
+  // the backend from the pass's logits (column j's draw is the token at
+  // index L + 1 + j).
   const std::vector<RoundTask*> verifying = running(-1);
   if (verifying.empty()) return absl::OkStatus();
   std::vector<model::ModelState*> states;
@@ -255,6 +280,8 @@ absl::Status SpecEngine::RoundsLocked(absl::Span<RoundTask* const> tasks) {
     const int cols = static_cast<int>(t->columns.size());
     if (t->b->Injects(cols) || !t->v.AllFinite()) {
       t->status = NonFinite(t->s->id());
+    } else if (t->adjusted()) {
+      t->status = AdjustedTargetsLocked(t);
     } else if (!t->greedy()) {
       drawing.push_back(t);
       for (int j = 0; j < cols; ++j) {
@@ -296,13 +323,35 @@ absl::Status SpecEngine::RoundsLocked(absl::Span<RoundTask* const> tasks) {
   return absl::OkStatus();
 }
 
+absl::Status SpecEngine::AdjustedTargetsLocked(RoundTask* t) {
+  // Column j chooses the token at index L + 1 + j, after the pending token
+  // and drafts d_1..d_j: the penalties of exactly that prefix, as a plain
+  // step there would apply them.
+  const int V = model_->config().vocab_size;
+  const int cols = static_cast<int>(t->columns.size());
+  absl::Status status;
+  for (int j = 0; j < cols && status.ok(); ++j) {
+    absl::StatusOr<int32_t> target = ChooseAdjusted(
+        *t->s, *t->b, t->v.logits.data() + static_cast<size_t>(j) * V,
+        t->L + 1 + j);
+    if (!target.ok()) {
+      status = target.status();
+      break;
+    }
+    t->target.push_back(*target);
+    if (j + 1 < cols) t->b->counts->Push(t->columns[j + 1]);
+  }
+  t->b->counts->PopTo(t->L + 1);
+  return status;
+}
+
 absl::Status SpecEngine::AcceptLocked(RoundTask* t) {
   SpecSession* s = t->s;
   const BurstParams& p = t->b->params;
   const std::vector<int32_t>& columns = t->columns;
   const model::ForwardResult& v = t->v;
   const RoundOutcome out =
-      AcceptRound(t->drafts, t->greedy() ? v.argmax : t->target);
+      AcceptRound(t->drafts, t->device_argmax() ? v.argmax : t->target);
   const int H = model_->config().hidden_size;
   const int L = s->committed_len();
   const int k = static_cast<int>(columns.size()) - 1;

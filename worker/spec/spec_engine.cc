@@ -380,11 +380,53 @@ absl::Status SpecEngine::Demote(SpecSession* s) {
       [&] { return model_->FreeDraftState(s->caches()); });
 }
 
+absl::Status SpecEngine::CheckAdjustments(const SpecSession& s,
+                                          const BurstParams& p) const {
+  SS_RETURN_IF_ERROR(sampling::ValidateLogitAdjustments(
+      p.adjust, model_->config().vocab_size));
+  if (p.prior_output < 0 ||
+      (p.prior_output > 0 && (p.rewind || !p.suffix.empty()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prior_output_tokens ", p.prior_output,
+        " with a suffix or a rewind: a burst that starts a turn has none"));
+  }
+  const int history = s.committed_len() + (s.has_pending() ? 1 : 0);
+  if (p.prior_output > history) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prior_output_tokens ", p.prior_output,
+                     " exceeds the session's ", history, " tokens"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> SpecEngine::ChooseAdjusted(const SpecSession& s,
+                                                   const BurstCtx& b,
+                                                   const float* logits,
+                                                   int64_t pos) const {
+  const BurstParams& p = b.params;
+  const int V = model_->config().vocab_size;
+  CHECK_EQ(b.counts->length(), pos)
+      << "session " << s.id() << ": penalty counts out of step";
+  if (!AllFinite(logits, V)) return NonFinite(s.id());
+  std::vector<float> row(logits, logits + V);
+  sampling::ApplyLogitAdjustments(p.adjust, *b.counts, absl::MakeSpan(row));
+  const float u = p.sampling.greedy() ? 0.0f : PositionUniform(p.seed, pos);
+  absl::StatusOr<int32_t> token = sampling::ChooseToken(row, p.sampling, u);
+  if (!token.ok()) {
+    return absl::Status(
+        token.status().code(),
+        absl::StrCat("session ", s.id(), ": ", token.status().message()));
+  }
+  return token;
+}
+
 absl::StatusOr<int32_t> SpecEngine::Choose(SpecSession* s, const BurstCtx& b,
                                            const float* logits) {
   const BurstParams& p = b.params;
   const int V = model_->config().vocab_size;
   if (b.Injects(1) || !AllFinite(logits, V)) return NonFinite(s->id());
+  // Nothing is pending: the token goes at index committed_len.
+  if (b.adjusted()) return ChooseAdjusted(*s, b, logits, s->committed_len());
   if (p.sampling.greedy()) return ArgmaxFirst(logits, V);
   // Drawn on the backend (the stored row is copied there): the token at
   // index committed_len (nothing is pending).
@@ -404,16 +446,22 @@ absl::Status SpecEngine::PlainStep(SpecSession* s, const BurstCtx& b,
                                    std::vector<TokenLogprobs>* logprobs) {
   const BurstParams& p = b.params;
   model::ForwardResult r;
-  // No logits come back unless logprobs are asked: greedy needs the
-  // device's argmax and finiteness flag, and a sampled step has its token
-  // drawn on the backend within the (batched) step.
-  r.want_logits = p.logprobs.has_value();
+  // No logits come back unless logprobs are asked or the logit controls
+  // adjust them on the host: greedy needs the device's argmax and
+  // finiteness flag, and a sampled step has its token drawn on the backend
+  // within the (batched) step.
+  r.want_logits = p.logprobs.has_value() || b.adjusted();
   auto step = [&]() -> absl::Status {
     SS_RETURN_IF_ERROR(CommitOne(s, *s->pending_tok, &r));
     if (b.Injects(1) || !r.AllFinite()) return NonFinite(s->id());
     return absl::OkStatus();
   };
-  if (p.sampling.greedy()) {
+  if (b.adjusted()) {
+    SS_RETURN_IF_ERROR(step());
+    // The pending token is committed now; the new one follows it.
+    SS_ASSIGN_OR_RETURN(*next_token, ChooseAdjusted(*s, b, r.logits.data(),
+                                                    s->committed_len()));
+  } else if (p.sampling.greedy()) {
     SS_RETURN_IF_ERROR(step());
     *next_token = r.argmax[0];
   } else {
@@ -446,6 +494,7 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(
   const SpecTelemetry before = s->telem;
   BurstCtx b{p};
   BurstResult result;
+  SS_RETURN_IF_ERROR(CheckAdjustments(*s, p));
   if (p.rewind) SS_RETURN_IF_ERROR(Rewind(s));
   // A new turn, or a sampled one, starts from a flushed session.
   if (!p.suffix.empty() || !p.sampling.greedy()) SS_RETURN_IF_ERROR(Flush(s));
@@ -481,6 +530,23 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(
     return absl::InvalidArgumentError(
         absl::StrCat("session ", s->id(), " has no tokens to continue from"));
   }
+  // The logit controls' view of the history, rebuilt from the session's
+  // tokens at every burst: a rewind, a rebuild or a fork restores it with
+  // the history. It follows every emitted token (deliver below).
+  std::optional<sampling::TokenCounts> counts;
+  if (p.adjust.active()) {
+    absl::Span<const int32_t> history = s->committed;
+    std::vector<int32_t> with_pending;
+    if (s->has_pending()) {
+      with_pending = s->committed;
+      with_pending.push_back(*s->pending_tok);
+      history = with_pending;
+    }
+    counts.emplace(history,
+                   static_cast<int64_t>(history.size()) - p.prior_output,
+                   p.adjust.penalizes());
+    b.counts = &*counts;
+  }
 
   // From here the burst streams: passes wait for it between its steps.
   ModelExecutor::LoopMember streaming(executor_);
@@ -501,6 +567,9 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(
   };
   auto deliver = [&](absl::Span<const int32_t> tokens,
                      absl::Span<const TokenLogprobs> logprobs) {
+    if (b.adjusted()) {
+      for (int32_t t : tokens) b.counts->Push(t);
+    }
     result.produced += static_cast<int>(tokens.size());
     b.produced = result.produced;
     bool keep_going = emit(tokens, logprobs);
@@ -520,7 +589,7 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(
       return why;
     };
     int32_t first;
-    if (p.sampling.greedy()) {
+    if (p.sampling.greedy() && !b.adjusted()) {
       if (b.Injects(1)) return failed(NonFinite(s->id()));
       first = *s->next_pred;
     } else {

@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kernels/sampling/logit_adjust.h"
 #include "kernels/sampling/sampling.h"
 #include "proto/api_limits.h"
 #include "worker/model/model.h"
@@ -42,6 +43,15 @@ struct BurstParams {
   sampling::SamplingConfig sampling;  // temperature 0 = greedy
   uint64_t seed = 0;
   std::vector<int32_t> stop_ids;  // end the burst at a round boundary
+  // vLLM's logit controls (kernels/sampling/logit_adjust.h; their stop_ids
+  // are the ones min_tokens masks). When active, every row that chooses a
+  // token (a burst's first, a plain step's, each verify column, each draft)
+  // is copied to the host, adjusted at its own position and picked there
+  // (sampling::ChooseToken), plain and speculative alike.
+  sampling::LogitAdjustments adjust;
+  // Tokens of the request's output the history already ends with (earlier
+  // bursts'); 0 when the burst brings a suffix or rewinds.
+  int prior_output = 0;
   // Set (>= max_new): the most tokens the burst emits; rounds draft no
   // deeper than keeps them within it (no overshoot past it).
   std::optional<int> max_emit;
@@ -143,6 +153,11 @@ class SpecEngine {
   struct BurstCtx {
     const BurstParams& params;
     int produced = 0;  // tokens emitted so far in this burst
+    // With active logit controls: the history up to the next token to
+    // choose (committed, the pending token, and the drafts being tried by
+    // the round in flight); null otherwise.
+    sampling::TokenCounts* counts = nullptr;
+    bool adjusted() const { return counts != nullptr; }
     // Whether fault injection poisons one of the next `columns` tokens.
     bool Injects(int columns) const {
       return params.inject_nan_at > produced &&
@@ -206,6 +221,17 @@ class SpecEngine {
   // Picks the token after `logits` (greedy or sampled).
   absl::StatusOr<int32_t> Choose(SpecSession* s, const BurstCtx& b,
                                  const float* logits);
+  // With active logit controls: the token the raw row `logits` ([V])
+  // chooses at history index b.counts->length(), which must be `pos`:
+  // adjusted there and picked on the host (greedy argmax, or the draw at
+  // that position's uniform). Checks finiteness first.
+  absl::StatusOr<int32_t> ChooseAdjusted(const SpecSession& s,
+                                         const BurstCtx& b, const float* logits,
+                                         int64_t pos) const;
+  // The checks of p's logit controls and prior_output against this model
+  // and the session `s`, before the burst touches it.
+  absl::Status CheckAdjustments(const SpecSession& s,
+                                const BurstParams& p) const;
   // One plain step: commits the pending token, picks the next (and its
   // logprobs into `logprobs` when the burst asks for them).
   absl::Status PlainStep(SpecSession* s, const BurstCtx& b, int32_t* next_token,
@@ -234,6 +260,9 @@ class SpecEngine {
   // columns and defers the MTP rows of the accepted tokens to the next
   // round's first draft pass (or the next flush).
   absl::Status AcceptLocked(RoundTask* t);
+  // With active logit controls: every verify column's target, adjusted at
+  // the column's own prefix and picked on the host, into t->target.
+  absl::Status AdjustedTargetsLocked(RoundTask* t);
   static absl::Status NonFinite(const std::string& session);
   // The logprobs of `token`, chosen from the row `logits` ([V]) of a burst
   // that asked for them (the target distribution after temperature).
