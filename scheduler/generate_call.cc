@@ -581,7 +581,14 @@ uint32_t Call::Gate() {
   const SpecGateDecision d = DecideSpec(in, ctx_->options.gate);
   lease_.SetGateDecision(d);
   ctx_->metrics->gate_decisions(d.mode)->Increment();
-  if (d.mode == specserve::v1::SPECULATIVE) return in.k;
+  if (d.mode == specserve::v1::SPECULATIVE) {
+    // The depth that pays best at this batch, from the session's measured
+    // per-position acceptance (its tokens do not depend on k, §3).
+    return ChooseKByPosition(snap.telemetry.drafted_per_position,
+                             snap.telemetry.accepted_per_position, in.k,
+                             in.batch_size, gate_decode_costs_,
+                             gate_verify_costs_);
+  }
   if (snap.mode == specserve::v1::SPECULATIVE && !lease_.History().empty() &&
       in.speculation_requested) {
     // One-way demotion: the worker flushes and drops the draft state.

@@ -172,7 +172,8 @@ SpecGateDecision DecideSpec(const SpecGateInputs& in,
     return d;
   }
   d.next_state.below_count = in.state.below_count + 1;
-  if (config.decisive_z > 0) {
+  // Evidence needs rounds: before the first, the streak decides.
+  if (config.decisive_z > 0 && in.drafted > 0) {
     const double best = AcceptanceUpperBound(static_cast<double>(in.drafted),
                                              static_cast<double>(in.accepted),
                                              config.decisive_z);
@@ -218,6 +219,44 @@ uint32_t ChooseK(double rate, uint32_t measured_k, uint32_t max_k,
     // Strictly better only: ties keep the smaller k (less draft work).
     if (tokens_per_second > best * (1 + 1e-9)) {
       best = tokens_per_second;
+      best_k = k;
+    }
+  }
+  return best_k;
+}
+
+uint32_t ChooseKByPosition(absl::Span<const uint64_t> drafted_per_position,
+                           absl::Span<const uint64_t> accepted_per_position,
+                           uint32_t max_k, uint32_t batch,
+                           absl::Span<const double> decode_seconds_by_batch,
+                           absl::Span<const double> verify_seconds_by_columns,
+                           uint64_t min_rounds) {
+  max_k = std::max<uint32_t>(1, max_k);
+  batch = std::max<uint32_t>(1, batch);
+  if (decode_seconds_by_batch.empty() || verify_seconds_by_columns.empty() ||
+      drafted_per_position.size() < max_k ||
+      accepted_per_position.size() < max_k) {
+    return max_k;
+  }
+  for (uint32_t j = 0; j < max_k; ++j) {
+    if (drafted_per_position[j] < min_rounds) return max_k;
+  }
+  uint32_t best_k = max_k;
+  double best = -1;
+  double tokens = 1.0;
+  for (uint32_t k = 1; k <= max_k; ++k) {
+    tokens += static_cast<double>(std::min(accepted_per_position[k - 1],
+                                           drafted_per_position[k - 1])) /
+              static_cast<double>(drafted_per_position[k - 1]);
+    const double alone = DecodeSeconds(decode_seconds_by_batch, k + 1);
+    const double group =
+        DecodeSeconds(decode_seconds_by_batch, batch * (k + 1));
+    const double cost = VerifySeconds(verify_seconds_by_columns, k + 1) *
+                        (alone > 0 ? group / alone : 1.0);
+    if (cost <= 0) continue;
+    // Strictly better only: ties keep the smaller k (less draft work).
+    if (tokens / cost > best * (1 + 1e-9)) {
+      best = tokens / cost;
       best_k = k;
     }
   }

@@ -135,6 +135,23 @@ SpecGateDecision DecideSpec(const SpecGateInputs& in,
 uint32_t ChooseK(double rate, uint32_t measured_k, uint32_t max_k,
                  absl::Span<const double> verify_seconds_by_columns);
 
+// The draft depth in 1..max_k that maximizes a speculative session's tokens
+// per second at batch b, from its measured per-position acceptance:
+// q_j = accepted_per_position[j-1] / drafted_per_position[j-1] is the share
+// of rounds drafting position j that accepted drafts 1..j, so a round of
+// depth k yields E(k) = 1 + q_1 + ... + q_k tokens, and costs a round alone
+// scaled to its group, V(k+1)·D(b·(k+1)) / D(k+1) (the gate's pricing).
+// Returns max_k while any position up to max_k has fewer than
+// `min_rounds` drafted rounds or the costs are missing: depths are only
+// compared on evidence (a position never drafted has none). The tokens of a
+// session do not depend on k (§3), only its speed.
+uint32_t ChooseKByPosition(absl::Span<const uint64_t> drafted_per_position,
+                           absl::Span<const uint64_t> accepted_per_position,
+                           uint32_t max_k, uint32_t batch,
+                           absl::Span<const double> decode_seconds_by_batch,
+                           absl::Span<const double> verify_seconds_by_columns,
+                           uint64_t min_rounds = 32);
+
 // Helpers of the model, exposed for tests.
 // Smoothed acceptance r^.
 double SmoothedAcceptance(double drafted, double accepted,

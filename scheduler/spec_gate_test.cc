@@ -187,6 +187,17 @@ TEST(SpecGateTest, LoadAloneNeverDemotesAtOnce) {
   EXPECT_EQ(d.next_state.below_count, 1u);
 }
 
+TEST(SpecGateTest, NoRoundsAreNoEvidence) {
+  // Verify costs 5 plain steps: even perfect drafts (E = 4) would not pay,
+  // but before its first round a speculative session waits for the streak.
+  SpecGateInputs in = Inputs(1, 0, 0);
+  const std::vector<double> slow_verify(9, 0.05);
+  in.verify_seconds_by_columns = slow_verify;
+  SpecGateDecision d = DecideSpec(in);
+  EXPECT_EQ(d.mode, v1::SPECULATIVE);
+  EXPECT_EQ(d.next_state.below_count, 1u);
+}
+
 TEST(SpecGateTest, FewDraftsAreNotDecisive) {
   // 0 of 6 drafted: the bound (0.31) still allows a paying round.
   SpecGateInputs in = Inputs(1, 6, 0);
@@ -299,6 +310,33 @@ TEST(SpecGateModelTest, CostExtrapolation) {
   EXPECT_DOUBLE_EQ(VerifySeconds({}, 3), 0.0);
   const std::vector<double> falling = {2.0, 1.0};    // noisy measurement
   EXPECT_DOUBLE_EQ(DecodeSeconds(falling, 4), 1.0);  // never decreases
+}
+
+TEST(SpecGateModelTest, ChooseKByPositionFollowsTheMeasuredPositions) {
+  // Acceptance through position j: 0.8, 0.6, 0.1 (the third draft rarely
+  // lands). Alone (b = 1): E(1) = 1.8 / 0.011, E(2) = 2.4 / 0.012,
+  // E(3) = 2.5 / 0.013: k = 2 wins.
+  const std::vector<uint64_t> drafted = {1000, 1000, 1000};
+  const std::vector<uint64_t> accepted = {800, 600, 100};
+  EXPECT_EQ(ChooseKByPosition(drafted, accepted, 3, 1, kDecode, kVerify), 2u);
+  // Every draft landing: the deepest wins.
+  const std::vector<uint64_t> all = {1000, 1000, 1000};
+  EXPECT_EQ(ChooseKByPosition(drafted, all, 3, 1, kDecode, kVerify), 3u);
+  // Under load the group's rows cost more per column: shallower rounds.
+  // b = 8: k = 1 costs 0.011 x D(16)/D(2) = 0.044, k = 2 0.012 x D(24)/D(3)
+  // = 0.072: E/cost 40.9 against 33.3.
+  EXPECT_EQ(ChooseKByPosition(drafted, accepted, 3, 8, kDecode, kVerify), 1u);
+}
+
+TEST(SpecGateModelTest, ChooseKByPositionNeedsEvidenceAtEveryDepth) {
+  const std::vector<uint64_t> accepted = {8, 6, 1};
+  EXPECT_EQ(ChooseKByPosition({10, 10, 10}, accepted, 3, 1, kDecode, kVerify),
+            3u);
+  EXPECT_EQ(ChooseKByPosition({1000, 1000}, {800, 600}, 3, 1, kDecode, kVerify),
+            3u);
+  EXPECT_EQ(
+      ChooseKByPosition({1000, 1000, 1000}, {800, 600, 100}, 3, 1, {}, kVerify),
+      3u);
 }
 
 TEST(SpecGateModelTest, ChooseK) {

@@ -120,7 +120,11 @@ def test_smoke_mode_runs_every_row_without_errors(tmp_path):
     assert all(x["tokens"] == 1 for x in pl["records"] if x["role"] != "stream")
     assert all(x["tokens"] >= 16 for x in pl["records"] if x["role"] == "stream")
     spec = [r for r in rows if r["spec"]]
-    assert all(r["spec_rounds"] > 0 or r["demoted_requests"] > 0 for r in spec)
+    # Alone on the worker the gate starts speculative (a round costs under
+    # E plain steps); at c = 2 the CPU's compute-bound costs may make plain
+    # decode its first choice, which is neither a round nor a demotion.
+    assert all(r["spec_rounds"] > 0 or r["demoted_requests"] > 0
+               for r in spec if r["concurrency"] == 1)
     assert all(r.get("x_plain") is not None for r in spec)
     assert result["model"]["has_mtp"]
     text = (out / "serve_bench.txt").read_text()
