@@ -190,6 +190,11 @@ def test_context_window_starts_after_the_last_first_token():
     assert w["ids_per_message"] == 1.0
     short = context_rows.window_figures([s1], 0.5, 50, 1000)
     assert short["streams_short"] == 1
+    # A scheduler that sends 16 ids per message: a 4-id window still takes
+    # two messages, so it has a gap to time (one message alone has none).
+    bursts = [(0.1 * i, 16) for i in range(1, 6)]
+    w = context_rows.window_figures([bursts], 0.1, 4, 1000)
+    assert [round(x, 6) for x in w["tpots"]] == [round(0.1 / 16, 6)]
 
 
 def test_context_fit_check():
@@ -267,7 +272,7 @@ def test_smoke_context_and_mixed_rows(tmp_path):
         [sys.executable, os.path.join(TOOL, "serve_bench.py"), "--smoke", "--out", str(out),
          "--modes=", "--ttft-prompts=", "--prefill-under-load", "0",
          "--context-rows", "256", "--context-max-tokens", "16",
-         "--mixed-rows", "128:16:2", "--mixed-seconds", "2"],
+         "--mixed-rows", "128:16:2", "--mixed-seconds", "4"],
         capture_output=True, text=True, timeout=300, cwd=REPO)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     result = json.loads((out / "serve_bench.json").read_text())

@@ -16,7 +16,9 @@ One row per (P, c), on one LoadClient (one asyncio loop, one channel):
      error or a cut).
 
 A stream's window: its id-carrying messages after T_all up to the one that
-brings its count after T_all to window_tokens. Its TPOT = (the window's last
+brings its count after T_all to window_tokens, and at least two messages
+(a scheduler that sends many ids per message may need more than
+window_tokens). Its TPOT = (the window's last
 arrival - its first arrival) / the ids of the window's messages after the
 first: the gap that spans T_all (the last prompt's prefill) is left out, so
 no prefill pollutes it. TPOT p50/p99 are over the c streams.
@@ -64,9 +66,6 @@ class _Stream:
     def on_ids(self, t, n):
         self.arrivals.append((t, n))
 
-    def tokens_after(self, t0):
-        return sum(n for t, n in self.arrivals if t > t0)
-
 
 async def _wait(streams, ready):
     while not all(ready(s) for s in streams):
@@ -80,7 +79,6 @@ async def _measure(client, reqs, window_tokens):
     lag = load.LoopLag()
     cpu0, t0 = time.process_time(), clock()
     streams = [_Stream() for _ in reqs]
-    cancelled = []
     t_all = None
     try:
         for s, r in zip(streams, reqs):
@@ -89,20 +87,11 @@ async def _measure(client, reqs, window_tokens):
         firsts = [s.arrivals[0][0] for s in streams if s.arrivals]
         if firsts:
             t_all = max(firsts)
-            await _wait(streams, lambda s: s.task.done() or
-                        s.tokens_after(t_all) >= window_tokens)
-        for i, s in enumerate(streams):
-            if not s.task.done():
-                s.task.cancel()
-                cancelled.append(i)
+            await _wait(streams, lambda s: s.task.done() or window_complete(
+                [a for a in s.arrivals if a[0] > t_all], window_tokens))
+        cancelled = load.cancel_running(streams)
     finally:
-        # Also when the time budget cancels this coroutine: no stream task
-        # outlives the row (each is then recorded as CUT).
-        for s in streams:
-            if s.task is not None and not s.task.done():
-                s.task.cancel()
-        await asyncio.gather(*(s.task for s in streams if s.task is not None),
-                             return_exceptions=True)
+        await load.reap_streams(streams)
     wall = clock() - t0
     cpu = time.process_time() - cpu0
     lags = await lag.stop()
@@ -110,16 +99,21 @@ async def _measure(client, reqs, window_tokens):
                 m=dict(wall_s=wall, client_cpu_s=cpu, **lags))
 
 
+def window_complete(window, window_tokens):
+    """A window holds window_tokens ids and at least two messages (one
+    message alone has no gap to time)."""
+    return len(window) >= 2 and sum(k for _, k in window) >= window_tokens
+
+
 def stream_window(arrivals, t_all, window_tokens):
-    """The messages of one stream's window: those after t_all up to the one
-    that brings the ids after t_all to window_tokens (all after t_all when
-    the stream has fewer)."""
-    out, n = [], 0
+    """The messages of one stream's window: those after t_all up to the
+    first that completes it (window_complete), or all after t_all when the
+    stream ended sooner."""
+    out = []
     for t, k in arrivals:
         if t > t_all:
             out.append((t, k))
-            n += k
-            if n >= window_tokens:
+            if window_complete(out, window_tokens):
                 break
     return out
 
