@@ -55,24 +55,13 @@ double AcceptanceUpperBound(double drafted, double accepted, double z) {
   return std::clamp((centre + spread) / (1 + z2 / n), 0.0, 1.0);
 }
 
-double GeometricTokensPerRound(double a, uint32_t k) {
-  a = std::clamp(a, 0.0, 1.0);
-  if (a >= 1.0) return 1.0 + k;
-  return (1.0 - std::pow(a, k + 1)) / (1.0 - a);
-}
-
-double PerPositionAcceptance(double rate, uint32_t k) {
-  rate = std::clamp(rate, 0.0, 1.0);
-  if (k <= 1 || rate <= 0.0 || rate >= 1.0) return rate;
-  // Mean acceptance over k positions, (E(k) - 1) / k, increases monotonically
-  // in a from 0 (a = 0) to 1 (a = 1): bisect.
-  double lo = 0.0, hi = 1.0;
-  for (int i = 0; i < 60; ++i) {
-    const double mid = 0.5 * (lo + hi);
-    const double mean = (GeometricTokensPerRound(mid, k) - 1.0) / k;
-    (mean < rate ? lo : hi) = mid;
-  }
-  return 0.5 * (lo + hi);
+double GroupRoundSeconds(absl::Span<const double> decode_seconds_by_batch,
+                         absl::Span<const double> verify_seconds_by_columns,
+                         uint32_t k, uint32_t batch) {
+  const double alone = DecodeSeconds(decode_seconds_by_batch, k + 1);
+  if (alone <= 0) return 0;
+  return VerifySeconds(verify_seconds_by_columns, k + 1) *
+         DecodeSeconds(decode_seconds_by_batch, batch * (k + 1)) / alone;
 }
 
 v1::GateDecision SpecGateDecision::ToProto() const {
@@ -146,12 +135,10 @@ SpecGateDecision DecideSpec(const SpecGateInputs& in,
     return d;
   }
   // The round runs in a group with the other sessions' rounds (one verify
-  // of about b·(k+1) rows, draft passes of b rows): a round alone, scaled as
-  // the trunk pass scales from k+1 rows to b·(k+1).
-  const double alone_rows = DecodeSeconds(in.decode_seconds_by_batch, k + 1);
-  const double group_rows =
-      DecodeSeconds(in.decode_seconds_by_batch, b * (k + 1));
-  d.verify_cost_ratio = verify * (group_rows / alone_rows) / decode;
+  // of about b·(k+1) rows, draft passes of b rows).
+  d.verify_cost_ratio = GroupRoundSeconds(in.decode_seconds_by_batch,
+                                          in.verify_seconds_by_columns, k, b) /
+                        decode;
   const double gain = d.expected_tokens_per_round / d.verify_cost_ratio;
   const double threshold = 1.0 - config.margin;
   const std::string numbers = absl::StrFormat(
@@ -204,27 +191,6 @@ SpecGateDecision DecideSpec(const SpecGateInputs& in,
   return d;
 }
 
-uint32_t ChooseK(double rate, uint32_t measured_k, uint32_t max_k,
-                 absl::Span<const double> verify_seconds_by_columns) {
-  max_k = std::max<uint32_t>(1, max_k);
-  measured_k = std::clamp<uint32_t>(measured_k, 1, max_k);
-  if (verify_seconds_by_columns.empty()) return measured_k;
-  const double a = PerPositionAcceptance(rate, measured_k);
-  uint32_t best_k = measured_k;
-  double best = -1;
-  for (uint32_t k = 1; k <= max_k; ++k) {
-    const double seconds = VerifySeconds(verify_seconds_by_columns, k + 1);
-    if (seconds <= 0) continue;
-    const double tokens_per_second = GeometricTokensPerRound(a, k) / seconds;
-    // Strictly better only: ties keep the smaller k (less draft work).
-    if (tokens_per_second > best * (1 + 1e-9)) {
-      best = tokens_per_second;
-      best_k = k;
-    }
-  }
-  return best_k;
-}
-
 uint32_t ChooseKByPosition(absl::Span<const uint64_t> drafted_per_position,
                            absl::Span<const uint64_t> accepted_per_position,
                            uint32_t max_k, uint32_t batch,
@@ -248,11 +214,8 @@ uint32_t ChooseKByPosition(absl::Span<const uint64_t> drafted_per_position,
     tokens += static_cast<double>(std::min(accepted_per_position[k - 1],
                                            drafted_per_position[k - 1])) /
               static_cast<double>(drafted_per_position[k - 1]);
-    const double alone = DecodeSeconds(decode_seconds_by_batch, k + 1);
-    const double group =
-        DecodeSeconds(decode_seconds_by_batch, batch * (k + 1));
-    const double cost = VerifySeconds(verify_seconds_by_columns, k + 1) *
-                        (alone > 0 ? group / alone : 1.0);
+    const double cost = GroupRoundSeconds(decode_seconds_by_batch,
+                                          verify_seconds_by_columns, k, batch);
     if (cost <= 0) continue;
     // Strictly better only: ties keep the smaller k (less draft work).
     if (tokens / cost > best * (1 + 1e-9)) {

@@ -16,9 +16,8 @@
 //   Tokens per round. E = 1 + r^·k. This is not an approximation: with k
 //   drafts per round, the mean accepted count per round is r·k by the
 //   definition of r, plus the bonus token (it is vLLM's "mean acceptance
-//   length"). The geometric model E(k) = (1 − a^(k+1)) / (1 − a), a = the
-//   per-position acceptance, is used only to extrapolate to another k
-//   (ChooseK), with `a` fitted so the model reproduces r at the measured k.
+//   length"). The depth itself is chosen from the per-position acceptance
+//   (ChooseKByPosition).
 //   Cost. With b sessions on the worker, plain decode gives every session one
 //   token per batched step of D(b) seconds. The speculative sessions' rounds
 //   run as one group (worker/spec/round_group.cc): one verify of about
@@ -128,14 +127,6 @@ SpecGateDecision DecideSpec(const SpecGateInputs& in,
                             const SpecGateConfig& config = {});
 
 // The draft depth in 1..max_k that maximizes a speculative session's tokens
-// per second, E(k) / V(k+1) (the batch size scales every k alike and drops
-// out), extrapolating the acceptance `rate` measured at depth
-// `measured_k` with the geometric model. Returns `measured_k` (clamped to
-// 1..max_k) when costs are missing.
-uint32_t ChooseK(double rate, uint32_t measured_k, uint32_t max_k,
-                 absl::Span<const double> verify_seconds_by_columns);
-
-// The draft depth in 1..max_k that maximizes a speculative session's tokens
 // per second at batch b, from its measured per-position acceptance:
 // q_j = accepted_per_position[j-1] / drafted_per_position[j-1] is the share
 // of rounds drafting position j that accepted drafts 1..j, so a round of
@@ -159,11 +150,12 @@ double SmoothedAcceptance(double drafted, double accepted,
 // The upper Wilson score bound of the rate accepted / drafted at z (1 when
 // nothing was drafted).
 double AcceptanceUpperBound(double drafted, double accepted, double z);
-// Per-position acceptance a whose geometric model gives mean acceptance
-// `rate` over `k` positions: rate = (a + a^2 + ... + a^k) / k.
-double PerPositionAcceptance(double rate, uint32_t k);
-// (1 − a^(k+1)) / (1 − a) = 1 + a + ... + a^k.
-double GeometricTokensPerRound(double a, uint32_t k);
+// Seconds of a round of k drafts in a group at batch b: a round alone,
+// V(k+1), scaled as the trunk pass scales from k+1 rows to b·(k+1). 0 when a
+// table is empty.
+double GroupRoundSeconds(absl::Span<const double> decode_seconds_by_batch,
+                         absl::Span<const double> verify_seconds_by_columns,
+                         uint32_t k, uint32_t batch);
 // Table lookups with extrapolation past the end (index = batch or columns,
 // from 1). Return 0 for an empty table.
 double DecodeSeconds(absl::Span<const double> by_batch, uint32_t batch);

@@ -284,21 +284,6 @@ TEST(SpecGateTest, ToProtoCarriesInputs) {
   EXPECT_EQ(p.reason(), d.reason);
 }
 
-TEST(SpecGateModelTest, GeometricModel) {
-  EXPECT_DOUBLE_EQ(GeometricTokensPerRound(0, 4), 1.0);
-  EXPECT_DOUBLE_EQ(GeometricTokensPerRound(1, 4), 5.0);
-  EXPECT_NEAR(GeometricTokensPerRound(0.5, 2), 1.75, 1e-12);
-  // The fitted a reproduces the measured rate at the measured k.
-  for (double rate : {0.1, 0.5, 0.8}) {
-    for (uint32_t k : {1u, 3u, 7u}) {
-      const double a = PerPositionAcceptance(rate, k);
-      EXPECT_NEAR((GeometricTokensPerRound(a, k) - 1) / k, rate, 1e-9);
-    }
-  }
-  // At k = 1 the per-position acceptance is the rate itself.
-  EXPECT_DOUBLE_EQ(PerPositionAcceptance(0.42, 1), 0.42);
-}
-
 TEST(SpecGateModelTest, CostExtrapolation) {
   const std::vector<double> decode = {1.0, 1.5};
   EXPECT_DOUBLE_EQ(DecodeSeconds(decode, 1), 1.0);
@@ -337,18 +322,6 @@ TEST(SpecGateModelTest, ChooseKByPositionNeedsEvidenceAtEveryDepth) {
   EXPECT_EQ(
       ChooseKByPosition({1000, 1000, 1000}, {800, 600, 100}, 3, 1, {}, kVerify),
       3u);
-}
-
-TEST(SpecGateModelTest, ChooseK) {
-  // Cheap extra columns and high acceptance: draft deep.
-  EXPECT_EQ(ChooseK(0.9, 3, 8, kVerify), 8u);
-  // Low acceptance: the extra columns are wasted.
-  EXPECT_EQ(ChooseK(0.1, 3, 8, kVerify), 1u);
-  // Verify cost proportional to columns: E(k)/(k+1) falls with k.
-  const std::vector<double> linear = {1, 2, 3, 4, 5, 6, 7, 8, 9};
-  EXPECT_EQ(ChooseK(0.8, 3, 8, linear), 1u);
-  // No costs: keep the measured k (clamped).
-  EXPECT_EQ(ChooseK(0.8, 12, 8, {}), 8u);
 }
 
 }  // namespace

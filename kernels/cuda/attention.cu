@@ -180,29 +180,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
-#pragma unroll
-  for (int i = 0; i < G; ++i) {
-    float big = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) big = fmaxf(big, sm_m[i][w]);
-    float ew[kWarps];
-    float big_l = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      ew[w] = sm_m[i][w] == -INFINITY ? 0.0f : expf(__fsub_rn(sm_m[i][w], big));
-      big_l = fmaf(sm_l[i][w], ew[w], big_l);
-    }
-    const int64_t slot = (tl * p.num_heads + h0 + i) * b.max_chunks + c;
-    for (int e = threadIdx.x; e < hd; e += kThreads) {
-      float a = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) a = fmaf(sm_acc[i][w][e], ew[w], a);
-      b.acc[slot * hd + e] = a;
-    }
-    if (threadIdx.x == 0) {
-      b.ml[slot * 2] = big;
-      b.ml[slot * 2 + 1] = big_l;
-    }
-  }
+  WriteWarpMergedPartials<G>(p, b, tl, h0, c, hd, sm_m, sm_l, &sm_acc[0][0][0],
+                             kMaxHeadDim);
 }
 
 // Head h of row t (local row tl) from its nc chunk partials, written to

@@ -87,6 +87,42 @@ __device__ __forceinline__ void PrefetchChunk(const AttentionParams& p,
   }
 }
 
+// The chunk partial (m, l, acc) of heads h0 .. h0+G-1 of local row tl,
+// merged over the block's warps in warp order, into the workspace slot of
+// chunk c. sm_m / sm_l: each warp's max and sum per head; sacc: each warp's
+// unnormalised output, head i and warp w at sacc[(i·kWarps + w)·stride].
+// Called by all kThreads threads after the barrier that publishes them.
+template <int G>
+__device__ __forceinline__ void WriteWarpMergedPartials(
+    const AttentionParams& p, const Batch& b, int64_t tl, int64_t h0, int c,
+    int hd, const float (&sm_m)[G][kWarps], const float (&sm_l)[G][kWarps],
+    const float* sacc, int stride) {
+#pragma unroll
+  for (int i = 0; i < G; ++i) {
+    float big = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) big = fmaxf(big, sm_m[i][w]);
+    float ew[kWarps];
+    float big_l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      ew[w] = sm_m[i][w] == -INFINITY ? 0.0f : expf(__fsub_rn(sm_m[i][w], big));
+      big_l = fmaf(sm_l[i][w], ew[w], big_l);
+    }
+    const int64_t slot = (tl * p.num_heads + h0 + i) * b.max_chunks + c;
+    for (int e = threadIdx.x; e < hd; e += kThreads) {
+      float a = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w)
+        a = fmaf(sacc[(i * kWarps + w) * stride + e], ew[w], a);
+      b.acc[slot * hd + e] = a;
+    }
+    if (threadIdx.x == 0) {
+      b.ml[slot * 2] = big;
+      b.ml[slot * 2 + 1] = big_l;
+    }
+  }
+}
+
 }  // namespace specserve::kernels::cuda::attention_chunks
 
 #endif  // SPECSERVE_KERNELS_CUDA_ATTENTION_CHUNKS_CUH_

@@ -253,31 +253,7 @@ __global__ void __launch_bounds__(kThreads)
       sacc[(h * kWarps + warp) * kHd + lane * DPL + i] = acc[h][i];
   }
   __syncthreads();
-#pragma unroll
-  for (int h = 0; h < G; ++h) {
-    float big = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) big = fmaxf(big, sm_m[h][w]);
-    float ew[kWarps];
-    float big_l = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      ew[w] = sm_m[h][w] == -INFINITY ? 0.0f : expf(__fsub_rn(sm_m[h][w], big));
-      big_l = fmaf(sm_l[h][w], ew[w], big_l);
-    }
-    const int64_t slot = (tl * p.num_heads + h0 + h) * b.max_chunks + c;
-    for (int e = threadIdx.x; e < kHd; e += kThreads) {
-      float a = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w)
-        a = fmaf(sacc[(h * kWarps + w) * kHd + e], ew[w], a);
-      b.acc[slot * kHd + e] = a;
-    }
-    if (threadIdx.x == 0) {
-      b.ml[slot * 2] = big;
-      b.ml[slot * 2 + 1] = big_l;
-    }
-  }
+  WriteWarpMergedPartials<G>(p, b, tl, h0, c, kHd, sm_m, sm_l, sacc, kHd);
 }
 
 }  // namespace specserve::kernels::cuda::attention_chunks

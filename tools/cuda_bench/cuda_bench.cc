@@ -49,6 +49,7 @@
 #include "worker/model/model.h"
 #include "worker/spec/model_executor.h"
 #include "worker/spec/spec_engine.h"
+#include "tools/bench_timing/bench_check.h"
 
 namespace specserve::cuda_bench {
 namespace {
@@ -59,15 +60,6 @@ using nlohmann::json;
 using bench::Median;
 using bench::WallMs;
 
-#define BENCH_CHECK(expr)                                                        \
-  do {                                                                           \
-    const auto bench_status_ = (expr);                                           \
-    if (!bench_status_.ok()) {                                                   \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,          \
-                   bench_status_.ToString().c_str());                            \
-      std::exit(1);                                                              \
-    }                                                                            \
-  } while (0)
 #define BENCH_CUDA(expr) BENCH_CHECK(kernels::cuda::CudaStatus((expr), #expr))
 
 // Median ms of `reps` event-timed calls of fn on `stream` after `warm`.

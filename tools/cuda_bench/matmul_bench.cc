@@ -16,18 +16,10 @@
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_handles.h"
+#include "tools/bench_timing/bench_check.h"
 
 namespace specserve::kernels::cuda {
 namespace {
-
-#define BENCH_CHECK(expr)                                                   \
-  do {                                                                      \
-    const auto bench_status_ = (expr);                                      \
-    if (!bench_status_.ok()) {                                              \
-      std::fprintf(stderr, "%s: %s\n", #expr, bench_status_.ToString().c_str()); \
-      std::exit(1);                                                         \
-    }                                                                       \
-  } while (0)
 
 #define BENCH_CUDA(expr) BENCH_CHECK(CudaStatus((expr), #expr))
 

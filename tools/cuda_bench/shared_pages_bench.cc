@@ -30,19 +30,10 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "tools/bench_timing/bench_check.h"
 
 namespace specserve::kernels::cuda {
 namespace {
-
-#define BENCH_CHECK(expr)                             \
-  do {                                                \
-    const auto bench_status_ = (expr);                \
-    if (!bench_status_.ok()) {                        \
-      std::fprintf(stderr, "%s: %s\n", #expr,         \
-                   bench_status_.ToString().c_str()); \
-      std::exit(1);                                   \
-    }                                                 \
-  } while (0)
 
 // A driver call that must succeed for the figures to mean anything.
 #define DRIVER_CHECK(expr)                             \

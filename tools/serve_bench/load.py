@@ -250,6 +250,27 @@ class LoopLag:
                 "loop_lag_max_ms": 1e3 * max(self._lags or [0.0])}
 
 
+def cancel_running(streams):
+    """Cancels the streams still running at a row's planned end; returns their
+    indices (cancelled by the row, not errors). Each stream has a `task`."""
+    cancelled = []
+    for i, s in enumerate(streams):
+        if not s.task.done():
+            s.task.cancel()
+            cancelled.append(i)
+    return cancelled
+
+
+async def reap_streams(streams):
+    """No stream task outlives its row, also when the time budget cancels the
+    row's coroutine (a stream still running is then recorded as CUT)."""
+    for s in streams:
+        if s.task is not None and not s.task.done():
+            s.task.cancel()
+    await asyncio.gather(*(s.task for s in streams if s.task is not None),
+                         return_exceptions=True)
+
+
 def random_prompts(rng, count, length, vocab):
     """`count` prompts of `length` token ids drawn uniformly from the
     vocabulary (any id is a valid input; no two prompts share a prefix)."""

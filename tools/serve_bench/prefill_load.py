@@ -104,7 +104,6 @@ async def _measure(client, solo_reqs, stream_reqs, prefill_req, baseline_s):
     cpu0, t0 = time.process_time(), clock()
     warm, solo, prefill = [], [], []
     streams = [_Stream() for _ in stream_reqs]
-    cancelled = []
     t_send = t_first = None
     steady = False
     try:
@@ -138,18 +137,9 @@ async def _measure(client, solo_reqs, stream_reqs, prefill_req, baseline_s):
 
             while not all(tail_done(s) for s in streams) and clock() < deadline:
                 await asyncio.sleep(POLL_S)
-        for i, s in enumerate(streams):
-            if not s.task.done():
-                s.task.cancel()
-                cancelled.append(i)
+        cancelled = load.cancel_running(streams)
     finally:
-        # Also when the time budget cancels this coroutine: no stream task
-        # outlives the row (each is then recorded as CUT).
-        for s in streams:
-            if s.task is not None and not s.task.done():
-                s.task.cancel()
-        await asyncio.gather(*(s.task for s in streams if s.task is not None),
-                             return_exceptions=True)
+        await load.reap_streams(streams)
     wall = clock() - t0
     cpu = time.process_time() - cpu0
     lags = await lag.stop()
