@@ -7,6 +7,8 @@
 #ifndef SPECSERVE_PROTO_API_LIMITS_H_
 #define SPECSERVE_PROTO_API_LIMITS_H_
 
+#include <cstddef>
+
 namespace specserve {
 
 // The deepest speculative round: k drafts, verified as k + 1 columns.
@@ -26,6 +28,12 @@ inline constexpr int kMaxDraftDepth = 8;
 inline constexpr float kMaxAbsPenalty = 2.0f;
 inline constexpr float kMaxAbsLogitBias = 100.0f;
 inline constexpr int kMaxLogitBias = 1024;
+
+// The most bytes of grammar text one StructuredOutput may carry (the schema,
+// the regex, the EBNF, or all choices together): the worker compiles it, at
+// a cost that grows with the text. The scheduler refuses more; the worker's
+// compiler (worker/grammar) checks the same bound.
+inline constexpr size_t kMaxGrammarTextBytes = 64 * 1024;
 
 }  // namespace specserve
 

@@ -56,6 +56,11 @@ class Call {
   bool Cancelled() const {
     return (cancel_ != nullptr && cancel_->load()) || out_->cancelled();
   }
+  // The model's EOS ids end the output unless ignore_eos; under a grammar
+  // always: once the output is a complete match they are all it allows.
+  bool StopsAtEos() const {
+    return !req_.stopping().ignore_eos() || req_.has_structured_output();
+  }
   // A stop after the deadline is DEADLINE_EXCEEDED however it was noticed
   // first (the client's side giving up, or the worker call's own deadline):
   // both happen at the same instant.
@@ -336,9 +341,7 @@ absl::Status Call::OpenSession() {
   OutputOptions output;
   output.stop_ids.insert(req_.stopping().stop_token_ids().begin(),
                          req_.stopping().stop_token_ids().end());
-  if (!req_.stopping().ignore_eos()) {
-    output.stop_ids.insert(eos_.begin(), eos_.end());
-  }
+  if (StopsAtEos()) output.stop_ids.insert(eos_.begin(), eos_.end());
   // Explicit choices win; unset ones follow the input's form.
   const specserve::v1::ResponseOptions& r = req_.response();
   output.want_text = r.has_text() ? r.text() : input_was_text_;
@@ -675,8 +678,11 @@ absl::Status Call::RunBursts() {
     }
     for (uint32_t id : req_.stopping().stop_token_ids())
       b.add_stop_token_ids(id);
-    if (!req_.stopping().ignore_eos()) {
+    if (StopsAtEos()) {
       for (uint32_t id : eos_) b.add_stop_token_ids(id);
+    }
+    if (req_.has_structured_output()) {
+      *b.mutable_structured_output() = req_.structured_output();
     }
     // The logit controls count this request's output: the history ends
     // with the produced_ tokens of its earlier bursts.
@@ -767,6 +773,15 @@ absl::Status Call::RunBursts() {
       // rebuilds it. A fresh copy's refusal is the request's own.
       const bool stale_copy =
           code == grpc::StatusCode::FAILED_PRECONDITION && !fresh_copy_;
+      // The worker refuses a burst's parameters (a grammar that does not
+      // compile) before it touches the session: the copy stays as it was,
+      // and so does the history (no token came).
+      if (tokens_this_burst == 0 && produced_ == 0 &&
+          (code == grpc::StatusCode::INVALID_ARGUMENT ||
+           code == grpc::StatusCode::UNIMPLEMENTED)) {
+        return absl::Status(static_cast<absl::StatusCode>(code),
+                            o.status.error_message());
+      }
       // Bounded: a copy can be evicted again before its retry runs (the
       // pool drops idle sessions under host-memory pressure), and each
       // worker can fail once.

@@ -213,6 +213,39 @@ bool IsSessionContinuation(const v1::GenerateRequest& req) {
   return req.has_session() && !req.session().session_id().empty();
 }
 
+absl::Status ValidateStructuredOutput(const v1::StructuredOutput& s) {
+  size_t bytes = 0;
+  switch (s.kind_case()) {
+    case v1::StructuredOutput::kJsonSchema:
+      bytes = s.json_schema().size();
+      break;
+    case v1::StructuredOutput::kRegex:
+      bytes = s.regex().size();
+      break;
+    case v1::StructuredOutput::kEbnf:
+      bytes = s.ebnf().size();
+      break;
+    case v1::StructuredOutput::kChoice:
+      if (s.choice().values().empty()) {
+        return Invalid("structured_output.choice needs at least one value");
+      }
+      for (const std::string& v : s.choice().values()) bytes += v.size();
+      break;
+    case v1::StructuredOutput::kJsonObject:
+      break;
+    case v1::StructuredOutput::KIND_NOT_SET:
+      return Invalid(
+          "structured_output has no kind: set json_schema, regex, ebnf, "
+          "choice or json_object");
+  }
+  if (bytes > kMaxGrammarTextBytes) {
+    return Invalid(absl::StrCat("structured_output grammar text is ", bytes,
+                                " bytes, over the limit ",
+                                kMaxGrammarTextBytes));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateGenerateRequest(const v1::GenerateRequest& req,
                                      const Limits& limits) {
   if (req.request_id().size() > limits.max_request_id_len) {
@@ -231,6 +264,9 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& req,
                      kMaxDraftDepth, ", or 0 for the server's default"));
   }
   SS_RETURN_IF_ERROR(ValidateResponse(req.response(), limits));
+  if (req.has_structured_output()) {
+    SS_RETURN_IF_ERROR(ValidateStructuredOutput(req.structured_output()));
+  }
   SS_RETURN_IF_ERROR(ValidateSessionParams(req, limits));
   if (req.input_case() == v1::GenerateRequest::kTokenIds) {
     SS_RETURN_IF_ERROR(ValidatePromptLength(

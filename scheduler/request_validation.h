@@ -47,6 +47,12 @@ struct Limits {
   size_t max_request_id_len = 128;
 };
 
+// A structured_output has a kind, at most kMaxGrammarTextBytes of grammar
+// text (proto/api_limits.h) and, for choice, at least one value. Whether the
+// grammar parses is the worker's check (it compiles it before the burst
+// touches the session).
+absl::Status ValidateStructuredOutput(const v1::StructuredOutput& s);
+
 // Checks that need no tokenizer and no session state. With token ids as
 // input, it also checks prompt + max_tokens against the model context (the
 // prompt length is known). Returns INVALID_ARGUMENT naming the first problem.

@@ -258,6 +258,44 @@ TEST(RequestValidationTest, TextSizeBound) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("11 bytes"));
 }
 
+TEST(RequestValidationTest, StructuredOutputNeedsAKindAndABoundedText) {
+  const Limits l = TestLimits();
+  v1::GenerateRequest r = TextRequest();
+  r.mutable_structured_output()->set_regex("[a-z]+");
+  EXPECT_TRUE(ValidateGenerateRequest(r, l).ok());
+  r.mutable_structured_output()->set_json_object(true);
+  EXPECT_TRUE(ValidateGenerateRequest(r, l).ok());
+  r.mutable_structured_output()->mutable_choice()->add_values("yes");
+  EXPECT_TRUE(ValidateGenerateRequest(r, l).ok());
+
+  r.mutable_structured_output()->Clear();
+  absl::Status s = ValidateGenerateRequest(r, l);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("structured_output has no kind"));
+
+  r.mutable_structured_output()->mutable_choice();
+  s = ValidateGenerateRequest(r, l);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("structured_output.choice"));
+
+  // At the limit, then one byte over it (choices count together).
+  r.mutable_structured_output()->set_ebnf(
+      std::string(kMaxGrammarTextBytes, 'x'));
+  EXPECT_TRUE(ValidateGenerateRequest(r, l).ok());
+  r.mutable_structured_output()->set_json_schema(
+      std::string(kMaxGrammarTextBytes + 1, ' '));
+  s = ValidateGenerateRequest(r, l);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              AllOf(HasSubstr("over the limit"),
+                    HasSubstr(absl::StrCat(kMaxGrammarTextBytes))));
+  v1::Choices* c = r.mutable_structured_output()->mutable_choice();
+  c->add_values(std::string(kMaxGrammarTextBytes / 2, 'a'));
+  c->add_values(std::string(kMaxGrammarTextBytes / 2 + 1, 'b'));
+  EXPECT_EQ(ValidateGenerateRequest(r, l).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(RequestValidationTest, SessionParams) {
   v1::GenerateRequest big = TextRequest();
   big.mutable_session()->set_capacity(4097);

@@ -58,8 +58,42 @@ int DraftDepthOf(const specserve::worker::v1::AdmitRequest& r) {
                              : kMaxDraftDepth;
 }
 
+absl::StatusOr<grammar::GrammarSpec> GrammarSpecOf(
+    const specserve::v1::StructuredOutput& s) {
+  using specserve::v1::StructuredOutput;
+  grammar::GrammarSpec spec;
+  switch (s.kind_case()) {
+    case StructuredOutput::kJsonSchema:
+      spec.kind = grammar::GrammarKind::kJsonSchema;
+      spec.text = s.json_schema();
+      break;
+    case StructuredOutput::kRegex:
+      spec.kind = grammar::GrammarKind::kRegex;
+      spec.text = s.regex();
+      break;
+    case StructuredOutput::kEbnf:
+      spec.kind = grammar::GrammarKind::kEbnf;
+      spec.text = s.ebnf();
+      break;
+    case StructuredOutput::kChoice:
+      spec.kind = grammar::GrammarKind::kChoice;
+      spec.choices.assign(s.choice().values().begin(),
+                          s.choice().values().end());
+      break;
+    case StructuredOutput::kJsonObject:
+      spec.kind = grammar::GrammarKind::kJsonObject;
+      break;
+    case StructuredOutput::KIND_NOT_SET:
+      return absl::InvalidArgumentError(
+          "structured_output has no kind: set json_schema, regex, ebnf, "
+          "choice or json_object");
+  }
+  return spec;
+}
+
 absl::StatusOr<spec::BurstParams> BurstParamsOf(
-    const specserve::worker::v1::BurstRequest& r, bool fault_injection) {
+    const specserve::worker::v1::BurstRequest& r, bool fault_injection,
+    grammar::GrammarCompiler* grammars) {
   const specserve::v1::SamplingParams& s = r.sampling();
   spec::BurstParams p;
   p.sampling.temperature = s.temperature();
@@ -95,6 +129,23 @@ absl::StatusOr<spec::BurstParams> BurstParamsOf(
     p.prompt_logprobs = static_cast<int>(r.prompt_logprobs());
   }
   if (fault_injection) p.inject_nan_at = static_cast<int>(r.inject_nan_at());
+  if (r.has_structured_output()) {
+    if (grammars == nullptr) {
+      return absl::UnimplementedError(
+          "structured_output: this worker's model directory has no usable "
+          "tokenizer.json, which constrained decoding needs");
+    }
+    SS_ASSIGN_OR_RETURN(grammar::GrammarSpec spec,
+                        GrammarSpecOf(r.structured_output()));
+    absl::StatusOr<grammar::CompiledGrammar> compiled = grammars->Compile(spec);
+    if (!compiled.ok()) {
+      return absl::Status(
+          compiled.status().code(),
+          absl::StrCat("structured_output.", GrammarKindName(spec.kind), ": ",
+                       compiled.status().message()));
+    }
+    p.grammar = std::move(*compiled);
+  }
   return p;
 }
 

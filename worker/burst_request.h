@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "proto/api_limits.h"
 #include "proto/worker.pb.h"
+#include "worker/grammar/grammar.h"
 #include "worker/spec/spec_engine.h"
 
 namespace specserve::worker {
@@ -30,9 +31,18 @@ int DraftDepthOf(const specserve::worker::v1::AdmitRequest& r);
 
 // The engine's parameters for `r` (which passed CheckBurstLimits), its
 // sampling validated (top_p 0 = unset = 1). `fault_injection`: honour
-// inject_nan_at (--enable_fault_injection).
+// inject_nan_at (--enable_fault_injection). A structured_output is compiled
+// by `grammars` (cached there): INVALID_ARGUMENT naming the field with the
+// parser's message when it does not compile or has no kind; UNIMPLEMENTED
+// when `grammars` is null (the model has no tokenizer.json).
 absl::StatusOr<spec::BurstParams> BurstParamsOf(
-    const specserve::worker::v1::BurstRequest& r, bool fault_injection);
+    const specserve::worker::v1::BurstRequest& r, bool fault_injection,
+    grammar::GrammarCompiler* grammars);
+
+// The grammar spec of a request's structured_output; INVALID_ARGUMENT when
+// it has no kind.
+absl::StatusOr<grammar::GrammarSpec> GrammarSpecOf(
+    const specserve::v1::StructuredOutput& s);
 
 }  // namespace specserve::worker
 

@@ -1,6 +1,7 @@
 #include "worker/burst_request.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/api_limits.h"
+#include "worker/model/test_data.h"
 
 namespace specserve::worker {
 namespace {
@@ -28,7 +30,8 @@ BurstRequest Burst(uint32_t k) {
 TEST(BurstRequestTest, KUpToTheDraftDepthLimitRuns) {
   for (int k = 0; k <= kMaxDraftDepth; ++k) {  // 0: plain decode
     EXPECT_TRUE(CheckBurstLimits(Burst(k)).ok()) << k;
-    absl::StatusOr<spec::BurstParams> p = BurstParamsOf(Burst(k), false);
+    absl::StatusOr<spec::BurstParams> p =
+        BurstParamsOf(Burst(k), false, nullptr);
     ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_EQ(p->k, k);
   }
@@ -49,13 +52,13 @@ TEST(BurstRequestTest, KOverTheDraftDepthLimitIsInvalid) {
 
 TEST(BurstRequestTest, MaxEmitAtLeastMaxNew) {
   BurstRequest r = Burst(4);
-  absl::StatusOr<spec::BurstParams> p = BurstParamsOf(r, false);
+  absl::StatusOr<spec::BurstParams> p = BurstParamsOf(r, false, nullptr);
   ASSERT_TRUE(p.ok());
   EXPECT_FALSE(p->max_emit.has_value());  // unset: rounds may overshoot
   for (uint32_t emit : {16u, 17u, static_cast<uint32_t>(INT32_MAX)}) {
     r.set_max_emit(emit);
     EXPECT_TRUE(CheckBurstLimits(r).ok()) << emit;
-    p = BurstParamsOf(r, false);
+    p = BurstParamsOf(r, false, nullptr);
     ASSERT_TRUE(p.ok());
     EXPECT_EQ(p->max_emit, static_cast<int>(emit));
   }
@@ -92,7 +95,7 @@ TEST(BurstRequestTest, AdmitDraftDepthUpToTheLimit) {
 TEST(BurstRequestTest, LogitControlsMapToTheEngine) {
   BurstRequest r = Burst(2);
   r.add_stop_token_ids(7);
-  absl::StatusOr<spec::BurstParams> p = BurstParamsOf(r, false);
+  absl::StatusOr<spec::BurstParams> p = BurstParamsOf(r, false, nullptr);
   ASSERT_TRUE(p.ok());
   EXPECT_FALSE(p->adjust.active());
   EXPECT_EQ(p->adjust.repetition_penalty, 1.0f);  // 0 = unset = 1
@@ -104,7 +107,7 @@ TEST(BurstRequestTest, LogitControlsMapToTheEngine) {
   (*r.mutable_sampling()->mutable_logit_bias())[3] = 2.0f;
   r.set_min_tokens(4);
   r.set_prior_output_tokens(6);
-  p = BurstParamsOf(r, false);
+  p = BurstParamsOf(r, false, nullptr);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->adjust.presence_penalty, 0.5f);
   EXPECT_EQ(p->adjust.frequency_penalty, -1.0f);
@@ -114,6 +117,39 @@ TEST(BurstRequestTest, LogitControlsMapToTheEngine) {
   EXPECT_EQ(p->adjust.min_tokens, 4);
   EXPECT_EQ(p->adjust.stop_ids, std::vector<int32_t>{7});  // what it masks
   EXPECT_EQ(p->prior_output, 6);
+}
+
+// A structured_output is compiled before the session is touched: a grammar
+// that does not parse is INVALID_ARGUMENT naming the field with the
+// parser's message, one without a compiler (no tokenizer.json)
+// UNIMPLEMENTED; one that parses becomes the burst's grammar.
+TEST(BurstRequestTest, StructuredOutputIsCompiledOrRefused) {
+  auto compiler =
+      grammar::GrammarCompiler::FromModelDir(model::testing::DefaultModelDir());
+  ASSERT_TRUE(compiler.ok()) << compiler.status();
+  BurstRequest r = Burst(2);
+  r.mutable_structured_output()->set_regex("[0-9]+");
+  absl::StatusOr<spec::BurstParams> p =
+      BurstParamsOf(r, false, compiler->get());
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(p->grammar.has_value());
+  EXPECT_EQ(BurstParamsOf(r, false, nullptr).status().code(),
+            absl::StatusCode::kUnimplemented);
+  for (const auto& [set, field] : std::vector<std::pair<
+           std::function<void(specserve::v1::StructuredOutput*)>, std::string>>{
+           {[](auto* s) { s->set_regex("(open"); }, "structured_output.regex"},
+           {[](auto* s) { s->set_json_schema("{\"type\": 7}"); },
+            "structured_output.json_schema"},
+           {[](auto* s) { s->set_ebnf("root ::= nowhere"); },
+            "structured_output.ebnf"},
+           {[](auto* s) { s->mutable_choice(); }, "structured_output.choice"},
+           {[](auto* s) { s->Clear(); }, "structured_output has no kind"},
+       }) {
+    set(r.mutable_structured_output());
+    p = BurstParamsOf(r, false, compiler->get());
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_THAT(std::string(p.status().message()), HasSubstr(field));
+  }
 }
 
 }  // namespace

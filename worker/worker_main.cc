@@ -98,6 +98,10 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA: every client (the scheduler) must present a certificate "
           "it signed (mutual TLS). Needs --tls_cert.");
+ABSL_FLAG(int32_t, json_whitespace, 64,
+          "Structured JSON output may put at most this many whitespace "
+          "characters in one place between tokens; 0: none but the fixed "
+          "separators ', ' and ': ' (for models that loop on whitespace).");
 
 namespace {
 
@@ -282,6 +286,18 @@ int main(int argc, char** argv) {
     }
     specserve::telemetry::RequestShutdown();
   };
+  // Structured output needs the model's tokenizer.json; without one the
+  // worker serves everything else.
+  specserve::grammar::GrammarCompilerOptions grammar_options;
+  grammar_options.json_whitespace =
+      std::max(0, absl::GetFlag(FLAGS_json_whitespace));
+  auto grammars = specserve::grammar::GrammarCompiler::FromModelDir(
+      absl::GetFlag(FLAGS_model), grammar_options);
+  if (grammars.ok()) {
+    options.grammars = std::move(*grammars);
+  } else {
+    LOG(WARNING) << "structured output is off: " << grammars.status();
+  }
   specserve::worker::WorkerService service(options, model->get());
 
   int port = 0;

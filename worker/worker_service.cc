@@ -311,8 +311,8 @@ void WorkerService::RunBurst(grpc::CallbackServerContext* ctx,
   bool deadline_passed = false;
   absl::Status status;
   spec::BurstResult result;
-  absl::StatusOr<spec::BurstParams> params =
-      BurstParamsOf(request, options_.enable_fault_injection);
+  absl::StatusOr<spec::BurstParams> params = BurstParamsOf(
+      request, options_.enable_fault_injection, options_.grammars.get());
   if (!params.ok()) {
     status = params.status();
   } else {

@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/worker.grpc.pb.h"
+#include "worker/grammar/grammar.h"
 #include "worker/model/model.h"
 #include "worker/scheduler_lease.h"
 #include "worker/session_pool.h"
@@ -56,6 +57,9 @@ struct WorkerOptions {
   // decided; the process then restarts on it (worker_main). Null: LoadModel
   // answers FAILED_PRECONDITION.
   std::function<void(const std::string& model_dir)> on_load_model;
+  // Compiles the grammars of structured_output requests for this model
+  // (worker/grammar); null: they are UNIMPLEMENTED (no tokenizer.json).
+  std::shared_ptr<grammar::GrammarCompiler> grammars;
 };
 
 class WorkerService final

@@ -1,5 +1,6 @@
 #include "scheduler/vllm_engine/request_translator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <tuple>
@@ -48,38 +49,16 @@ absl::Status CheckUnsupported(const vproto::GenerateRequest& in) {
                                "reports data_parallel_size 1"));
   }
   const vproto::SamplingParams& p = in.sampling_params();
-  if (p.n() > 1) {
+  if (p.n() > kMaxSamples) {
     return Refuse("sampling_params.n",
-                  absl::StrCat("is ", p.n(),
-                               "; only n = 1 is supported: send n requests"));
+                  absl::StrCat("is ", p.n(), "; give 1..", kMaxSamples,
+                               " samples per request"));
   }
-  const char* constraint = nullptr;
-  switch (p.constraint_case()) {
-    case vproto::SamplingParams::kJsonSchema:
-      constraint = "sampling_params.json_schema";
-      break;
-    case vproto::SamplingParams::kRegex:
-      constraint = "sampling_params.regex";
-      break;
-    case vproto::SamplingParams::kGrammar:
-      constraint = "sampling_params.grammar";
-      break;
-    case vproto::SamplingParams::kStructuralTag:
-      constraint = "sampling_params.structural_tag";
-      break;
-    case vproto::SamplingParams::kJsonObject:
-      constraint = "sampling_params.json_object";
-      break;
-    case vproto::SamplingParams::kChoice:
-      constraint = "sampling_params.choice";
-      break;
-    case vproto::SamplingParams::CONSTRAINT_NOT_SET:
-      break;
-  }
-  if (constraint != nullptr) {
-    return Unimplemented(constraint,
-                         "structured outputs (constrained decoding) are not "
-                         "supported: send the request without a constraint");
+  if (p.constraint_case() == vproto::SamplingParams::kStructuralTag) {
+    return Unimplemented("sampling_params.structural_tag",
+                         "structural tags are not supported: send a "
+                         "json_schema, regex, grammar, choice or json_object "
+                         "constraint");
   }
   return absl::OkStatus();
 }
@@ -132,7 +111,54 @@ absl::Status TranslateLogitControls(const vproto::SamplingParams& p,
   return absl::OkStatus();
 }
 
+// The constraint as specserve.v1's structured_output (grammar is EBNF in
+// both); its checks are ValidateGenerateRequest's and the worker's compile.
+void TranslateConstraint(const vproto::SamplingParams& p,
+                         specserve::v1::GenerateRequest* r) {
+  specserve::v1::StructuredOutput* out = nullptr;
+  auto constraint = [&] {
+    if (out == nullptr) out = r->mutable_structured_output();
+    return out;
+  };
+  switch (p.constraint_case()) {
+    case vproto::SamplingParams::kJsonSchema:
+      constraint()->set_json_schema(p.json_schema());
+      break;
+    case vproto::SamplingParams::kRegex:
+      constraint()->set_regex(p.regex());
+      break;
+    case vproto::SamplingParams::kGrammar:
+      constraint()->set_ebnf(p.grammar());
+      break;
+    case vproto::SamplingParams::kJsonObject:
+      if (p.json_object()) constraint()->set_json_object(true);
+      break;
+    case vproto::SamplingParams::kChoice:
+      for (const std::string& c : p.choice().choices()) {
+        constraint()->mutable_choice()->add_values(c);
+      }
+      if (p.choice().choices().empty()) constraint()->mutable_choice();
+      break;
+    case vproto::SamplingParams::kStructuralTag:  // refused before
+    case vproto::SamplingParams::CONSTRAINT_NOT_SET:
+      break;
+  }
+}
+
 }  // namespace
+
+specserve::v1::GenerateRequest SampleRequest(
+    const specserve::v1::GenerateRequest& request, uint32_t index) {
+  specserve::v1::GenerateRequest r = request;
+  r.set_request_id(absl::StrCat(request.request_id(), "#", index));
+  // SpecserveSeed sets bit 32, so a seed plus an index below 2^32 stays
+  // nonzero and distinct per (vLLM seed, index).
+  if (r.sampling().seed() != 0) {
+    r.mutable_sampling()->set_seed(request.sampling().seed() +
+                                   (uint64_t{index} << 33));
+  }
+  return r;
+}
 
 uint64_t SpecserveSeed(int32_t vllm_seed) {
   return (uint64_t{1} << 32) | static_cast<uint32_t>(vllm_seed);
@@ -200,6 +226,7 @@ absl::StatusOr<TranslatedRequest> TranslateGenerateRequest(
   s->set_min_p(p.min_p());
   if (p.has_seed()) s->set_seed(SpecserveSeed(p.seed()));
   SS_RETURN_IF_ERROR(TranslateLogitControls(p, limits, s));
+  TranslateConstraint(p, &r);
 
   specserve::v1::StoppingParams* stop = r.mutable_stopping();
   if (p.has_max_tokens()) {
@@ -237,6 +264,7 @@ absl::StatusOr<TranslatedRequest> TranslateGenerateRequest(
     r.mutable_response()->set_prompt_logprobs(p.prompt_logprobs());
   }
   out.stream = in.stream();
+  out.samples = std::max<uint32_t>(1, p.n());
   return out;
 }
 

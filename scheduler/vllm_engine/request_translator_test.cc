@@ -100,7 +100,7 @@ struct Case {
 
 TEST(RequestTranslator, RefusesWhatItCannotHonourNamingTheField) {
   const Case cases[] = {
-      {"n", [](auto* r) { r->mutable_sampling_params()->set_n(2); },
+      {"n", [](auto* r) { r->mutable_sampling_params()->set_n(17); },
        absl::StatusCode::kInvalidArgument, "sampling_params.n"},
       {"min_tokens over max_tokens",
        [](auto* r) {
@@ -146,11 +146,9 @@ TEST(RequestTranslator, RefusesWhatItCannotHonourNamingTheField) {
       {"max_tokens 0",
        [](auto* r) { r->mutable_sampling_params()->set_max_tokens(0); },
        absl::StatusCode::kInvalidArgument, "sampling_params.max_tokens"},
-      {"json_schema",
-       [](auto* r) { r->mutable_sampling_params()->set_json_schema("{}"); },
-       absl::StatusCode::kUnimplemented, "sampling_params.json_schema"},
-      {"regex", [](auto* r) { r->mutable_sampling_params()->set_regex("a"); },
-       absl::StatusCode::kUnimplemented, "sampling_params.regex"},
+      {"structural_tag",
+       [](auto* r) { r->mutable_sampling_params()->set_structural_tag("{}"); },
+       absl::StatusCode::kUnimplemented, "sampling_params.structural_tag"},
       {"mm", [](auto* r) { r->mutable_mm_inputs(); },
        absl::StatusCode::kUnimplemented, "mm_inputs"},
       {"media", [](auto* r) { r->mutable_media_refs(); },
@@ -172,6 +170,39 @@ TEST(RequestTranslator, RefusesWhatItCannotHonourNamingTheField) {
               std::string(c.field) + ":")
         << c.name << ": " << out.status().message();
   }
+}
+
+TEST(RequestTranslator, MapsEveryConstraintToStructuredOutput) {
+  auto translate = [](auto set) {
+    vproto::GenerateRequest in = Tokenized({5});
+    set(in.mutable_sampling_params());
+    auto out = TranslateGenerateRequest(in, GatewayOptions(), TestLimits());
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? out->request : specserve::v1::GenerateRequest();
+  };
+  EXPECT_FALSE(translate([](auto*) {}).has_structured_output());
+  EXPECT_EQ(
+      translate([](auto* p) { p->set_json_schema("{\"type\": \"integer\"}"); })
+          .structured_output()
+          .json_schema(),
+      "{\"type\": \"integer\"}");
+  EXPECT_EQ(translate([](auto* p) { p->set_regex("[ab]+"); })
+                .structured_output()
+                .regex(),
+            "[ab]+");
+  EXPECT_EQ(translate([](auto* p) { p->set_grammar("root ::= \"x\""); })
+                .structured_output()
+                .ebnf(),
+            "root ::= \"x\"");
+  EXPECT_TRUE(translate([](auto* p) { p->set_json_object(true); })
+                  .structured_output()
+                  .json_object());
+  const specserve::v1::GenerateRequest choice = translate([](auto* p) {
+    p->mutable_choice()->add_choices("yes");
+    p->mutable_choice()->add_choices("no");
+  });
+  ASSERT_EQ(choice.structured_output().choice().values_size(), 2);
+  EXPECT_EQ(choice.structured_output().choice().values(1), "no");
 }
 
 TEST(RequestTranslator, MapsLogprobs) {

@@ -3,11 +3,13 @@
 #include "scheduler/vllm_engine/vllm_engine_service.h"
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "scheduler/generate_admission.h"
 #include "scheduler/generate_call.h"
 #include "scheduler/vllm_engine/response_adapter.h"
+#include "scheduler/vllm_engine/sample_fanout.h"
 #include "telemetry/grpc_reactors.h"
 #include "telemetry/server_lifecycle.h"
 
@@ -38,15 +40,33 @@ grpc::Status VllmEngineService::Generate(
   absl::StatusOr<TranslatedRequest> translated =
       TranslateGenerateRequest(*request, options_.gateway, admission.limits());
   if (!translated.ok()) return ToGrpc(admission.Reject(translated.status()));
-  absl::StatusOr<AdmissionTicket> ticket = admission.Admit(translated->request);
-  if (!ticket.ok()) return ToGrpc(ticket.status());
+  const uint32_t n = translated->samples;
+  // Every sample holds a ticket before any runs: a full queue refuses the
+  // request whole.
+  std::vector<specserve::v1::GenerateRequest> samples;
+  std::vector<AdmissionTicket> tickets;
+  for (uint32_t i = 0; i < n; ++i) {
+    samples.push_back(n == 1 ? translated->request
+                             : SampleRequest(translated->request, i));
+    absl::StatusOr<AdmissionTicket> ticket = admission.Admit(samples.back());
+    if (!ticket.ok()) return ToGrpc(ticket.status());
+    tickets.push_back(std::move(*ticket));
+  }
 
   telemetry::InFlightGuard in_flight;
-  ResponseAdapter adapter(writer, translated->stream, translated->prompt_tokens,
-                          translated->first_prompt_id);
-  GenerateWriter out(context, &adapter);
-  return RunGenerateCall(ctx_, translated->request, caller->tenant,
-                         admission.deadline(), std::move(*ticket), &out);
+  auto run_sample =
+      [&](uint32_t i,
+          grpc::internal::WriterInterface<vproto::GenerateResponse>* sink) {
+        ResponseAdapter adapter(sink, translated->stream,
+                                translated->prompt_tokens,
+                                translated->first_prompt_id);
+        GenerateWriter out(context, &adapter);
+        return RunGenerateCall(ctx_, samples[i], caller->tenant,
+                               admission.deadline(), std::move(tickets[i]),
+                               &out);
+      };
+  if (n == 1) return run_sample(0, writer);
+  return RunSamples(n, writer, run_sample);
 }
 
 grpc::Status VllmEngineService::Abort(grpc::ServerContext* context,
@@ -58,6 +78,10 @@ grpc::Status VllmEngineService::Abort(grpc::ServerContext* context,
   // tenant's) are no error.
   for (const std::string& id : request->request_ids()) {
     ctx_->requests->AbortRequest(caller->tenant, id);
+    // The samples of an n > 1 request (SampleRequest's ids).
+    for (uint32_t i = 0; i < kMaxSamples; ++i) {
+      ctx_->requests->AbortRequest(caller->tenant, absl::StrCat(id, "#", i));
+    }
   }
   return grpc::Status::OK;
 }

@@ -472,11 +472,7 @@ def test_logit_bias_and_matched_stop_on_the_engine_protocol(env):
 # the message names). The engine answers INVALID_ARGUMENT (SMG: 400) or
 # UNIMPLEMENTED (SMG: 501).
 SMG_REFUSALS = [
-    ({"n": 2}, 400, "sampling_params.n"),
-    ({"response_format": {"type": "json_object"}}, 501,
-     "sampling_params.json_schema"),
-    ({"regex": "[0-9]+"}, 501, "sampling_params.regex"),
-    ({"ebnf": 'root ::= "a"'}, 501, "sampling_params.grammar"),
+    ({"frequency_penalty": 2.5}, 400, "frequency_penalty"),
 ]
 
 
@@ -529,8 +525,10 @@ GRPC_REFUSALS = [
      grpc.StatusCode.UNIMPLEMENTED, "mm_inputs"),
     (lambda r: setattr(r, "kv_transfer_params_json", "{}"),
      grpc.StatusCode.UNIMPLEMENTED, "kv_transfer_params_json"),
-    (lambda r: r.sampling_params.choice.choices.append("yes"),
-     grpc.StatusCode.UNIMPLEMENTED, "sampling_params.choice"),
+    (lambda r: setattr(r.sampling_params, "structural_tag", "{}"),
+     grpc.StatusCode.UNIMPLEMENTED, "sampling_params.structural_tag"),
+    (lambda r: setattr(r.sampling_params, "n", 17),
+     grpc.StatusCode.INVALID_ARGUMENT, "sampling_params.n"),
 ]
 
 

@@ -42,8 +42,12 @@ done
 # on product code. Generated protobuf code gets coverage and ASan only (UBSan
 # triples its compile time, and its bugs would be protoc's).
 # -gline-tables-only: symbolized stack traces at a fraction of -g's cost.
+XG=$FUZZ_XGRAMMAR_DIR
 COMMON=(-std=c++17 -gline-tables-only -fno-omit-frame-pointer
-        -I. -I"$OUT/gen" -Wall -Wno-sign-compare -Wno-unused-function)
+        -I. -I"$OUT/gen" -Wall -Wno-sign-compare -Wno-unused-function
+        -isystem "$XG/include" -isystem "$XG/3rdparty/dlpack/include"
+        -isystem "$XG/3rdparty/picojson"
+        -DXGRAMMAR_ENABLE_CPPTRACE=0 -DXGRAMMAR_ENABLE_INTERNAL_CHECK=0)
 PRODUCT=(-O1 -fsanitize=fuzzer-no-link,address,undefined
          -fno-sanitize-recover=undefined)
 # The CPU kernels at -O2 (the burst target runs the model per input), with
@@ -51,13 +55,16 @@ PRODUCT=(-O1 -fsanitize=fuzzer-no-link,address,undefined
 KERNELS=(-O2 -ffp-contract=off -fsanitize=fuzzer-no-link,address,undefined
          -fno-sanitize-recover=undefined)
 GENERATED=(-O1 -fsanitize=fuzzer-no-link,address)
+# xgrammar: third-party code, compiled as Bazel does (its warnings off), with
+# coverage and ASan; UBSan's findings there would be the library's.
+THIRD_PARTY=(-O2 -w -iquote "$XG/cpp" -fsanitize=fuzzer-no-link,address)
 # FUZZ_GXX_SRCS: g++ as Bazel builds them.
 GXX=(g++ -std=c++17 -O2 -g1 -I. -I"$OUT/gen")
 LINK=(-fsanitize=fuzzer,address,undefined)
 mapfile -t ABSL < <(grep -o '"-labsl_[a-z0-9_]*"' BUILD | tr -d '"' | sort -u)
 
 # Flags changed (compiler, options): start over.
-stamp="$CXX ${COMMON[*]} | ${PRODUCT[*]} | ${KERNELS[*]} | ${GENERATED[*]} | ${GXX[*]} ${FUZZ_GXX_SRCS[*]}"
+stamp="$CXX ${COMMON[*]} | ${PRODUCT[*]} | ${KERNELS[*]} | ${GENERATED[*]} | ${THIRD_PARTY[*]} | ${GXX[*]} ${FUZZ_GXX_SRCS[*]}"
 if [ "$(cat "$OUT/flags" 2>/dev/null)" != "$stamp" ]; then
   rm -rf "$OUT/obj" "$OUT/bin"
   mkdir -p "$OUT/obj" "$OUT/bin"
@@ -71,6 +78,19 @@ for p in proto/*.proto; do
     /usr/bin/protoc --proto_path=. --cpp_out="$OUT/gen" "$p"
   fi
 done
+
+# xgrammar's patched source (tools/bazel/xgrammar.BUILD's genrule).
+if [ ! -d "$XG/cpp" ]; then
+  echo "fuzz/build: no xgrammar sources in $XG (run tools/install_deps)" >&2
+  exit 1
+fi
+mkdir -p "$OUT/gen/xgrammar"
+xg_patched=$OUT/gen/xgrammar/json_schema_converter.cc
+if [ ! -f "$xg_patched" ] || [ "$XG/cpp/json_schema_converter.cc" -nt "$xg_patched" ] ||
+   [ tools/bazel/xgrammar_json_string.sed -nt "$xg_patched" ]; then
+  sed -f tools/bazel/xgrammar_json_string.sed "$XG/cpp/json_schema_converter.cc" >"$xg_patched.tmp"
+  mv "$xg_patched.tmp" "$xg_patched"
+fi
 
 # The object of a source path (gen/... lives under $OUT).
 obj_of() { local s=${1//\//_}; echo "$OUT/obj/${s%.cc}.o"; }
@@ -96,6 +116,7 @@ compile_one() {  # SRC OBJ
     return
   fi
   case "$src" in
+    "$OUT"/gen/xgrammar/* | .deps/xgrammar/*) flags=("${THIRD_PARTY[@]}") ;;
     "$OUT"/gen/*) flags=("${GENERATED[@]}") ;;
     kernels/cpu/*) flags=("${KERNELS[@]}") ;;
     *) flags=("${PRODUCT[@]}") ;;
@@ -107,7 +128,7 @@ compile_one() {  # SRC OBJ
 export -f compile_one
 export CXX OUT
 export GXX_SRCS="${FUZZ_GXX_SRCS[*]}" GXX_S="${GXX[*]}"
-export COMMON_S="${COMMON[*]}" PRODUCT_S="${PRODUCT[*]}" KERNELS_S="${KERNELS[*]}" GENERATED_S="${GENERATED[*]}"
+export COMMON_S="${COMMON[*]}" PRODUCT_S="${PRODUCT[*]}" KERNELS_S="${KERNELS[*]}" GENERATED_S="${GENERATED[*]}" THIRD_PARTY_S="${THIRD_PARTY[*]}"
 
 # Every source of the requested targets, once, plus each fuzzer's own file.
 declare -A seen=()
@@ -131,6 +152,7 @@ if ((${#jobs[@]})); then
   printf '%s\0' "${jobs[@]}" | xargs -0 -n 2 -P "$JOBS" bash -c '
     read -r -a COMMON <<<"$COMMON_S"; read -r -a PRODUCT <<<"$PRODUCT_S"
     read -r -a KERNELS <<<"$KERNELS_S"; read -r -a GENERATED <<<"$GENERATED_S"
+    read -r -a THIRD_PARTY <<<"$THIRD_PARTY_S"
     read -r -a GXX <<<"$GXX_S"
     compile_one "$1" "$2"' _ || {
     echo "fuzz/build: compile failed" >&2

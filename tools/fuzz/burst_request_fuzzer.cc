@@ -132,7 +132,8 @@ Outcome Burst(SessionPool* pool, const wv1::BurstRequest& request,
     }
   }
   absl::StatusOr<BurstParams> params =
-      specserve::worker::BurstParamsOf(request, /*fault_injection=*/true);
+      specserve::worker::BurstParamsOf(request, /*fault_injection=*/true,
+                                       /*grammars=*/nullptr);
   if (!params.ok()) {
     o.status = params.status();
   } else {

@@ -15,7 +15,9 @@
 //    and so are its logit controls (sampling::ValidateLogitAdjustments):
 //    the scheduler forwards them to the worker unchanged;
 //  - ValidatePromptLength / ValidateSessionTurn accept exactly when the rows
-//    fit.
+//    fit;
+//  - an accepted structured_output has a kind, a non-empty choice list and
+//    at most kMaxGrammarTextBytes of grammar text.
 // Input: arbitrary bytes, parsed as specserve.v1.GenerateRequest.
 #include <algorithm>
 #include <cmath>
@@ -157,6 +159,20 @@ void CheckAccepted(const v1::GenerateRequest& req, const Limits& l) {
   FUZZ_CHECK(controls.ok(),
              "scheduler accepted logit controls the worker refuses: %s",
              controls.ToString().c_str());
+
+  if (req.has_structured_output()) {
+    const v1::StructuredOutput& so = req.structured_output();
+    size_t bytes = so.json_schema().size() + so.regex().size() +
+                   so.ebnf().size();
+    for (const std::string& c : so.choice().values()) bytes += c.size();
+    FUZZ_CHECK(so.kind_case() != v1::StructuredOutput::KIND_NOT_SET,
+               "structured_output without a kind accepted");
+    FUZZ_CHECK(bytes <= specserve::kMaxGrammarTextBytes,
+               "grammar text of %zu bytes accepted", bytes);
+    FUZZ_CHECK(so.kind_case() != v1::StructuredOutput::kChoice ||
+                   so.choice().values_size() > 0,
+               "empty choice accepted");
+  }
 
   const v1::StoppingParams& st = req.stopping();
   FUZZ_CHECK(st.max_tokens() <= l.max_context, "max_tokens");

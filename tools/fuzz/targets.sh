@@ -64,7 +64,17 @@ FUZZ_MODEL_FILES=(
 )
 FUZZ_SRCS_model_files=("${FUZZ_MODEL_FILES[@]}" "${FUZZ_KERNELS[@]}")
 
-# worker/burst_request + //worker:session_pool + //worker/spec:spec_engine + //worker/model +
+# @xgrammar (tools/bazel/xgrammar.BUILD): its C++ core from the sdist that
+# tools/install_deps unpacks, every cpp/**/*.cc but the Python bindings, one
+# of them patched (build.sh writes gen/xgrammar/json_schema_converter.cc as
+# the Bazel genrule does).
+FUZZ_XGRAMMAR_DIR=.deps/xgrammar
+mapfile -t FUZZ_XGRAMMAR < <(find "$FUZZ_XGRAMMAR_DIR/cpp" -name '*.cc' \
+  -not -path '*/tvm_ffi/*' -not -name json_schema_converter.cc | sort)
+FUZZ_XGRAMMAR+=(gen/xgrammar/json_schema_converter.cc)
+
+# worker/burst_request + //worker:session_pool + //worker/spec:spec_engine +
+# //worker/grammar (with @xgrammar) + //worker/model +
 # //kernels + //kernels/cpu + //kernels/sampling + //telemetry:spec_telemetry
 # + //telemetry:constant_time + //worker/model_files and the protos.
 FUZZ_SRCS_burst_request=(
@@ -79,6 +89,10 @@ FUZZ_SRCS_burst_request=(
   worker/spec/round_group.cc
   worker/spec/spec_engine.cc
   worker/spec/spec_session.cc
+  worker/spec/row_controls.cc
+  worker/grammar/grammar.cc
+  worker/grammar/grammar_cursor.cc
+  "${FUZZ_XGRAMMAR[@]}"
   worker/model/batch.cc
   worker/model/blocks.cc
   worker/model/decode_step.cc

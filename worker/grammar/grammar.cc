@@ -21,12 +21,6 @@
 namespace specserve::grammar {
 namespace {
 
-// JSON output may put whitespace between tokens as the model likes (the
-// library's and vLLM's default), but at most this many characters in one
-// place: a model cannot loop on whitespace forever inside a structure, and
-// pretty-printing to a depth of 15 at 4 spaces still fits.
-constexpr int kMaxJsonWhitespace = 64;
-
 // The most bytes of a library message passed on: some quote the whole
 // grammar text, and a status message travels in a gRPC trailer (8 KiB of
 // metadata by default).
@@ -345,6 +339,7 @@ absl::StatusOr<CompiledGrammar> GrammarCompiler::Compile(
   // the same spec meanwhile, its grammar is kept and returned.
   SS_ASSIGN_OR_RETURN(CompiledGrammar grammar,
                       CompileUncached(spec.kind, text));
+  grammar.key_ = key;
   const size_t entry_bytes = grammar.MemoryBytes() + key.size();
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = cache_.try_emplace(
@@ -358,22 +353,26 @@ absl::StatusOr<CompiledGrammar> GrammarCompiler::Compile(
 absl::StatusOr<CompiledGrammar> GrammarCompiler::CompileUncached(
     GrammarKind kind, const std::string& text) {
   std::optional<xgrammar::CompiledGrammar> compiled;
+  const bool any_whitespace = options_.json_whitespace > 0;
+  const std::optional<int> max_whitespace =
+      any_whitespace ? std::optional<int>(options_.json_whitespace)
+                     : std::nullopt;
   SS_RETURN_IF_ERROR(CatchXgrammar(
       absl::StatusCode::kInvalidArgument,
       absl::StrCat("invalid ", GrammarKindName(kind)), [&] {
         switch (kind) {
           case GrammarKind::kJsonSchema:
             compiled = compiler_.CompileJSONSchema(
-                text, /*any_whitespace=*/true, /*indent=*/std::nullopt,
+                text, any_whitespace, /*indent=*/std::nullopt,
                 /*separators=*/std::nullopt, /*strict_mode=*/true,
-                kMaxJsonWhitespace);
+                max_whitespace);
             break;
           case GrammarKind::kJsonObject:
             // Any object: properties are not limited to the (no) listed ones.
             compiled = compiler_.CompileJSONSchema(
-                R"({"type": "object"})", /*any_whitespace=*/true,
+                R"({"type": "object"})", any_whitespace,
                 /*indent=*/std::nullopt, /*separators=*/std::nullopt,
-                /*strict_mode=*/false, kMaxJsonWhitespace);
+                /*strict_mode=*/false, max_whitespace);
             break;
           case GrammarKind::kRegex:
             compiled = compiler_.CompileRegex(text);

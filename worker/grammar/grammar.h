@@ -28,15 +28,15 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "proto/api_limits.h"
 #include "xgrammar/xgrammar.h"
 
 namespace specserve::grammar {
 
 // The most bytes of grammar text one GrammarSpec may carry (the schema, the
-// regex, the EBNF, or all choices together): compiling runs on the worker
-// and its cost grows with the text, so a larger one is INVALID_ARGUMENT
-// naming this.
-inline constexpr size_t kMaxGrammarTextBytes = 64 * 1024;
+// regex, the EBNF, or all choices together; proto/api_limits.h): a larger
+// one is INVALID_ARGUMENT naming it.
+using ::specserve::kMaxGrammarTextBytes;
 
 enum class GrammarKind {
   kJsonSchema,  // text: a JSON schema; the output is JSON that satisfies it
@@ -70,6 +70,9 @@ void ApplyBitmask(absl::Span<const int32_t> bitmask, absl::Span<float> logits);
 class CompiledGrammar {
  public:
   int vocab_size() const { return vocab_size_; }
+  // What identifies the spec it was compiled from (its kind and text; equal
+  // specs give equal keys).
+  const std::string& key() const { return key_; }
   // Approximate bytes held (the token-mask cache dominates).
   size_t MemoryBytes() const;
 
@@ -81,6 +84,7 @@ class CompiledGrammar {
 
   xgrammar::CompiledGrammar grammar_;
   int vocab_size_;
+  std::string key_;
 };
 
 struct GrammarCompilerOptions {
@@ -90,6 +94,13 @@ struct GrammarCompilerOptions {
   // these bounds (grammar bytes plus key bytes, and entries).
   size_t cache_bytes = 256 << 20;
   int cache_entries = 256;
+  // JSON output (json_schema, json_object) may put whitespace between
+  // tokens, at most this many characters in one place (vLLM's default is
+  // any whitespace; the bound keeps a model from looping on it, and
+  // pretty-printing to a depth of 15 at 4 spaces fits in 64). 0: none but
+  // the fixed separators ", " and ": ", for models that waste tokens on
+  // whitespace (the worker's --json_whitespace).
+  int json_whitespace = 64;
 };
 
 // Compiles GrammarSpecs for one model's vocabulary; thread-safe. Compiles of

@@ -54,7 +54,7 @@ struct SpecEngine::RoundTask : ModelExecutor::GroupTask {
     v = model::ForwardResult();
     v.want_logits = b->params.logprobs.has_value() || adjusted();
     // The history up to the pending token (drafts of a refused try gone).
-    if (adjusted()) b->counts->PopTo(L + 1);
+    if (adjusted()) b->controls->PopTo(L + 1);
   }
 };
 
@@ -213,7 +213,7 @@ absl::Status SpecEngine::DraftStepLocked(absl::Span<RoundTask* const> tasks,
           continue;
         }
         t->tok = *d;
-        t->b->counts->Push(t->tok);
+        t->b->controls->Push(t->tok);
       } else {
         t->tok = t->greedy() ? out[j].argmax[0] : drawn[next_drawn++];
       }
@@ -241,7 +241,7 @@ absl::Status SpecEngine::RoundsLocked(absl::Span<RoundTask* const> tasks) {
     SS_RETURN_IF_ERROR(DraftStepLocked(running(step), step));
   }
   for (RoundTask* t : tasks) {
-    if (t->adjusted()) t->b->counts->PopTo(t->L + 1);
+    if (t->adjusted()) t->b->controls->PopTo(t->L + 1);
   }
   const absl::Time drafted = absl::Now();
 
@@ -339,9 +339,9 @@ absl::Status SpecEngine::AdjustedTargetsLocked(RoundTask* t) {
       break;
     }
     t->target.push_back(*target);
-    if (j + 1 < cols) t->b->counts->Push(t->columns[j + 1]);
+    if (j + 1 < cols) t->b->controls->Push(t->columns[j + 1]);
   }
-  t->b->counts->PopTo(t->L + 1);
+  t->b->controls->PopTo(t->L + 1);
   return status;
 }
 

@@ -399,17 +399,44 @@ absl::Status SpecEngine::CheckAdjustments(const SpecSession& s,
   return absl::OkStatus();
 }
 
+absl::Status SpecEngine::PrepareGrammarCursor(SpecSession* s,
+                                              const BurstParams& p) {
+  std::vector<int32_t> history = s->committed;
+  if (s->has_pending()) history.push_back(*s->pending_tok);
+  const int64_t length = static_cast<int64_t>(history.size());
+  const int64_t output_start = length - p.prior_output;
+  const std::optional<grammar::GrammarCursor>& c = s->grammar_cursor;
+  // A burst that starts a turn starts an output; a continuation keeps the
+  // cursor that followed its earlier bursts.
+  const bool starts_output = p.rewind || !p.suffix.empty();
+  if (!starts_output && c && c->key() == p.grammar->key() &&
+      c->output_start() == output_start && c->length() == length) {
+    return absl::OkStatus();
+  }
+  s->grammar_cursor.reset();
+  SS_ASSIGN_OR_RETURN(grammar::GrammarCursor cursor,
+                      grammar::GrammarCursor::Start(
+                          *p.grammar, p.grammar->key(), output_start));
+  for (int64_t i = output_start; i < length; ++i) cursor.Push(history[i]);
+  s->grammar_cursor.emplace(std::move(cursor));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int32_t> SpecEngine::ChooseAdjusted(const SpecSession& s,
                                                    const BurstCtx& b,
                                                    const float* logits,
                                                    int64_t pos) const {
   const BurstParams& p = b.params;
   const int V = model_->config().vocab_size;
-  CHECK_EQ(b.counts->length(), pos)
-      << "session " << s.id() << ": penalty counts out of step";
+  CHECK_EQ(b.controls->length(), pos)
+      << "session " << s.id() << ": row controls out of step";
   if (!AllFinite(logits, V)) return NonFinite(s.id());
   std::vector<float> row(logits, logits + V);
-  sampling::ApplyLogitAdjustments(p.adjust, *b.counts, absl::MakeSpan(row));
+  if (absl::Status applied = b.controls->Apply(absl::MakeSpan(row));
+      !applied.ok()) {
+    return absl::Status(applied.code(), absl::StrCat("session ", s.id(), ": ",
+                                                     applied.message()));
+  }
   const float u = p.sampling.greedy() ? 0.0f : PositionUniform(p.seed, pos);
   absl::StatusOr<int32_t> token = sampling::ChooseToken(row, p.sampling, u);
   if (!token.ok()) {
@@ -532,20 +559,21 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(
   }
   // The logit controls' view of the history, rebuilt from the session's
   // tokens at every burst: a rewind, a rebuild or a fork restores it with
-  // the history. It follows every emitted token (deliver below).
-  std::optional<sampling::TokenCounts> counts;
-  if (p.adjust.active()) {
-    absl::Span<const int32_t> history = s->committed;
-    std::vector<int32_t> with_pending;
-    if (s->has_pending()) {
-      with_pending = s->committed;
-      with_pending.push_back(*s->pending_tok);
-      history = with_pending;
-    }
-    counts.emplace(history,
-                   static_cast<int64_t>(history.size()) - p.prior_output,
-                   p.adjust.penalizes());
-    b.counts = &*counts;
+  // the history. The grammar's cursor is the session's (rebuilt from the
+  // history when it does not fit). Both follow every emitted token
+  // (deliver below).
+  if (p.grammar) {
+    SS_RETURN_IF_ERROR(PrepareGrammarCursor(s, p));
+  } else {
+    s->grammar_cursor.reset();
+  }
+  std::optional<RowControls> controls;
+  if (p.adjust.active() || p.grammar) {
+    std::vector<int32_t> history = s->committed;
+    if (s->has_pending()) history.push_back(*s->pending_tok);
+    controls.emplace(p.adjust, history, p.prior_output,
+                     p.grammar ? &*s->grammar_cursor : nullptr);
+    b.controls = &*controls;
   }
 
   // From here the burst streams: passes wait for it between its steps.
@@ -567,14 +595,17 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(
   };
   auto deliver = [&](absl::Span<const int32_t> tokens,
                      absl::Span<const TokenLogprobs> logprobs) {
-    if (b.adjusted()) {
-      for (int32_t t : tokens) b.counts->Push(t);
+    bool stop = false;
+    for (int32_t t : tokens) {
+      stop = stop || IsStop(p, t);
+      if (b.adjusted()) {
+        b.controls->Push(t);
+        stop = stop || b.controls->grammar_done();
+      }
     }
     result.produced += static_cast<int>(tokens.size());
     b.produced = result.produced;
     bool keep_going = emit(tokens, logprobs);
-    bool stop = false;
-    for (int32_t t : tokens) stop = stop || IsStop(p, t);
     return std::make_pair(keep_going, stop);
   };
 

@@ -28,9 +28,11 @@
 #include "kernels/sampling/logit_adjust.h"
 #include "kernels/sampling/sampling.h"
 #include "proto/api_limits.h"
+#include "worker/grammar/grammar.h"
 #include "worker/model/model.h"
 #include "worker/spec/logprobs.h"
 #include "worker/spec/model_executor.h"
+#include "worker/spec/row_controls.h"
 #include "worker/spec/spec_session.h"
 
 namespace specserve::spec {
@@ -49,6 +51,14 @@ struct BurstParams {
   // is copied to the host, adjusted at its own position and picked there
   // (sampling::ChooseToken), plain and speculative alike.
   sampling::LogitAdjustments adjust;
+  // Set: the request's grammar (worker/grammar). Every
+  // row that chooses a token is masked by it on the host at its own prefix
+  // (RowControls), as with the logit controls above; the session keeps its
+  // position between bursts (SpecSession::grammar_cursor) and a burst
+  // rebuilds it from the history when it does not hold this grammar at
+  // this output. Once the grammar accepts its stop token the burst ends
+  // (kStopToken).
+  std::optional<grammar::CompiledGrammar> grammar;
   // Tokens of the request's output the history already ends with (earlier
   // bursts'); 0 when the burst brings a suffix or rewinds.
   int prior_output = 0;
@@ -153,11 +163,11 @@ class SpecEngine {
   struct BurstCtx {
     const BurstParams& params;
     int produced = 0;  // tokens emitted so far in this burst
-    // With active logit controls: the history up to the next token to
-    // choose (committed, the pending token, and the drafts being tried by
-    // the round in flight); null otherwise.
-    sampling::TokenCounts* counts = nullptr;
-    bool adjusted() const { return counts != nullptr; }
+    // With active logit controls or a grammar: the history up to the next
+    // token to choose (committed, the pending token, and the drafts being
+    // tried by the round in flight); null otherwise.
+    RowControls* controls = nullptr;
+    bool adjusted() const { return controls != nullptr; }
     // Whether fault injection poisons one of the next `columns` tokens.
     bool Injects(int columns) const {
       return params.inject_nan_at > produced &&
@@ -222,12 +232,16 @@ class SpecEngine {
   absl::StatusOr<int32_t> Choose(SpecSession* s, const BurstCtx& b,
                                  const float* logits);
   // With active logit controls: the token the raw row `logits` ([V])
-  // chooses at history index b.counts->length(), which must be `pos`:
+  // chooses at history index b.controls->length(), which must be `pos`:
   // adjusted there and picked on the host (greedy argmax, or the draw at
   // that position's uniform). Checks finiteness first.
   absl::StatusOr<int32_t> ChooseAdjusted(const SpecSession& s,
                                          const BurstCtx& b, const float* logits,
                                          int64_t pos) const;
+  // The session's grammar cursor for the burst `p` (which has a grammar):
+  // kept when it holds p's grammar at this output, else started again and
+  // fed the output's tokens from the history.
+  absl::Status PrepareGrammarCursor(SpecSession* s, const BurstParams& p);
   // The checks of p's logit controls and prior_output against this model
   // and the session `s`, before the burst touches it.
   absl::Status CheckAdjustments(const SpecSession& s,

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "telemetry/spec_telemetry.h"
+#include "worker/grammar/grammar_cursor.h"
 #include "worker/model/model.h"
 #include "worker/spec/spec_accept.h"
 
@@ -71,6 +72,10 @@ class SpecSession {
   // Bonus of the last round: emitted, not yet in the caches.
   std::optional<int32_t> pending_tok;
   SpecTelemetry telem;
+  // The position in the grammar of the request whose output the history
+  // ends with (SpecEngine keeps it between that request's bursts); empty
+  // when the last request had none.
+  std::optional<grammar::GrammarCursor> grammar_cursor;
 
   // Rows the caches can hold (the ContextFull guard).
   int cache_max_ctx() const { return caches_->capacity(); }
