@@ -4,11 +4,29 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 
 namespace specserve::scheduler::vllm_engine {
 
 namespace vproto = ::vllm::grpc::engine;
+
+specserve::v1::GenerateRequest PrefillRequest(
+    const specserve::v1::GenerateRequest& request) {
+  specserve::v1::GenerateRequest r;
+  r.set_request_id(absl::StrCat(request.request_id(), "#prefill"));
+  if (request.has_token_ids()) {
+    *r.mutable_token_ids() = request.token_ids();
+  } else {
+    r.set_text(request.text());
+  }
+  *r.mutable_speculation() = request.speculation();
+  r.mutable_sampling()->set_temperature(0.0f);
+  r.mutable_stopping()->set_max_tokens(1);
+  r.mutable_response()->set_ids(false);
+  r.mutable_response()->set_text(false);
+  return r;
+}
 
 bool IndexedWriter::Write(const vproto::GenerateResponse& response,
                           grpc::WriteOptions options) {

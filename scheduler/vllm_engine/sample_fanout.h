@@ -4,11 +4,13 @@
 // share the gateway's stream, each chunk and complete carrying its sample's
 // index, as vLLM's do.
 //
-// Sample 0 runs first and the others once it has streamed its first token,
-// so its prompt's prefill is not repeated n times at once. The samples do
-// not share it yet: prefix reuse forks parked sessions only, and a sample
-// in flight is not one (what issue 48 asks, a fork of the prefill, is
-// open).
+// First the prompt alone (PrefillRequest: one greedy token, nothing shown).
+// With prefix reuse on (--prefix_cache_sessions), the scheduler keeps its
+// session parked, and every sample forks it instead of prefilling the prompt
+// again (docs/DESIGN.md "Prefix reuse"); sample 0 runs first and the others
+// once it has streamed its first token, so that they do not queue behind
+// each other's forks of one source. Without prefix reuse each sample
+// prefills.
 #ifndef SPECSERVE_SCHEDULER_VLLM_ENGINE_SAMPLE_FANOUT_H_
 #define SPECSERVE_SCHEDULER_VLLM_ENGINE_SAMPLE_FANOUT_H_
 
@@ -18,9 +20,26 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/sync_stream.h"
+#include "proto/specserve.pb.h"
 #include "vllm_engine.pb.h"
 
 namespace specserve::scheduler::vllm_engine {
+
+// The request that prefills `request`'s prompt for its samples: greedy, one
+// token, no logprobs, no constraint, speculative as `request` is (a
+// speculative fork needs its source's draft state), its own request id
+// ("<id>#prefill").
+specserve::v1::GenerateRequest PrefillRequest(
+    const specserve::v1::GenerateRequest& request);
+
+// Takes a request's events and drops them (PrefillRequest's output).
+class DiscardingEventWriter final
+    : public grpc::internal::WriterInterface<specserve::v1::GenerateEvent> {
+ public:
+  bool Write(const specserve::v1::GenerateEvent&, grpc::WriteOptions) override {
+    return true;
+  }
+};
 
 // One sample's view of the shared stream: sets the index on every response
 // and serializes the writes of concurrent samples. `on_first` (may be

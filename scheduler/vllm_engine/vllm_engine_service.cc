@@ -41,31 +41,40 @@ grpc::Status VllmEngineService::Generate(
       TranslateGenerateRequest(*request, options_.gateway, admission.limits());
   if (!translated.ok()) return ToGrpc(admission.Reject(translated.status()));
   const uint32_t n = translated->samples;
-  // Every sample holds a ticket before any runs: a full queue refuses the
-  // request whole.
-  std::vector<specserve::v1::GenerateRequest> samples;
-  std::vector<AdmissionTicket> tickets;
+  // n > 1: first the prompt alone (sample_fanout.h PrefillRequest), then
+  // the samples. Every call holds a ticket before any runs: a full queue
+  // refuses the request whole.
+  std::vector<specserve::v1::GenerateRequest> calls;
+  if (n > 1) calls.push_back(PrefillRequest(translated->request));
   for (uint32_t i = 0; i < n; ++i) {
-    samples.push_back(n == 1 ? translated->request
-                             : SampleRequest(translated->request, i));
-    absl::StatusOr<AdmissionTicket> ticket = admission.Admit(samples.back());
+    calls.push_back(n == 1 ? translated->request
+                           : SampleRequest(translated->request, i));
+  }
+  std::vector<AdmissionTicket> tickets;
+  for (const specserve::v1::GenerateRequest& call : calls) {
+    absl::StatusOr<AdmissionTicket> ticket = admission.Admit(call);
     if (!ticket.ok()) return ToGrpc(ticket.status());
     tickets.push_back(std::move(*ticket));
   }
 
   telemetry::InFlightGuard in_flight;
+  auto run_call = [&](size_t c, grpc::internal::WriterInterface<
+                                    specserve::v1::GenerateEvent>* events) {
+    GenerateWriter out(context, events);
+    return RunGenerateCall(ctx_, calls[c], caller->tenant, admission.deadline(),
+                           std::move(tickets[c]), &out);
+  };
   auto run_sample =
       [&](uint32_t i,
           grpc::internal::WriterInterface<vproto::GenerateResponse>* sink) {
         ResponseAdapter adapter(sink, translated->stream,
                                 translated->prompt_tokens,
                                 translated->first_prompt_id);
-        GenerateWriter out(context, &adapter);
-        return RunGenerateCall(ctx_, samples[i], caller->tenant,
-                               admission.deadline(), std::move(tickets[i]),
-                               &out);
+        return run_call(n == 1 ? 0 : 1 + i, &adapter);
       };
   if (n == 1) return run_sample(0, writer);
+  DiscardingEventWriter discard;
+  if (grpc::Status s = run_call(0, &discard); !s.ok()) return s;
   return RunSamples(n, writer, run_sample);
 }
 

@@ -1,7 +1,8 @@
 """Issue 48: n > 1 samples through the SMG gateway and the vLLM engine
 protocol. One request with n = 4 gives 4 choices, each a sample with its own
 seed stream: the same seed gives the same 4 again, sample 0 is what n = 1
-gives for that seed, and another seed gives others."""
+gives for that seed, and another seed gives others. The prompt is prefilled
+once and every sample forks it (cached prompt tokens)."""
 import os
 
 import pytest
@@ -17,7 +18,8 @@ VLLM = "vllm.grpc.engine.VllmEngine/"
 @pytest.fixture(scope="module")
 def env():
     cluster = e2e.Cluster(n_workers=1, model=MODEL,
-                          worker_extra=[e2e.SPEC_ALWAYS_PAYS])
+                          worker_extra=[e2e.SPEC_ALWAYS_PAYS],
+                          scheduler_extra=["--prefix_cache_sessions=16"])
     smg = None
     try:
         smg = gw.Smg([cluster.scheduler.address])
@@ -77,5 +79,7 @@ def test_engine_protocol_samples_carry_their_index(env, stream):
                for i in range(4)]
     assert all(len(o) == 16 for o in outputs)
     assert len({tuple(o) for o in outputs}) > 1
+    # The prompt was prefilled once: every sample forked it.
+    assert [completes[i].cached_tokens for i in range(4)] == [300] * 4
     one_ids, one = engine_generate(cluster, 1, 5, prompt, stream)
     assert (one_ids[0] if stream else list(one[0].output_ids)) == outputs[0]
