@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <utility>
 
@@ -82,6 +83,16 @@ struct Weight {
     return static_cast<size_t>(rows * cols) * DTypeSize(dtype);
   }
 };
+
+// fp32 to bf16, rounded to nearest even, with CUDA's __float2bfloat16_rn
+// bits: every NaN becomes the canonical quiet NaN 0x7fff.
+inline uint16_t FloatToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
 
 }  // namespace specserve::kernels
 

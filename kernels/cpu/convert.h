@@ -17,15 +17,8 @@ inline float Bf16ToFloat(uint16_t h) {
   return f;
 }
 
-// fp32 to bf16, rounded to nearest even, with CUDA's __float2bfloat16_rn
-// bits: every NaN becomes the canonical quiet NaN 0x7fff.
-inline uint16_t FloatToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
+// fp32 to bf16, rounded to nearest even (kernels/types.h).
+using ::specserve::kernels::FloatToBf16;
 
 inline float F16ToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <set>
 #include <utility>
@@ -203,6 +204,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(
       Tensor t;
       t.name = name;
       t.dtype = e.dtype;
+      t.f8_e4m3 = e.f8_e4m3;
       t.shape = e.shape;
       t.data = f.DataOf(e);
       t.nbytes = e.nbytes;
@@ -218,6 +220,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(
     }
     ck->files_.push_back(std::move(mapped));
   }
+
+  SS_RETURN_IF_ERROR(ck->DequantizeFp8(origin));
 
   // lm_head is the embedding when the config ties them or the file has no
   // lm_head; config_.tie_word_embeddings then records the effective choice.
@@ -275,6 +279,124 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(
     }
   }
   return ck;
+}
+
+float Fp8E4M3ToFloat(uint8_t byte) {
+  const int sign = byte >> 7, exp = (byte >> 3) & 0xf, mant = byte & 0x7;
+  if (exp == 0xf && mant == 0x7) return std::nanf("");
+  const float magnitude =
+      exp == 0 ? std::ldexp(static_cast<float>(mant), -9)  // 2^-6 * m/8
+               : std::ldexp(1.0f + mant / 8.0f, exp - 7);
+  return sign ? -magnitude : magnitude;
+}
+
+absl::Status Checkpoint::DequantizeFp8(
+    const std::map<std::string, const std::string*>& origin) {
+  constexpr absl::string_view kScale = "_scale_inv";
+  auto where = [&](const std::string& name) {
+    auto it = origin.find(name);
+    return it == origin.end() ? dir_ : *it->second;
+  };
+  std::vector<std::string> fp8, scales;
+  for (const auto& [name, t] : tensors_) {
+    if (t.f8_e4m3) fp8.push_back(name);
+    if (absl::EndsWith(name, kScale)) scales.push_back(name);
+  }
+  if (!fp8.empty() && !config_.fp8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where(fp8[0]), ": tensor '", fp8[0],
+        "' is F8_E4M3 but config.json has no quantization_config with "
+        "quant_method \"fp8\""));
+  }
+  for (const std::string& s : scales) {
+    const std::string weight = s.substr(0, s.size() - kScale.size());
+    auto w = tensors_.find(weight);
+    if (w == tensors_.end() || !w->second.f8_e4m3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where(s), ": scale '", s,
+                       "' belongs to no F8_E4M3 tensor '", weight, "'"));
+    }
+  }
+  // bf16 when the embedding is (Qwen's FP8 checkpoints), else f32.
+  const Tensor* embed = Find("embed_tokens.weight");
+  const DType weight_dtype =
+      embed != nullptr && embed->dtype == DType::kBF16 && !embed->f8_e4m3
+          ? DType::kBF16
+          : DType::kF32;
+  for (const std::string& name : fp8) {
+    Tensor& t = tensors_[name];
+    const std::string scale_name = name + std::string(kScale);
+    auto sc = tensors_.find(scale_name);
+    if (sc == tensors_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where(name), ": FP8 tensor '", name,
+                       "' has no block scale '", scale_name, "'"));
+    }
+    if (t.shape.size() != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where(name), ": FP8 tensor '", name, "' has shape ",
+                       ShapeStr(t.shape), "; only matrices are quantized"));
+    }
+    const int64_t rows = t.shape[0], cols = t.shape[1];
+    const int br = config_.fp8->block_rows, bc = config_.fp8->block_cols;
+    const std::vector<int64_t> want = {(rows + br - 1) / br,
+                                       (cols + bc - 1) / bc};
+    const Tensor& s = sc->second;
+    if (s.f8_e4m3 || s.shape != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where(scale_name), ": scale '", scale_name, "' has shape ",
+          ShapeStr(s.shape), s.f8_e4m3 ? " in F8_E4M3" : "",
+          "; weight_block_size [", br, ", ", bc, "] over '", name, "' ",
+          ShapeStr(t.shape), " needs ", ShapeStr(want),
+          " (a wrong block size in config.json, or scales of another "
+          "layout)"));
+    }
+    std::vector<float> scale(static_cast<size_t>(want[0] * want[1]));
+    ToFloat(s.dtype, s.data, scale.size(), scale.data());
+    for (size_t b = 0; b < scale.size(); ++b) {
+      if (!(std::isfinite(scale[b]) && scale[b] > 0.0f)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where(scale_name), ": scale '", scale_name, "' block (",
+            b / want[1], ", ", b % want[1], ") is ", scale[b],
+            "; a block scale must be finite and > 0 (corrupted file?)"));
+      }
+    }
+    std::vector<float> out(static_cast<size_t>(rows * cols));
+    const uint8_t* q = static_cast<const uint8_t*>(t.data);
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* srow = scale.data() + (i / br) * want[1];
+      for (int64_t j = 0; j < cols; ++j) {
+        const float v = Fp8E4M3ToFloat(q[i * cols + j]);
+        if (std::isnan(v)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where(name), ": FP8 tensor '", name,
+                           "' holds NaN at [", i, ", ", j, "]"));
+        }
+        out[i * cols + j] = v * srow[j / bc];
+      }
+    }
+    // Stored in the type of the matrices left unquantized (the embedding's):
+    // the forward needs one type across a layer's fused projections, and
+    // it keeps the dequantized model at the bytes of a bf16 one.
+    t.f8_e4m3 = false;
+    t.dtype = weight_dtype;
+    std::string& bytes = dequantized_.emplace_back();
+    if (weight_dtype == DType::kBF16) {
+      bytes.resize(out.size() * 2);
+      for (size_t e = 0; e < out.size(); ++e) {
+        const uint16_t h = kernels::FloatToBf16(out[e]);
+        std::memcpy(&bytes[2 * e], &h, 2);
+      }
+    } else {
+      bytes.assign(reinterpret_cast<const char*>(out.data()),
+                   out.size() * sizeof(float));
+    }
+    t.data = bytes.data();
+    t.nbytes = bytes.size();
+    tensors_.erase(sc);
+    ++fp8_tensors_;
+  }
+  return absl::OkStatus();
 }
 
 const Tensor* Checkpoint::Find(const std::string& name) const {

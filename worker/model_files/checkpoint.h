@@ -13,11 +13,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/types.h"
 #include "worker/model_files/model_config.h"
@@ -37,8 +39,13 @@ struct Tensor {
   std::vector<int64_t> shape;
   const void* data = nullptr;
   size_t nbytes = 0;
+  // Stored as float8_e4m3fn; Open() leaves none (it dequantizes them).
+  bool f8_e4m3 = false;
   int64_t numel() const;
 };
+
+// The value of a float8_e4m3fn byte (NaN for 0x7f and 0xff; no infinities).
+float Fp8E4M3ToFloat(uint8_t byte);
 
 // One expected tensor: what the config implies.
 struct TensorSpec {
@@ -55,6 +62,17 @@ class Checkpoint {
   // Opens and validates `model_dir`. Errors name the file and the tensor or
   // field: truncated file, bad header JSON, unsupported dtype, offsets outside
   // the file, missing tensor, wrong shape, missing shard.
+  //
+  // An FP8 checkpoint (config.json's quantization_config, Fp8Quantization)
+  // is dequantized here: each F8_E4M3 matrix W becomes W[i][j] =
+  // fp8(W[i][j]) x S[i / block_rows][j / block_cols], S its
+  // `weight_scale_inv` (f32, bf16 or f16), the product computed in f32 and
+  // stored in the embedding's type when that is bf16 (rounded to nearest
+  // even), else f32 (DESIGN's FP8 section). Refused, naming the
+  // tensor: an FP8 matrix without its scale, a scale whose shape does not
+  // tile the matrix by weight_block_size (a wrong block size), a scale that
+  // is not finite and positive (corrupted), an FP8 NaN, a scale without an
+  // FP8 matrix, FP8 tensors without quantization_config.
   static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(
       const std::string& model_dir);
 
@@ -78,6 +96,9 @@ class Checkpoint {
   // mtp.* tensor; Open() fails when only some of them are present.
   bool has_mtp() const { return has_mtp_; }
 
+  // Matrices that were stored in FP8 (dequantized to f32 here).
+  int fp8_tensors() const { return fp8_tensors_; }
+
   // The dtype most weights use ("bf16", "f16", "f32"; weighted by element
   // count), parameter count and bytes of the tensors the forward uses (the
   // embedding once when tied; MTP only when has_mtp()).
@@ -93,6 +114,12 @@ class Checkpoint {
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::map<std::string, Tensor> tensors_;
   bool has_mtp_ = false;
+  int fp8_tensors_ = 0;
+  // The dequantized FP8 matrices (Tensor::data points into them; a deque
+  // never moves its elements as it grows).
+  std::deque<std::string> dequantized_;
+  absl::Status DequantizeFp8(
+      const std::map<std::string, const std::string*>& origin);
   DType dtype_ = DType::kF32;
   uint64_t parameter_count_ = 0;
   uint64_t weight_bytes_ = 0;

@@ -169,6 +169,62 @@ absl::Status ParseRope(const FieldReader& r, ModelConfig* c) {
   return absl::OkStatus();
 }
 
+// "quantization_config": absent for bf16/f16/f32 checkpoints; quant_method
+// "fp8" with a positive 2-element weight_block_size, activation_scheme
+// "dynamic" (or absent) and an optional list modules_to_not_convert.
+absl::Status ParseQuantization(const FieldReader& r, ModelConfig* c) {
+  const json* q = r.Find("quantization_config");
+  if (q == nullptr) return absl::OkStatus();
+  const std::string field = "quantization_config";
+  if (!q->is_object()) return r.Bad(field, "must be an object");
+  auto method = q->find("quant_method");
+  if (method == q->end() || !method->is_string()) {
+    return r.Bad(field + ".quant_method", "missing (only \"fp8\" is read)");
+  }
+  if (method->get<std::string>() != "fp8") {
+    return r.Bad(field + ".quant_method",
+                 absl::StrCat("is \"", method->get<std::string>(),
+                              "\"; only \"fp8\" (Qwen's block-scaled FP8) is "
+                              "supported"));
+  }
+  Fp8Quantization fp8;
+  auto block = q->find("weight_block_size");
+  if (block == q->end() || !block->is_array() || block->size() != 2) {
+    return r.Bad(field + ".weight_block_size",
+                 "must be [rows, columns] (Qwen's FP8 uses [128, 128])");
+  }
+  int64_t rows = 0, cols = 0;
+  if (!JsonToInt64((*block)[0], &rows) || !JsonToInt64((*block)[1], &cols) ||
+      rows <= 0 || cols <= 0 || rows > 4096 || cols > 4096) {
+    return r.Bad(field + ".weight_block_size",
+                 "must hold two integers in 1..4096");
+  }
+  fp8.block_rows = static_cast<int>(rows);
+  fp8.block_cols = static_cast<int>(cols);
+  auto scheme = q->find("activation_scheme");
+  if (scheme != q->end() && !scheme->is_null() &&
+      (!scheme->is_string() || scheme->get<std::string>() != "dynamic")) {
+    return r.Bad(field + ".activation_scheme",
+                 "must be \"dynamic\" (static activation scales are not "
+                 "supported)");
+  }
+  auto skip = q->find("modules_to_not_convert");
+  if (skip != q->end() && !skip->is_null()) {
+    if (!skip->is_array()) {
+      return r.Bad(field + ".modules_to_not_convert", "must be a list");
+    }
+    for (const json& m : *skip) {
+      if (!m.is_string()) {
+        return r.Bad(field + ".modules_to_not_convert",
+                     "must be a list of module names");
+      }
+      fp8.modules_to_not_convert.push_back(m.get<std::string>());
+    }
+  }
+  c->fp8 = std::move(fp8);
+  return absl::OkStatus();
+}
+
 absl::Status ParseFields(const FieldReader& r, ModelConfig* c) {
   auto arch = r.root().find("architectures");
   if (r.text() != nullptr) {
@@ -250,6 +306,7 @@ absl::Status ParseFields(const FieldReader& r, ModelConfig* c) {
       c->eos_token_ids.push_back(static_cast<int>(x));
     }
   }
+  if (absl::Status s = ParseQuantization(r, c); !s.ok()) return s;
   if (absl::Status s = ParseLayerTypes(r, c); !s.ok()) return s;
   return ParseRope(r, c);
 }

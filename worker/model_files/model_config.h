@@ -4,6 +4,7 @@
 #ifndef SPECSERVE_WORKER_MODEL_FILES_MODEL_CONFIG_H_
 #define SPECSERVE_WORKER_MODEL_FILES_MODEL_CONFIG_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,18 @@
 namespace specserve::model_files {
 
 enum class LayerType { kLinearAttention, kFullAttention };
+
+// config.json's "quantization_config" for Qwen's FP8 checkpoints
+// (quant_method "fp8"): matrices stored as float8_e4m3fn with a float32
+// `weight_scale_inv` per block of weight_block_size (rows, columns); the
+// weight is fp8 x its block's scale. Activations are quantized dynamically
+// (activation_scheme "dynamic") where a backend computes in FP8; the
+// modules listed in modules_to_not_convert stay in their stored type.
+struct Fp8Quantization {
+  int block_rows = 128;
+  int block_cols = 128;
+  std::vector<std::string> modules_to_not_convert;
+};
 
 struct ModelConfig {
   std::string architecture;  // "architectures"[0], e.g. "Qwen3_5ForCausalLM"
@@ -42,6 +55,10 @@ struct ModelConfig {
   // the precision the model's recurrent state was kept in; empty when the
   // config has none. The worker's --recurrent_state_dtype=auto reads it.
   std::string mamba_ssm_dtype;
+  // Set for an FP8 checkpoint (quantization_config, quant_method "fp8").
+  // Any other quant_method, or a malformed block, is an error naming the
+  // field.
+  std::optional<Fp8Quantization> fp8;
 
   // Derived sizes (docs/MODEL.md notation).
   int key_dim() const { return linear_num_key_heads * linear_key_head_dim; }

@@ -53,9 +53,11 @@ absl::Status ParseEntry(const std::string& name, const json& v,
   if (!v.is_object()) return bad("header entry is not an object");
   auto dt = v.find("dtype");
   if (dt == v.end() || !dt->is_string()) return bad("missing 'dtype'");
-  if (!ParseDType(dt->get<std::string>(), &e->dtype)) {
+  if (dt->get<std::string>() == "F8_E4M3") {
+    e->f8_e4m3 = true;  // FP8 weights: the checkpoint dequantizes them
+  } else if (!ParseDType(dt->get<std::string>(), &e->dtype)) {
     return bad(absl::StrCat("unsupported dtype '", dt->get<std::string>(),
-                            "' (supported: BF16, F16, F32)"));
+                            "' (supported: BF16, F16, F32, F8_E4M3)"));
   }
   auto shape = v.find("shape");
   if (shape == v.end() || !shape->is_array()) return bad("missing 'shape'");
@@ -83,12 +85,12 @@ absl::Status ParseEntry(const std::string& name, const json& v,
                             "] outside the data region of ", data_size,
                             " bytes"));
   }
-  const uint64_t want = numel * DTypeSize(e->dtype);
+  const uint64_t want = numel * (e->f8_e4m3 ? 1 : DTypeSize(e->dtype));
   if (static_cast<uint64_t>(end - begin) != want) {
-    return bad(absl::StrCat("data_offsets [", begin, ", ", end, "] span ",
-                            end - begin, " bytes but shape [",
-                            absl::StrJoin(e->shape, ", "), "] of ",
-                            DTypeName(e->dtype), " needs ", want));
+    return bad(absl::StrCat(
+        "data_offsets [", begin, ", ", end, "] span ", end - begin,
+        " bytes but shape [", absl::StrJoin(e->shape, ", "), "] of ",
+        e->f8_e4m3 ? "f8_e4m3" : DTypeName(e->dtype), " needs ", want));
   }
   e->name = name;
   e->offset = static_cast<size_t>(begin);

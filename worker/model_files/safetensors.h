@@ -44,8 +44,11 @@ class MappedRegion {
 };
 
 struct SafetensorsEntry {
-  std::string name;  // as stored in the file (not canonical)
-  DType dtype = DType::kF32;
+  std::string name;           // as stored in the file (not canonical)
+  DType dtype = DType::kF32;  // unused when f8_e4m3
+  // Stored as float8_e4m3fn (one byte per element): an FP8 checkpoint's
+  // matrix, which Checkpoint dequantizes with its block scales.
+  bool f8_e4m3 = false;
   std::vector<int64_t> shape;
   size_t offset = 0;  // from the start of the file
   size_t nbytes = 0;
