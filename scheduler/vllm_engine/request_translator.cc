@@ -115,29 +115,24 @@ absl::Status TranslateLogitControls(const vproto::SamplingParams& p,
 // both); its checks are ValidateGenerateRequest's and the worker's compile.
 void TranslateConstraint(const vproto::SamplingParams& p,
                          specserve::v1::GenerateRequest* r) {
-  specserve::v1::StructuredOutput* out = nullptr;
-  auto constraint = [&] {
-    if (out == nullptr) out = r->mutable_structured_output();
-    return out;
-  };
   switch (p.constraint_case()) {
     case vproto::SamplingParams::kJsonSchema:
-      constraint()->set_json_schema(p.json_schema());
+      r->mutable_structured_output()->set_json_schema(p.json_schema());
       break;
     case vproto::SamplingParams::kRegex:
-      constraint()->set_regex(p.regex());
+      r->mutable_structured_output()->set_regex(p.regex());
       break;
     case vproto::SamplingParams::kGrammar:
-      constraint()->set_ebnf(p.grammar());
+      r->mutable_structured_output()->set_ebnf(p.grammar());
       break;
     case vproto::SamplingParams::kJsonObject:
-      if (p.json_object()) constraint()->set_json_object(true);
+      if (p.json_object())
+        r->mutable_structured_output()->set_json_object(true);
       break;
     case vproto::SamplingParams::kChoice:
-      for (const std::string& c : p.choice().choices()) {
-        constraint()->mutable_choice()->add_values(c);
-      }
-      if (p.choice().choices().empty()) constraint()->mutable_choice();
+      // An empty list stays a choice: ValidateStructuredOutput refuses it.
+      r->mutable_structured_output()->mutable_choice()->mutable_values()->Add(
+          p.choice().choices().begin(), p.choice().choices().end());
       break;
     case vproto::SamplingParams::kStructuralTag:  // refused before
     case vproto::SamplingParams::CONSTRAINT_NOT_SET:

@@ -4,13 +4,13 @@
 // share the gateway's stream, each chunk and complete carrying its sample's
 // index, as vLLM's do.
 //
-// First the prompt alone (PrefillRequest: one greedy token, nothing shown).
-// With prefix reuse on (--prefix_cache_sessions), the scheduler keeps its
-// session parked, and every sample forks it instead of prefilling the prompt
-// again (docs/DESIGN.md "Prefix reuse"); sample 0 runs first and the others
+// With prefix reuse on (--prefix_cache_sessions), the prompt runs alone
+// first (PrefillRequest: one greedy token, nothing shown): the scheduler
+// keeps its session parked, and every sample forks it instead of
+// prefilling the prompt again (docs/DESIGN.md "Prefix reuse"); without
+// prefix reuse each sample prefills. Sample 0 runs first and the others
 // once it has streamed its first token, so that they do not queue behind
-// each other's forks of one source. Without prefix reuse each sample
-// prefills.
+// each other's forks of one source.
 #ifndef SPECSERVE_SCHEDULER_VLLM_ENGINE_SAMPLE_FANOUT_H_
 #define SPECSERVE_SCHEDULER_VLLM_ENGINE_SAMPLE_FANOUT_H_
 

@@ -41,11 +41,13 @@ grpc::Status VllmEngineService::Generate(
       TranslateGenerateRequest(*request, options_.gateway, admission.limits());
   if (!translated.ok()) return ToGrpc(admission.Reject(translated.status()));
   const uint32_t n = translated->samples;
-  // n > 1: first the prompt alone (sample_fanout.h PrefillRequest), then
-  // the samples. Every call holds a ticket before any runs: a full queue
-  // refuses the request whole.
+  // n > 1 with prefix reuse on: first the prompt alone (sample_fanout.h
+  // PrefillRequest), which the samples fork; without it each sample
+  // prefills, and a prefill first would be thrown away. Every call holds a
+  // ticket before any runs: a full queue refuses the request whole.
+  const bool prefill_first = n > 1 && ctx_->prefix != nullptr;
   std::vector<specserve::v1::GenerateRequest> calls;
-  if (n > 1) calls.push_back(PrefillRequest(translated->request));
+  if (prefill_first) calls.push_back(PrefillRequest(translated->request));
   for (uint32_t i = 0; i < n; ++i) {
     calls.push_back(n == 1 ? translated->request
                            : SampleRequest(translated->request, i));
@@ -70,11 +72,13 @@ grpc::Status VllmEngineService::Generate(
         ResponseAdapter adapter(sink, translated->stream,
                                 translated->prompt_tokens,
                                 translated->first_prompt_id);
-        return run_call(n == 1 ? 0 : 1 + i, &adapter);
+        return run_call(prefill_first ? 1 + i : i, &adapter);
       };
   if (n == 1) return run_sample(0, writer);
-  DiscardingEventWriter discard;
-  if (grpc::Status s = run_call(0, &discard); !s.ok()) return s;
+  if (prefill_first) {
+    DiscardingEventWriter discard;
+    if (grpc::Status s = run_call(0, &discard); !s.ok()) return s;
+  }
   return RunSamples(n, writer, run_sample);
 }
 

@@ -39,8 +39,14 @@ absl::Status RowControls::Apply(absl::Span<float> row) {
   if (cursor_ != nullptr) {
     SS_ASSIGN_OR_RETURN(masked, cursor_->FillMask(absl::MakeSpan(bitmask_)));
   }
+  if (!adjust_.active()) {
+    // The mask allows at least one token and the row is finite (checked
+    // before): it cannot leave nothing.
+    if (masked) grammar::ApplyBitmask(bitmask_, row);
+    return absl::OkStatus();
+  }
   if (masked) raw_.assign(row.begin(), row.end());
-  if (adjust_.active()) sampling::ApplyLogitAdjustments(adjust_, counts_, row);
+  sampling::ApplyLogitAdjustments(adjust_, counts_, row);
   if (!masked) return absl::OkStatus();
   grammar::ApplyBitmask(bitmask_, row);
   const bool any = std::any_of(row.begin(), row.end(), [](float x) {

@@ -399,10 +399,8 @@ absl::Status SpecEngine::CheckAdjustments(const SpecSession& s,
   return absl::OkStatus();
 }
 
-absl::Status SpecEngine::PrepareGrammarCursor(SpecSession* s,
-                                              const BurstParams& p) {
-  std::vector<int32_t> history = s->committed;
-  if (s->has_pending()) history.push_back(*s->pending_tok);
+absl::Status SpecEngine::PrepareGrammarCursor(
+    SpecSession* s, const BurstParams& p, absl::Span<const int32_t> history) {
   const int64_t length = static_cast<int64_t>(history.size());
   const int64_t output_start = length - p.prior_output;
   const std::optional<grammar::GrammarCursor>& c = s->grammar_cursor;
@@ -562,15 +560,12 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(
   // the history. The grammar's cursor is the session's (rebuilt from the
   // history when it does not fit). Both follow every emitted token
   // (deliver below).
-  if (p.grammar) {
-    SS_RETURN_IF_ERROR(PrepareGrammarCursor(s, p));
-  } else {
-    s->grammar_cursor.reset();
-  }
+  if (!p.grammar) s->grammar_cursor.reset();
   std::optional<RowControls> controls;
   if (p.adjust.active() || p.grammar) {
     std::vector<int32_t> history = s->committed;
     if (s->has_pending()) history.push_back(*s->pending_tok);
+    if (p.grammar) SS_RETURN_IF_ERROR(PrepareGrammarCursor(s, p, history));
     controls.emplace(p.adjust, history, p.prior_output,
                      p.grammar ? &*s->grammar_cursor : nullptr);
     b.controls = &*controls;

@@ -238,10 +238,12 @@ class SpecEngine {
   absl::StatusOr<int32_t> ChooseAdjusted(const SpecSession& s,
                                          const BurstCtx& b, const float* logits,
                                          int64_t pos) const;
-  // The session's grammar cursor for the burst `p` (which has a grammar):
-  // kept when it holds p's grammar at this output, else started again and
-  // fed the output's tokens from the history.
-  absl::Status PrepareGrammarCursor(SpecSession* s, const BurstParams& p);
+  // The session's grammar cursor for the burst `p` (which has a grammar),
+  // `history` the session's tokens (committed and pending): kept when it
+  // holds p's grammar at this output, else started again and fed the
+  // output's tokens from the history.
+  absl::Status PrepareGrammarCursor(SpecSession* s, const BurstParams& p,
+                                    absl::Span<const int32_t> history);
   // The checks of p's logit controls and prior_output against this model
   // and the session `s`, before the burst touches it.
   absl::Status CheckAdjustments(const SpecSession& s,
