@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/sampling/logit_adjust.h"
 
 namespace specserve::kernels {
 
@@ -63,7 +64,6 @@ absl::Status Backend::GatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p) {
 absl::Status Backend::SampleRows(const SampleRowsParams& p) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   std::vector<float> row(p.cols);
-  std::vector<float> probs;
   for (int64_t r = 0; r < p.rows; ++r) {
     const int64_t i = p.row_index != nullptr ? p.row_index[r] : r;
     if (absl::Status s = CopyToHost(row.data(), p.x + i * p.x_stride,
@@ -71,12 +71,31 @@ absl::Status Backend::SampleRows(const SampleRowsParams& p) {
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = sampling::FilteredProbs(
-            row.data(), static_cast<int>(p.cols), p.config[r], &probs);
+    // ChooseToken: the filters and draw, masked (-inf) tokens excluded.
+    absl::StatusOr<int32_t> token =
+        sampling::ChooseToken(row, p.config[r], p.uniform[r]);
+    if (!token.ok()) return token.status();
+    p.token[r] = *token;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Backend::MaskTokens(const TokenMaskParams& p) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  const int64_t words = TokenMaskWords(p.cols);
+  std::vector<float> row(p.cols);
+  for (int64_t r = 0; r < p.rows; ++r) {
+    float* x = p.x + p.row_index[r] * p.x_stride;
+    const size_t bytes = p.cols * sizeof(float);
+    if (absl::Status s = CopyToHost(row.data(), x, bytes); !s.ok()) return s;
+    const int32_t best =
+        MaskRowAndArgmax(row.data(), p.cols, p.allowed + r * words);
+    if (absl::Status s = CopyToDevice(x, row.data(), bytes); !s.ok()) return s;
+    if (absl::Status s =
+            CopyToDevice(p.argmax + p.row_index[r], &best, sizeof(best));
         !s.ok()) {
       return s;
     }
-    p.token[r] = sampling::SampleIndex(probs, p.uniform[r]);
   }
   return absl::OkStatus();
 }

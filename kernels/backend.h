@@ -50,6 +50,7 @@
 #include "kernels/sample_rows.h"
 #include "kernels/scatter_rows.h"
 #include "kernels/swiglu.h"
+#include "kernels/token_mask.h"
 #include "kernels/types.h"
 
 namespace specserve::kernels {
@@ -182,6 +183,10 @@ class Backend {
   // overrides it to sample on the device (kernels/sample_rows.h).
   // FAILED_PRECONDITION when a row's logits hold NaN or inf.
   virtual absl::Status SampleRows(const SampleRowsParams& p);
+  // Constrained rows' allowed-token masks, applied in place, and their
+  // argmax (kernels/token_mask.h): by default on a host copy of each row,
+  // written back (backend.cc); a backend overrides it to mask on the device.
+  virtual absl::Status MaskTokens(const TokenMaskParams& p);
 
   // Element type of the model's KV caches on this backend (AttentionParams
   // kv_dtype, ScatterRowsParams dst_dtype): kF32 or kBF16.

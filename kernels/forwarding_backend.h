@@ -99,6 +99,9 @@ class ForwardingBackend : public Backend {
   absl::Status Argmax(const ArgmaxParams& p) override {
     return inner_->Argmax(p);
   }
+  absl::Status MaskTokens(const TokenMaskParams& p) override {
+    return inner_->MaskTokens(p);
+  }
   absl::Status LogSumExp(const LogSumExpParams& p) override {
     return inner_->LogSumExp(p);
   }

@@ -4,8 +4,11 @@
 // top-p, min-p; survivors renormalized) and drawn by the inverse CDF at the
 // row's uniform (sampling::SampleIndex).
 //
-// Backend::SampleRows runs exactly those host functions on a copy of each row:
-// that is the definition, and what the CPU backend does. A backend may filter
+// A -inf logit is a masked token (kernels/token_mask.h): it gets no
+// probability, as sampling::ChooseToken defines for masked rows; NaN and +inf
+// are refused. Backend::SampleRows runs ChooseToken (the filters and draw
+// above, on rows without -inf) on a copy of each row: that is the
+// definition, and what the CPU backend does. A backend may filter
 // and draw on the device (the CUDA backend: cuda/sample_rows.cu), copying back
 // only the tokens. Its token is the host's except where the order of a long
 // floating-point sum moves a cut or the draw across a boundary (relative

@@ -616,6 +616,17 @@ absl::Status CudaBackend::Argmax(const ArgmaxParams& p) {
   return LaunchArgmax(p, stream_.get());
 }
 
+absl::Status CudaBackend::MaskTokens(const TokenMaskParams& p) {
+  SS_RETURN_IF_ERROR(recording_.Refuse("MaskTokens"));
+  SS_RETURN_IF_ERROR(Validate(p));
+  SS_RETURN_IF_ERROR(UseDevice());
+  // The uploads share the workspace with the ops before them: the stream
+  // orders them after those ops, and the copies are from pageable memory,
+  // staged before the call returns.
+  return LaunchMaskTokens(p, Workspace{workspace_.get(), workspace_bytes_},
+                          stream_.get());
+}
+
 absl::Status CudaBackend::LogSumExp(const LogSumExpParams& p) {
   SS_RETURN_IF_ERROR(UseDevice());
   return LaunchLogSumExp(p, stream_.get());

@@ -146,6 +146,7 @@ class CudaBackend : public Backend {
   absl::Status GatedDeltaRuleNormed(const GatedDeltaRuleNormParams& p) override;
   absl::Status Swiglu(const SwigluParams& p) override;
   absl::Status Argmax(const ArgmaxParams& p) override;
+  absl::Status MaskTokens(const TokenMaskParams& p) override;
   absl::Status LogSumExp(const LogSumExpParams& p) override;
   absl::Status Softmax(const SoftmaxParams& p) override;
   DType KvCacheDType() const override { return kv_cache_dtype_; }

@@ -30,6 +30,7 @@
 #include "kernels/sample_rows.h"
 #include "kernels/scatter_rows.h"
 #include "kernels/swiglu.h"
+#include "kernels/token_mask.h"
 
 namespace specserve::kernels::cuda {
 
@@ -210,6 +211,10 @@ int64_t SampleRowsMaxRows(int64_t cols, const Workspace& ws);
 absl::Status LaunchSampleRows(const SampleRowArgs* host_args, int64_t rows,
                               int64_t cols, const float* x, const Workspace& ws,
                               int32_t* host_out, cudaStream_t stream);
+// MaskTokens: copies the row indices and masks into `ws` (in groups that fit
+// it), then masks each row in place and writes its argmax.
+absl::Status LaunchMaskTokens(const TokenMaskParams& p, const Workspace& ws,
+                              cudaStream_t stream);
 absl::Status LaunchLogSumExp(const LogSumExpParams& p, cudaStream_t stream);
 absl::Status LaunchSoftmax(const SoftmaxParams& p, cudaStream_t stream);
 

@@ -145,7 +145,8 @@ __global__ void __launch_bounds__(kSliceThreads)
   int finite = 1;
   for (int64_t i = lo + threadIdx.x; i < hi; i += kSliceThreads) {
     const float v = xr[i];
-    finite &= isfinite(v) ? 1 : 0;
+    // -inf is a masked token (kernels/token_mask.h): probability 0.
+    finite &= (isnan(v) || v == INFINITY) ? 0 : 1;
     m = fmaxf(m, v);
   }
   __shared__ float sm[kSliceThreads / 32];

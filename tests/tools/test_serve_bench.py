@@ -298,3 +298,22 @@ def test_smoke_context_and_mixed_rows(tmp_path):
     text = (out / "serve_bench.txt").read_text()
     assert "## Decode at long contexts" in text and "## Mixed closed loop" in text
     assert "TPOT / state floor" in text and "TPOT / step" in text
+
+
+def test_smoke_json_rows_stand_beside_plain(tmp_path):
+    out = tmp_path / "out"
+    p = subprocess.run(
+        [sys.executable, os.path.join(TOOL, "serve_bench.py"), "--smoke", "--out", str(out),
+         "--modes", "plain", "--concurrency", "1,2", "--ttft-prompts=",
+         "--prefill-under-load", "0", "--json-rows", "1,2"],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    result = json.loads((out / "serve_bench.json").read_text())
+    rows = result["rows"]
+    assert [(r["kind"], r["concurrency"]) for r in rows] == [
+        ("decode", 1), ("decode", 2), ("json", 1), ("json", 2)]
+    for r in rows[2:]:
+        assert r["errors"] == {} and r["json_schema"] is True, r
+        assert r["tpot_over_plain"] > 0 and r["plain_tok_s"] > 0
+    text = (out / "serve_bench.txt").read_text()
+    assert "## Structured output" in text and "TPOT / plain" in text

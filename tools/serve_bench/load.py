@@ -12,6 +12,7 @@ over the row (all its threads: grpc's included) and the lateness of a 5 ms
 ticker on the loop (a loop busy with messages runs it late).
 """
 import asyncio
+import json
 import math
 import os
 import random
@@ -121,13 +122,19 @@ class LoadClient:
         self._channel = None
         self._generate = None
 
-    def request(self, ids, max_tokens, spec, k):
+    def request(self, ids, max_tokens, spec, k, json_schema=None):
+        """A greedy request; with json_schema (a JSON text), its output is
+        constrained to the schema (structured output: under a grammar the
+        output also stops where the schema's value is complete)."""
+        extra = {}
+        if json_schema is not None:
+            extra["structured_output"] = {"json_schema": json_schema}
         return self.req_cls(
             token_ids={"ids": ids},
             sampling={"temperature": 0.0},
             stopping={"max_tokens": max_tokens, "ignore_eos": True},
             speculation={"enable": bool(spec), "k": k if spec else 0},
-            response={"ids": True, "text": False, "spec_stats": True})
+            response={"ids": True, "text": False, "spec_stats": True}, **extra)
 
     async def open(self):
         """Opens the channel (once; close() ends it)."""
@@ -366,9 +373,20 @@ def summarize(records, m, cpu=None):
     return out
 
 
+# The schema of the structured-output rows: free strings, so that a
+# random-weight model's output runs to max_tokens rather than closing the
+# object after a few tokens.
+JSON_ROW_SCHEMA = json.dumps({
+    "type": "object",
+    "properties": {"title": {"type": "string"},
+                   "tags": {"type": "array", "items": {"type": "string"}},
+                   "body": {"type": "string"}},
+    "required": ["title", "tags", "body"]})
+
+
 def run_row(client, *, concurrency, prompt_tokens, max_tokens, spec, k, vocab,
             target_s, min_requests, max_requests, seed, pids=None,
-            fixed_requests=None, hard_s=None):
+            fixed_requests=None, hard_s=None, json_schema=None):
     """One row: a warm-up round (one request per client, unrecorded: it also
     records the step shapes of this batch size), then n requests per client
     with n = target_s / the warm-up's wall time (clamped), or fixed_requests.
@@ -379,7 +397,7 @@ def run_row(client, *, concurrency, prompt_tokens, max_tokens, spec, k, vocab,
     c = concurrency
 
     def batch(n):
-        return [[client.request(p, max_tokens, spec, k) for p in
+        return [[client.request(p, max_tokens, spec, k, json_schema) for p in
                  random_prompts(rng, n, prompt_tokens, vocab)] for _ in range(c)]
 
     loop = asyncio.new_event_loop()
@@ -406,6 +424,7 @@ def run_row(client, *, concurrency, prompt_tokens, max_tokens, spec, k, vocab,
     s = summarize(records, m, cpu)
     s.update(concurrency=c, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
              spec=bool(spec), k=k if spec else 0, requests_per_client=n,
+             json_schema=json_schema is not None,
              warmup_wall_s=warm["wall_s"],
              warmup_errors=sum(r.status not in ("OK", "CUT") for r in warm_records),
              warmup_cut=sum(r.status == "CUT" for r in warm_records))

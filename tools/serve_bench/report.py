@@ -166,6 +166,13 @@ def annotate(result):
                 if p and p["tok_s"] > 0:
                     r["plain_tok_s"] = p["tok_s"]
                     r["x_plain"] = r["tok_s"] / p["tok_s"]
+        elif r["kind"] == "json":
+            # Beside the unconstrained plain row of the same c (same run).
+            p = plain.get(r["concurrency"])
+            if p:
+                r["plain_tpot_p50_ms"] = p.get("tpot_p50_ms")
+                r["plain_tok_s"] = p["tok_s"]
+                r["tpot_over_plain"] = _ratio(r.get("tpot_p50_ms"), p.get("tpot_p50_ms"))
         elif r["kind"] == "context":
             annotate_context(r, bench)
         elif r["kind"] == "mixed":
@@ -394,6 +401,17 @@ def tables(result):
                             _f(r.get("acceptance"), "%.3f"),
                             _f(r.get("tokens_per_round"), "%.2f"),
                             str(r["demoted_requests"])] + cpu(r) for r in spec])
+    js = [r for r in rows if r["kind"] == "json"]
+    if js:
+        out.append("## Structured output: greedy decode constrained to a JSON schema "
+                   "(load.JSON_ROW_SCHEMA), beside plain decode at the same c")
+        out.append("")
+        table(head + ["plain TPOT p50", "TPOT / plain (bar 1.05)", "plain tok/s",
+                      "finished"] + tail_,
+              [common(r) + [_f(r.get("plain_tpot_p50_ms"), "%.2f"),
+                            _f(r.get("tpot_over_plain"), "%.3f"), _f(r.get("plain_tok_s")),
+                            ", ".join(r.get("finish") or [])] + cpu(r)
+               for r in js])
     tt = [r for r in rows if r["kind"] == "ttft"]
     if tt:
         out.append("## Time to first token (one request at a time, max_tokens 1)")

@@ -260,6 +260,10 @@ def parse_args(argv):
                     help="max_tokens of a context row's requests: past what the streams "
                     "decode while the other prompts prefill (the row cancels them once "
                     "the window is done; default 4096; --smoke: 512)")
+    ap.add_argument("--json-rows", type=ints, default=[], metavar="C[,C2...]",
+                    help="structured-output rows: greedy decode constrained to a JSON "
+                         "schema at these concurrencies, beside the plain decode row of "
+                         "the same c (run it too: --modes plain --concurrency C,...)")
     ap.add_argument("--mixed-rows", type=mixed_specs, default=[], metavar="P:O:C[,...]",
                     help="mixed closed-loop rows (mixed_rows.py): C clients looping over "
                     "P-token prompts and O output tokens (default: none; e.g. "
@@ -588,6 +592,8 @@ def plan(args):
             rows.append(("context", False, c, p, args.context_max_tokens, 1))
     for p, o, c in args.mixed_rows:
         rows.append(("mixed", False, c, p, o, 1))
+    for c in args.json_rows:
+        rows.append(("json", False, c, args.prompt_tokens, args.max_tokens, 1))
     return rows
 
 
@@ -730,7 +736,7 @@ def run_rows(args, result, t_start, servers):
             log("skip " + result["skipped"][-1])
             continue
         log("row " + name)
-        decode = kind == "decode"
+        decode = kind in ("decode", "json")
         hard_s = (args.budget_s - (time.monotonic() - t_start)) if args.budget_s else None
         with GpuMemory(args.devices[0]) as mem:
             if kind == "prefill_load":
@@ -766,7 +772,8 @@ def run_rows(args, result, t_start, servers):
                     target_s=args.row_seconds if decode else args.ttft_seconds,
                     min_requests=args.min_requests if decode else 1,
                     max_requests=args.max_requests, seed=args.seed * 1000 + i,
-                    pids=pids, fixed_requests=args.requests, hard_s=hard_s)
+                    pids=pids, fixed_requests=args.requests, hard_s=hard_s,
+                    json_schema=load.JSON_ROW_SCHEMA if kind == "json" else None)
         s["kind"] = kind
         s["workers"] = n_workers
         s["gpu_memory_peak_mib"] = mem.peak

@@ -299,11 +299,50 @@ absl::Status Model::LmHeadOf(const float* hidden, int n) {
   return backend_->Argmax(am);
 }
 
+absl::Status Model::GatherMasks(const ForwardResult& r, int first, int n,
+                                int logits_row0, PassMasks* masks) const {
+  if (r.mask_rows.empty()) return absl::OkStatus();
+  const int64_t W = kernels::TokenMaskWords(config_.vocab_size);
+  if (r.mask_words.size() != r.mask_rows.size() * W) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token masks: ", r.mask_words.size(), " words for ",
+                     r.mask_rows.size(), " rows of ", W, " words"));
+  }
+  for (size_t i = 0; i < r.mask_rows.size(); ++i) {
+    const int row = r.mask_rows[i];
+    if (row < first || row >= first + n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token masks: row ", row, " outside the pass's rows [",
+                       first, ", ", first + n, ")"));
+    }
+    masks->rows.push_back(logits_row0 + row - first);
+    masks->words.insert(masks->words.end(), r.mask_words.begin() + i * W,
+                        r.mask_words.begin() + (i + 1) * W);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::ApplyMasks(const PassMasks& masks) {
+  if (masks.rows.empty()) return absl::OkStatus();
+  kernels::TokenMaskParams p;
+  p.rows = static_cast<int64_t>(masks.rows.size());
+  p.cols = config_.vocab_size;
+  p.x = ws_->logits.f32();
+  p.x_stride = config_.vocab_size;
+  p.row_index = masks.rows.data();
+  p.allowed = masks.words.data();
+  p.argmax = static_cast<int32_t*>(ws_->argmax.data());
+  return backend_->MaskTokens(p);
+}
+
 absl::Status Model::CopyRowsOut(int row0, int n, ForwardResult* out) {
   const int64_t H = config_.hidden_size, V = config_.vocab_size;
   kernels::Backend& be = *backend_;
   Workspace& ws = *ws_;
   const size_t old = out->rows;
+  PassMasks masks;
+  SS_RETURN_IF_ERROR(GatherMasks(*out, static_cast<int>(old), n, 0, &masks));
+  SS_RETURN_IF_ERROR(ApplyMasks(masks));
   out->rows += n;
   // Set here, not in LmHead: a replayed recording runs LmHead without
   // calling it, but every pass with outputs ends here.

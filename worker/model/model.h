@@ -305,6 +305,18 @@ struct ForwardResult {
   };
   std::optional<Draw> draw;
   int32_t drawn = -1;
+  // A request (Clear keeps it): rows of this result whose token must come
+  // from an allowed set (structured output). Row mask_rows[i] may take the
+  // tokens whose bits are set in mask_words[i·W, (i+1)·W), W =
+  // kernels::TokenMaskWords(V), bit b of word w allowing token 32·w + b.
+  // The pass masks those rows on the backend right after its lm_head
+  // (kernels/token_mask.h: the others -inf, in place), so `argmax` is the
+  // allowed argmax, a draw from the pass's logits (SampleRows, `draw`)
+  // picks an allowed token, and `logits`, when wanted, come back masked;
+  // `finite` still describes the raw row. Only the constrained rows' words
+  // travel to the backend, never their [V] logits to the host.
+  std::vector<int32_t> mask_rows;
+  std::vector<uint32_t> mask_words;
   std::vector<float> logits;    // [rows][V] (empty unless want_logits)
   std::vector<float> hidden;    // [rows][H]: final-norm hidden (lm_head input)
   std::vector<int32_t> argmax;  // [rows]: greedy token of each row
@@ -725,8 +737,21 @@ class Model {
   absl::Status LmHead(int row0, int n);
   absl::Status LmHeadOf(const float* hidden, int n);
   // Appends rows [row0, row0+n)'s logits, hidden and argmax (LmHead's
-  // outputs) to `out`.
+  // outputs) to `out`, its constrained rows masked first.
   absl::Status CopyRowsOut(int row0, int n, ForwardResult* out);
+  // The constrained rows of a pass (ForwardResult::mask_rows), gathered
+  // from its results and masked in one MaskTokens call, after the lm_head
+  // and before anything reads its argmax or logits.
+  struct PassMasks {
+    std::vector<int32_t> rows;  // logits rows
+    std::vector<uint32_t> words;
+  };
+  // Adds r's mask rows in [first, first + n); its row j is logits row
+  // logits_row0 + j - first. INVALID_ARGUMENT for a row outside the
+  // result or words of the wrong size.
+  absl::Status GatherMasks(const ForwardResult& r, int first, int n,
+                           int logits_row0, PassMasks* masks) const;
+  absl::Status ApplyMasks(const PassMasks& masks);
   // One committed token for each state (checked by the caller): recorded
   // and replayed when graphs apply (decode_step.cc), else RunTrunk.
   absl::Status DecodeStep(absl::Span<ModelState* const> states,

@@ -114,6 +114,13 @@ absl::Status Model::MtpBatch(absl::Span<ModelState* const> states,
   }
   SS_RETURN_IF_ERROR(LmHeadOf(head_in, B));
   lm_head_rows_ = B;
+  PassMasks masks;
+  for (int i = 0; i < B; ++i) {
+    if (out[i] != nullptr) {
+      SS_RETURN_IF_ERROR(GatherMasks(*out[i], 0, 1, i, &masks));
+    }
+  }
+  SS_RETURN_IF_ERROR(ApplyMasks(masks));
   std::vector<int32_t> flags(2 * B);  // [argmax B | finite B]
   SS_RETURN_IF_ERROR(be.CopyToHost(flags.data(), ws.argmax.data(),
                                    flags.size() * sizeof(int32_t)));

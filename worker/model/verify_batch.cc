@@ -70,6 +70,12 @@ absl::Status Model::VerifyBatch(absl::Span<ModelState* const> states,
   // One lm_head pass over every column, then each session's rows out.
   SS_RETURN_IF_ERROR(LmHead(0, total));
   lm_head_rows_ = total;
+  PassMasks masks;
+  for (int i = 0; i < B; ++i) {
+    SS_RETURN_IF_ERROR(
+        GatherMasks(*out[i], 0, slices[i].rows, slices[i].row0, &masks));
+  }
+  SS_RETURN_IF_ERROR(ApplyMasks(masks));
   const int64_t H = config_.hidden_size, V = config_.vocab_size;
   kernels::Backend& be = *backend_;
   Workspace& ws = *ws_;

@@ -222,6 +222,16 @@ void ModelExecutor::RunDecodes(const std::vector<Step*>& batch) {
   // one by one below, not the whole [B][V] block.
   model::ForwardResult all;
   all.want_logits = false;
+  // Each step's constrained row (its row 0) is row i of the pass.
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const model::ForwardResult& r = *batch[i]->out;
+    if (r.mask_rows.empty()) continue;
+    CHECK(r.mask_rows.size() == 1 && r.mask_rows[0] == 0)
+        << "a decode step's one row is row 0";
+    all.mask_rows.push_back(static_cast<int32_t>(i));
+    all.mask_words.insert(all.mask_words.end(), r.mask_words.begin(),
+                          r.mask_words.end());
+  }
   const absl::Time t0 = absl::Now();
   absl::Status status = model_->DecodeBatch(states, tokens, &all);
   if (status.ok() && live_costs_ != nullptr) {

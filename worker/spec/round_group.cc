@@ -38,11 +38,15 @@ struct SpecEngine::RoundTask : ModelExecutor::GroupTask {
   std::vector<int32_t> target;
 
   bool greedy() const { return b->params.sampling.greedy(); }
-  // Whether its rows are adjusted and picked on the host (the logit
-  // controls): drafts and targets alike, each at its own position.
-  bool adjusted() const { return b->adjusted(); }
+  // Whether the controls follow its tokens (logit controls or a grammar):
+  // drafts and targets alike, each at its own position.
+  bool tracked() const { return b->adjusted(); }
+  // Whether its rows are picked on the host (BurstCtx::on_host).
+  bool on_host() const { return b->on_host(); }
+  // Whether its rows carry the grammar's mask to the backend.
+  bool masked() const { return b->masked_on_backend(); }
   // The device's pick of the verify columns (argmax) is the target.
-  bool device_argmax() const { return greedy() && !adjusted(); }
+  bool device_argmax() const { return greedy() && !on_host(); }
   void Start() {
     status = absl::OkStatus();
     L = s->committed_len();
@@ -52,9 +56,9 @@ struct SpecEngine::RoundTask : ModelExecutor::GroupTask {
     columns.clear();
     target.clear();
     v = model::ForwardResult();
-    v.want_logits = b->params.logprobs.has_value() || adjusted();
+    v.want_logits = b->params.logprobs.has_value() || on_host();
     // The history up to the pending token (drafts of a refused try gone).
-    if (adjusted()) b->controls->PopTo(L + 1);
+    if (tracked()) b->controls->PopTo(L + 1);
   }
 };
 
@@ -134,6 +138,7 @@ absl::Status SpecEngine::DraftStepLocked(absl::Span<RoundTask* const> tasks,
     size_t i = first;
     for (; i < tasks.size(); ++i) {
       RoundTask* t = tasks[i];
+      if (!t->status.ok()) continue;  // a dead end below
       const DeferredMtp* owed = step == 0 && !t->s->deferred_mtp().empty()
                                     ? &t->s->deferred_mtp()
                                     : nullptr;
@@ -165,8 +170,15 @@ absl::Status SpecEngine::DraftStepLocked(absl::Span<RoundTask* const> tasks,
     std::vector<model::ForwardResult*> outs;
     for (size_t j = 0; j < in.size(); ++j) {
       mtp_rows.push_back({first_rows[j], hiddens[j], tokens[j]});
-      out[j].want_logits = in[j]->adjusted();
+      out[j].want_logits = in[j]->on_host();
       outs.push_back(&out[j]);
+      // Draft d_{step+1}, the token at index L + 1 + step, under the
+      // grammar's mask there. A dead end fails the session as a plain
+      // step's would (the host path does the same after the pass).
+      RoundTask* t = in[j];
+      if (t->masked()) {
+        t->status = RequestMask(*t->s, *t->b, t->L + 1 + step, 0, &out[j]);
+      }
     }
     if (in.size() == 1 && tokens[0].size() == 1) {
       // Alone: MtpDraft, which replays a recorded step where the backend
@@ -187,7 +199,10 @@ absl::Status SpecEngine::DraftStepLocked(absl::Span<RoundTask* const> tasks,
     std::vector<float> uniforms;
     for (size_t j = 0; j < in.size(); ++j) {
       const RoundTask* t = in[j];
-      if (t->greedy() || t->adjusted() || !out[j].AllFinite()) continue;
+      if (!t->status.ok() || t->greedy() || t->on_host() ||
+          !out[j].AllFinite()) {
+        continue;
+      }
       which.push_back(static_cast<int32_t>(j));
       configs.push_back(t->b->params.sampling);
       uniforms.push_back(PositionUniform(t->b->params.seed, t->L + 1 + step));
@@ -199,11 +214,12 @@ absl::Status SpecEngine::DraftStepLocked(absl::Span<RoundTask* const> tasks,
     size_t next_drawn = 0;
     for (size_t j = 0; j < in.size(); ++j) {
       RoundTask* t = in[j];
+      if (!t->status.ok()) continue;
       if (!out[j].AllFinite()) {
         t->status = NonFinite(t->s->id());
         continue;
       }
-      if (t->adjusted()) {
+      if (t->on_host()) {
         // Adjusted as the trunk's row for the same position will be, which
         // keeps the drafts likely to be accepted.
         absl::StatusOr<int32_t> d =
@@ -216,6 +232,7 @@ absl::Status SpecEngine::DraftStepLocked(absl::Span<RoundTask* const> tasks,
         t->b->controls->Push(t->tok);
       } else {
         t->tok = t->greedy() ? out[j].argmax[0] : drawn[next_drawn++];
+        if (t->tracked()) t->b->controls->Push(t->tok);
       }
       t->drafts.push_back(t->tok);
       t->h = std::move(out[j].hidden);
@@ -241,7 +258,7 @@ absl::Status SpecEngine::RoundsLocked(absl::Span<RoundTask* const> tasks) {
     SS_RETURN_IF_ERROR(DraftStepLocked(running(step), step));
   }
   for (RoundTask* t : tasks) {
-    if (t->adjusted()) t->b->controls->PopTo(t->L + 1);
+    if (t->tracked()) t->b->controls->PopTo(t->L + 1);
   }
   const absl::Time drafted = absl::Now();
 
@@ -250,6 +267,19 @@ absl::Status SpecEngine::RoundsLocked(absl::Span<RoundTask* const> tasks) {
   // greedy needs the argmax only, and a sampled round draws its targets on
   // the backend from the pass's logits (column j's draw is the token at
   // index L + 1 + j).
+  // Column j chooses the token at index L + 1 + j, after the pending token
+  // and d_1..d_j: a masked task's columns get the grammar's masks there.
+  for (RoundTask* t : running(-1)) {
+    if (!t->masked()) continue;
+    std::vector<int32_t> cols = {*t->s->pending_tok};
+    cols.insert(cols.end(), t->drafts.begin(), t->drafts.end());
+    for (size_t j = 0; j < cols.size() && t->status.ok(); ++j) {
+      t->status = RequestMask(*t->s, *t->b, t->L + 1 + static_cast<int>(j),
+                              static_cast<int>(j), &t->v);
+      if (j + 1 < cols.size()) t->b->controls->Push(cols[j + 1]);
+    }
+    t->b->controls->PopTo(t->L + 1);
+  }
   const std::vector<RoundTask*> verifying = running(-1);
   if (verifying.empty()) return absl::OkStatus();
   std::vector<model::ModelState*> states;
@@ -280,7 +310,7 @@ absl::Status SpecEngine::RoundsLocked(absl::Span<RoundTask* const> tasks) {
     const int cols = static_cast<int>(t->columns.size());
     if (t->b->Injects(cols) || !t->v.AllFinite()) {
       t->status = NonFinite(t->s->id());
-    } else if (t->adjusted()) {
+    } else if (t->on_host()) {
       t->status = AdjustedTargetsLocked(t);
     } else if (!t->greedy()) {
       drawing.push_back(t);

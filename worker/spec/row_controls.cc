@@ -34,6 +34,16 @@ void RowControls::PopTo(int64_t length) {
   if (cursor_ != nullptr) cursor_->PopTo(length);
 }
 
+absl::StatusOr<bool> RowControls::AppendMask(std::vector<uint32_t>* words) {
+  CHECK(!adjust_.active()) << "logit controls choose on the host";
+  if (cursor_ == nullptr) return false;
+  SS_ASSIGN_OR_RETURN(const bool masked,
+                      cursor_->FillMask(absl::MakeSpan(bitmask_)));
+  if (!masked) return false;
+  for (int32_t w : bitmask_) words->push_back(static_cast<uint32_t>(w));
+  return true;
+}
+
 absl::Status RowControls::Apply(absl::Span<float> row) {
   bool masked = false;
   if (cursor_ != nullptr) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/sampling/logit_adjust.h"
 #include "worker/grammar/grammar_cursor.h"
@@ -40,6 +41,14 @@ class RowControls {
   // (the grammar allows only a stop token), the grammar wins: the row is
   // the grammar-masked raw logits. OUT_OF_RANGE on a grammar dead end.
   absl::Status Apply(absl::Span<float> row);
+
+  // For a row masked on the backend instead (a grammar and no logit
+  // controls: ForwardResult::mask_rows): appends the grammar's mask for the
+  // token at length() to `words` (kernels/token_mask.h's layout) and
+  // returns true, or appends nothing and returns false when the grammar
+  // does not constrain that token (off it, or after its end). OUT_OF_RANGE
+  // on a grammar dead end, as Apply.
+  absl::StatusOr<bool> AppendMask(std::vector<uint32_t>* words);
 
   // The grammar accepted its stop token: the output is complete.
   bool grammar_done() const {

@@ -445,6 +445,21 @@ absl::StatusOr<int32_t> SpecEngine::ChooseAdjusted(const SpecSession& s,
   return token;
 }
 
+absl::Status SpecEngine::RequestMask(const SpecSession& s, const BurstCtx& b,
+                                     int64_t pos, int row,
+                                     model::ForwardResult* r) const {
+  CHECK_EQ(b.controls->length(), pos)
+      << "session " << s.id() << ": row controls out of step";
+  absl::StatusOr<bool> masked = b.controls->AppendMask(&r->mask_words);
+  if (!masked.ok()) {
+    return absl::Status(
+        masked.status().code(),
+        absl::StrCat("session ", s.id(), ": ", masked.status().message()));
+  }
+  if (*masked) r->mask_rows.push_back(row);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int32_t> SpecEngine::Choose(SpecSession* s, const BurstCtx& b,
                                            const float* logits) {
   const BurstParams& p = b.params;
@@ -475,13 +490,17 @@ absl::Status SpecEngine::PlainStep(SpecSession* s, const BurstCtx& b,
   // adjust them on the host: greedy needs the device's argmax and
   // finiteness flag, and a sampled step has its token drawn on the backend
   // within the (batched) step.
-  r.want_logits = p.logprobs.has_value() || b.adjusted();
+  r.want_logits = p.logprobs.has_value() || b.on_host();
+  // The pending token is at index committed_len; the new one follows it.
+  if (b.masked_on_backend()) {
+    SS_RETURN_IF_ERROR(RequestMask(*s, b, s->committed_len() + 1, 0, &r));
+  }
   auto step = [&]() -> absl::Status {
     SS_RETURN_IF_ERROR(CommitOne(s, *s->pending_tok, &r));
     if (b.Injects(1) || !r.AllFinite()) return NonFinite(s->id());
     return absl::OkStatus();
   };
-  if (b.adjusted()) {
+  if (b.on_host()) {
     SS_RETURN_IF_ERROR(step());
     // The pending token is committed now; the new one follows it.
     SS_ASSIGN_OR_RETURN(*next_token, ChooseAdjusted(*s, b, r.logits.data(),
@@ -569,6 +588,8 @@ absl::StatusOr<BurstResult> SpecEngine::RunBurst(
     controls.emplace(p.adjust, history, p.prior_output,
                      p.grammar ? &*s->grammar_cursor : nullptr);
     b.controls = &*controls;
+    b.host_rows =
+        p.adjust.active() || p.logprobs.has_value() || p.grammar_on_host;
   }
 
   // From here the burst streams: passes wait for it between its steps.

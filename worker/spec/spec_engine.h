@@ -51,14 +51,21 @@ struct BurstParams {
   // is copied to the host, adjusted at its own position and picked there
   // (sampling::ChooseToken), plain and speculative alike.
   sampling::LogitAdjustments adjust;
-  // Set: the request's grammar (worker/grammar). Every
-  // row that chooses a token is masked by it on the host at its own prefix
-  // (RowControls), as with the logit controls above; the session keeps its
+  // Set: the request's grammar (worker/grammar). Every row that chooses a
+  // token is masked by it at its own prefix (RowControls). A grammar alone
+  // masks on the backend: the pass gets each row's allowed-token words
+  // (ForwardResult::mask_rows) and picks there, so no [V] row travels to
+  // the host. With active logit controls, logprobs or grammar_on_host, the
+  // rows are copied to the host and masked there after the controls, as
+  // above (the same tokens: kernels/token_mask.h). The session keeps its
   // position between bursts (SpecSession::grammar_cursor) and a burst
   // rebuilds it from the history when it does not hold this grammar at
   // this output. Once the grammar accepts its stop token the burst ends
   // (kStopToken).
   std::optional<grammar::CompiledGrammar> grammar;
+  // Masks a grammar's rows on the host even without logit controls (the
+  // reference the backend's mask is tested against).
+  bool grammar_on_host = false;
   // Tokens of the request's output the history already ends with (earlier
   // bursts'); 0 when the burst brings a suffix or rewinds.
   int prior_output = 0;
@@ -167,7 +174,13 @@ class SpecEngine {
     // token to choose (committed, the pending token, and the drafts being
     // tried by the round in flight); null otherwise.
     RowControls* controls = nullptr;
+    // Whether rows are chosen on the host from their logits (logit
+    // controls, logprobs, grammar_on_host); false with controls: a grammar
+    // alone, masked on the backend.
+    bool host_rows = false;
     bool adjusted() const { return controls != nullptr; }
+    bool on_host() const { return adjusted() && host_rows; }
+    bool masked_on_backend() const { return adjusted() && !host_rows; }
     // Whether fault injection poisons one of the next `columns` tokens.
     bool Injects(int columns) const {
       return params.inject_nan_at > produced &&
@@ -228,6 +241,12 @@ class SpecEngine {
   // before it; `out` gets the step's outputs.
   absl::Status CommitOne(SpecSession* s, int32_t tok,
                          model::ForwardResult* out);
+  // For a grammar masked on the backend (b.masked_on_backend()): row `row`
+  // of `r`'s pass gets the grammar's mask for the token at history index
+  // `pos` (b.controls' length, CHECKed), or none where the grammar does
+  // not constrain it. OUT_OF_RANGE, naming the session, on a dead end.
+  absl::Status RequestMask(const SpecSession& s, const BurstCtx& b, int64_t pos,
+                           int row, model::ForwardResult* r) const;
   // Picks the token after `logits` (greedy or sampled).
   absl::StatusOr<int32_t> Choose(SpecSession* s, const BurstCtx& b,
                                  const float* logits);

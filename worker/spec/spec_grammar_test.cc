@@ -10,6 +10,7 @@
 // a rewind continue the same. spec_grammar_test on the CPU,
 // spec_grammar_cuda_test on CUDA.
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <random>
 #include <string>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/forwarding_backend.h"
 #include "kernels/sampling/logit_adjust.h"
 #include "worker/grammar/grammar.h"
 #include "worker/model/model.h"
@@ -379,6 +381,88 @@ TEST_F(SpecGrammarTest, GroupedRoundsWithAndWithoutGrammars) {
     EXPECT_EQ(together[i], alone[i]) << "session " << i;
     if (params[i].grammar) {
       EXPECT_TRUE(FollowsTheGrammar(*params[i].grammar, alone[i])) << alone[i];
+    }
+  }
+}
+
+// Counts the logits rows the model copies to the host (copies of at least
+// one [V] row of floats).
+class RowCopyCounter : public kernels::ForwardingBackend {
+ public:
+  RowCopyCounter(kernels::Backend* inner, int vocab)
+      : ForwardingBackend(inner), row_bytes_(vocab * sizeof(float)) {}
+  absl::Status CopyToHost(void* host_dst, const void* src,
+                          size_t bytes) override {
+    if (bytes >= row_bytes_) ++rows_copied_;
+    return ForwardingBackend::CopyToHost(host_dst, src, bytes);
+  }
+  int rows_copied() const { return rows_copied_; }
+
+ private:
+  const size_t row_bytes_;
+  std::atomic<int> rows_copied_{0};
+};
+
+// A grammar alone is masked on the backend: the same tokens as masking on
+// the host, greedy and sampled, plain and speculative.
+TEST_F(SpecGrammarTest, BackendMaskEqualsHostMask) {
+  ModelExecutor executor(model_.get());
+  SpecEngine engine(&executor);
+  std::mt19937 rng(61);
+  const std::vector<CompiledGrammar> grammars = Grammars();
+  for (size_t i = 0; i < grammars.size(); ++i) {
+    const std::vector<int32_t> prompt =
+        model::testing::RandomTokens(7, vocab_, &rng);
+    for (bool sampled : {false, true}) {
+      BurstParams p;
+      p.grammar = grammars[i];
+      if (sampled) {
+        p.sampling = {0.9f, i % 3 == 1 ? 20 : 0, i % 3 == 2 ? 0.9f : 1.0f,
+                      0.0f};
+        p.seed = 300 + i;
+      }
+      for (int k : {0, 2, 4}) {
+        p.k = k;
+        p.grammar_on_host = true;
+        const Outcome host = EngineRun(&engine, prompt, p, 30, {5, 2});
+        p.grammar_on_host = false;
+        EXPECT_EQ(EngineRun(&engine, prompt, p, 30, {5, 2}), host)
+            << "grammar " << i << " sampled " << sampled << " k " << k;
+        EXPECT_TRUE(FollowsTheGrammar(grammars[i], host)) << host;
+      }
+    }
+  }
+}
+
+// What makes constrained decoding cost what plain does: masked on the
+// backend, a greedy step copies no logits row to the host; masked on the
+// host, every step copies its row.
+TEST_F(SpecGrammarTest, BackendMaskCopiesNoLogitsRow) {
+  RowCopyCounter counter(backend_.get(), vocab_);
+  auto loaded = Model::Load(model::testing::DefaultModelDir(), &counter);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  std::unique_ptr<Model> model = std::move(*loaded);
+  ModelExecutor executor(model.get());
+  SpecEngine engine(&executor);
+  std::mt19937 rng(67);
+  const std::vector<int32_t> prompt =
+      model::testing::RandomTokens(6, vocab_, &rng);
+  BurstParams p;
+  p.grammar = Compile({GrammarKind::kJsonObject, ""});
+  for (int k : {0, 3}) {
+    p.k = k;
+    for (bool on_host : {false, true}) {
+      p.grammar_on_host = on_host;
+      const int before = counter.rows_copied();
+      const Outcome o = EngineRun(&engine, prompt, p, 16, {16});
+      const int copied = counter.rows_copied() - before;
+      // The prompt's last row comes back with the prefill (the first token
+      // is chosen from it on the host); nothing else does on the backend.
+      if (on_host) {
+        EXPECT_GE(copied, static_cast<int>(o.tokens.size())) << "k " << k;
+      } else {
+        EXPECT_LE(copied, 1) << "k " << k;
+      }
     }
   }
 }
