@@ -23,9 +23,9 @@ namespace specserve::kernels {
 constexpr int64_t TokenMaskWords(int64_t cols) { return (cols + 31) / 32; }
 
 struct TokenMaskParams {
-  int64_t rows = 0;  // masked rows
-  int64_t cols = 0;  // the vocabulary
-  float* x = nullptr;  // backend memory; row r of the call is at
+  int64_t rows = 0;      // masked rows
+  int64_t cols = 0;      // the vocabulary
+  float* x = nullptr;    // backend memory; row r of the call is at
   int64_t x_stride = 0;  // x + row_index[r] · x_stride
   // Host arrays: row_index [rows], allowed [rows][TokenMaskWords(cols)].
   const int32_t* row_index = nullptr;

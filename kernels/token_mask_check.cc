@@ -47,9 +47,9 @@ void CheckTokenMasks(Backend* be, int64_t rows, int64_t cols, int64_t stride,
   std::vector<int32_t> argmax_init(rows, -7);
   auto am = be->Allocate(rows * sizeof(int32_t));
   ASSERT_TRUE(am.ok()) << am.status();
-  ASSERT_TRUE(be->CopyToDevice(am->data(), argmax_init.data(),
-                               rows * sizeof(int32_t))
-                  .ok());
+  ASSERT_TRUE(
+      be->CopyToDevice(am->data(), argmax_init.data(), rows * sizeof(int32_t))
+          .ok());
   TokenMaskParams p;
   p.rows = static_cast<int64_t>(masked.size());
   p.cols = cols;
@@ -63,16 +63,16 @@ void CheckTokenMasks(Backend* be, int64_t rows, int64_t cols, int64_t stride,
   std::vector<float> want = host;
   std::vector<int32_t> want_argmax = argmax_init;
   for (size_t i = 0; i < masked.size(); ++i) {
-    want_argmax[masked[i]] = MaskRowAndArgmax(&want[masked[i] * stride], cols,
-                                              &words[i * W]);
+    want_argmax[masked[i]] =
+        MaskRowAndArgmax(&want[masked[i] * stride], cols, &words[i * W]);
   }
   std::vector<float> got(host.size());
   std::vector<int32_t> got_argmax(rows);
   ASSERT_TRUE(
       be->CopyToHost(got.data(), x->data(), got.size() * sizeof(float)).ok());
-  ASSERT_TRUE(be->CopyToHost(got_argmax.data(), am->data(),
-                             rows * sizeof(int32_t))
-                  .ok());
+  ASSERT_TRUE(
+      be->CopyToHost(got_argmax.data(), am->data(), rows * sizeof(int32_t))
+          .ok());
   EXPECT_EQ(got_argmax, want_argmax);
   int64_t bad = 0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -83,7 +83,9 @@ void CheckTokenMasks(Backend* be, int64_t rows, int64_t cols, int64_t stride,
 
   // Draws from the masked rows: the host's ChooseToken on the same row.
   const std::vector<sampling::SamplingConfig> configs = {
-      {1.0f, 0, 1.0f, 0.0f}, {0.7f, 40, 1.0f, 0.0f}, {1.0f, 0, 0.9f, 0.0f},
+      {1.0f, 0, 1.0f, 0.0f},
+      {0.7f, 40, 1.0f, 0.0f},
+      {1.0f, 0, 0.9f, 0.0f},
       {0.8f, 0, 1.0f, 0.05f}};
   std::uniform_real_distribution<float> uni(0.0f, 1.0f);
   for (const sampling::SamplingConfig& c : configs) {

@@ -11,8 +11,9 @@ namespace {
 
 TEST(TokenMask, CpuMatchesTheDefinition) {
   cpu::CpuBackend be;
-  for (auto [rows, cols, stride] :
-       {std::tuple<int, int, int>{8, 1000, 1000}, {5, 1001, 1003}, {3, 33, 40}}) {
+  for (auto [rows, cols, stride] : {std::tuple<int, int, int>{8, 1000, 1000},
+                                    {5, 1001, 1003},
+                                    {3, 33, 40}}) {
     int draws = 0, differ = 0;
     testing::CheckTokenMasks(&be, rows, cols, stride, 7 + cols, &draws,
                              &differ);

@@ -122,11 +122,10 @@ absl::Status LaunchMaskTokens(const TokenMaskParams& p, const Workspace& ws,
         cudaMemcpyAsync(rows, p.row_index + r0, n * sizeof(int32_t),
                         cudaMemcpyHostToDevice, stream),
         "token mask rows");
-    SS_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(bits, p.allowed + r0 * words,
-                        n * words * sizeof(uint32_t), cudaMemcpyHostToDevice,
-                        stream),
-        "token mask words");
+    SS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(bits, p.allowed + r0 * words,
+                                            n * words * sizeof(uint32_t),
+                                            cudaMemcpyHostToDevice, stream),
+                            "token mask words");
     MaskTokensKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
         rows, bits, words, p.x, p.cols, p.x_stride, p.argmax);
     if (absl::Status s = LaunchStatus("token mask launch"); !s.ok()) return s;

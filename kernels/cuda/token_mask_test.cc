@@ -18,10 +18,11 @@ TEST(TokenMaskCuda, MatchesTheDefinition) {
   auto be = CreateCudaBackend(0);
   ASSERT_TRUE(be.ok()) << be.status();
   int draws = 0, differ = 0;
-  for (auto [rows, cols, stride] : {std::tuple<int, int, int>{64, 248320, 248320},
-                                    {9, 1001, 1003},
-                                    {4, 33, 40},
-                                    {3, 151936, 151937}}) {
+  for (auto [rows, cols, stride] :
+       {std::tuple<int, int, int>{64, 248320, 248320},
+        {9, 1001, 1003},
+        {4, 33, 40},
+        {3, 151936, 151937}}) {
     testing::CheckTokenMasks(be->get(), rows, cols, stride, 11 + cols, &draws,
                              &differ);
   }

@@ -50,6 +50,7 @@ FUZZ_KERNELS=(
   kernels/sample_rows.cc
   kernels/scatter_rows.cc
   kernels/swiglu.cc
+  kernels/token_mask.cc
   kernels/types.cc
   kernels/sampling/logit_adjust.cc
   kernels/sampling/sampling.cc
